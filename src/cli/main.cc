@@ -1,0 +1,22 @@
+// The pdserve binary: every process role and tool is a subcommand.
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "common/logging.h"
+
+int main(int argc, char** argv) {
+  pdserve::InitLogging();
+  CLI::App app{"pdserve: disaggregated prefill/decode LLM serving"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Show help for every subcommand");
+  int exit_code = 0;
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks that print tables with ceilings");
+  bench->require_subcommand(1);
+  // Each command file adds its registration call here (see commands.h).
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return exit_code;
+}

@@ -1,0 +1,22 @@
+// Logging through spdlog. Call from any thread (spdlog's default logger is thread-safe).
+// Use PD_LOG_INFO("format {}", args...) and friends; the level comes from PDSERVE_LOG_LEVEL
+// (trace|debug|info|warn|error|off) or SetLogLevel().
+#pragma once
+
+#include <string_view>
+
+#include <spdlog/spdlog.h>
+
+namespace pdserve {
+
+// Reads PDSERVE_LOG_LEVEL once and configures the default logger (stderr). Idempotent.
+void InitLogging();
+void SetLogLevel(std::string_view level);
+
+}  // namespace pdserve
+
+#define PD_LOG_TRACE(...) SPDLOG_TRACE(__VA_ARGS__)
+#define PD_LOG_DEBUG(...) SPDLOG_DEBUG(__VA_ARGS__)
+#define PD_LOG_INFO(...) SPDLOG_INFO(__VA_ARGS__)
+#define PD_LOG_WARN(...) SPDLOG_WARN(__VA_ARGS__)
+#define PD_LOG_ERROR(...) SPDLOG_ERROR(__VA_ARGS__)

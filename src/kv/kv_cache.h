@@ -1,0 +1,48 @@
+// KvCache: the storage of the paged KV cache described by a KvLayout. The memory is a
+// memfd mapping so that another process (the node's main process, for fabric registration)
+// can map the same pages by fd. Reads and writes of distinct blocks may happen from any
+// thread; the engine and the transfer engine never touch the same block at the same time
+// (the page pool and the messenger ensure it).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "common/status.h"
+#include "kv/layout.h"
+
+namespace pdserve {
+
+class KvCache {
+ public:
+  // Creates a zeroed cache of layout.total_bytes().
+  static Result<std::unique_ptr<KvCache>> Create(const KvLayout& layout);
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  const KvLayout& layout() const { return layout_; }
+  uint8_t* base() { return base_; }
+  const uint8_t* base() const { return base_; }
+  size_t size_bytes() const { return size_; }
+  int fd() const { return fd_; }  // memfd; owned by this object
+
+  // Start of one page's K (or V) block for a layer: [kv_heads][page_tokens][head_dim].
+  uint8_t* Block(int layer, PageId page, bool is_v) {
+    return base_ + layout_.BlockOffset(layer, page) + (is_v ? layout_.half_block_bytes() : 0);
+  }
+  const uint8_t* Block(int layer, PageId page, bool is_v) const {
+    return base_ + layout_.BlockOffset(layer, page) + (is_v ? layout_.half_block_bytes() : 0);
+  }
+
+ private:
+  KvCache(const KvLayout& layout, int fd, uint8_t* base, size_t size)
+      : layout_(layout), fd_(fd), base_(base), size_(size) {}
+  KvLayout layout_;
+  int fd_;
+  uint8_t* base_;
+  size_t size_;
+};
+
+}  // namespace pdserve

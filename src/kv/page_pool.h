@@ -1,0 +1,40 @@
+// PagePool: bookkeeping of which KV pages are free. No storage, no tensors.
+// Thread-safe: Allocate/Free/counters may be called from any thread (the engine loop and
+// messenger threads both free pages).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "kv/layout.h"
+
+namespace pdserve {
+
+class PagePool {
+ public:
+  explicit PagePool(int num_pages);
+  PagePool(const PagePool&) = delete;
+  PagePool& operator=(const PagePool&) = delete;
+
+  // All-or-nothing: n pages, or ResourceExhausted and nothing allocated.
+  Result<std::vector<PageId>> Allocate(int n);
+  // Returns pages to the pool. A page that is not allocated (double free, out of range) is a
+  // programmer error and aborts: a page must never be handed out twice.
+  void Free(std::span<const PageId> pages);
+
+  int capacity() const { return capacity_; }
+  int used() const;
+  int free_pages() const;
+  double usage() const { return capacity_ == 0 ? 0.0 : static_cast<double>(used()) / capacity_; }
+
+ private:
+  const int capacity_;
+  mutable std::mutex mu_;
+  std::vector<PageId> free_list_;   // guarded by mu_; a stack, lowest ids on top
+  std::vector<uint8_t> allocated_;  // guarded by mu_
+};
+
+}  // namespace pdserve

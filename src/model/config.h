@@ -1,0 +1,66 @@
+// ModelConfig: the architecture hyper-parameters read from a Hugging Face config.json.
+// Plain value type; thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace pdserve {
+
+enum class Architecture : uint8_t { kLlama, kQwen2, kQwen3, kMistral };
+
+// rope_scaling from config.json. Only "llama3" changes frequencies; "default"/absent is none.
+struct RopeScaling {
+  enum class Type : uint8_t { kNone, kLlama3, kLinear } type = Type::kNone;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int original_max_position_embeddings = 8192;
+};
+
+struct ModelConfig {
+  Architecture arch = Architecture::kLlama;
+  std::string architecture_name;  // as in config.json, e.g. "Qwen2ForCausalLM"
+  int hidden_size = 0;
+  int intermediate_size = 0;
+  int num_layers = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;  // config's head_dim or hidden_size / num_heads
+  int vocab_size = 0;
+  int max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool tie_word_embeddings = false;
+  bool qkv_bias = false;  // Qwen2: q/k/v projections carry a bias (or attention_bias: true)
+  bool qk_norm = false;   // Qwen3: RMSNorm over each head of q and k before RoPE
+  std::optional<int> sliding_window;  // Mistral; contexts are capped to it
+  std::optional<int> bos_token_id;
+  std::vector<int> eos_token_ids;  // int or list in config.json / generation_config.json
+  std::string torch_dtype;         // informational
+
+  // Parses config.json text. Unsupported architectures and missing or inconsistent fields
+  // are InvalidArgument errors that name the field.
+  static Result<ModelConfig> FromJson(const std::string& json_text);
+  // Reads DIR/config.json (and eos ids from DIR/generation_config.json where present).
+  static Result<ModelConfig> Load(const std::string& model_dir);
+
+  // Writes config.json text in the Hugging Face format (for the synthetic model writer).
+  std::string ToJson() const;
+
+  // A stable 64-bit hash of every field that changes the forward pass (for handshakes).
+  uint64_t Fingerprint() const;
+
+  // Largest context the engine accepts.
+  int MaxContext() const {
+    return sliding_window ? std::min(*sliding_window, max_position_embeddings)
+                          : max_position_embeddings;
+  }
+};
+
+}  // namespace pdserve

@@ -1,0 +1,34 @@
+// Element types of weights, activations and the KV cache, and scalar conversions.
+// Pure functions; safe from any thread.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+namespace pdserve {
+
+enum class DType : uint8_t { kF32, kF16, kBF16 };
+
+inline size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
+std::string_view DTypeName(DType t);  // "F32", "F16", "BF16" (safetensors spelling)
+
+inline float BF16ToF32(uint16_t v) { return std::bit_cast<float>(static_cast<uint32_t>(v) << 16); }
+// Round to nearest even; NaN stays NaN.
+inline uint16_t F32ToBF16(float f) {
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+float F16ToF32(uint16_t h);
+uint16_t F32ToF16(float f);
+
+// Converts n elements of type `from` at src to float.
+void ConvertToF32(DType from, const void* src, float* dst, size_t n);
+// Converts n floats to `to` at dst.
+void ConvertFromF32(DType to, const float* src, void* dst, size_t n);
+
+}  // namespace pdserve

@@ -1,0 +1,78 @@
+// Tokenizer: text <-> token ids for a model directory. Two implementations:
+// SentencePiece (tokenizer.model) and byte-level BPE (Hugging Face tokenizer.json).
+// Immutable after Load: Encode/Decode are safe from any thread concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace pdserve {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  // Loads DIR/tokenizer.json if present, else DIR/tokenizer.model, plus
+  // DIR/tokenizer_config.json (bos/eos, add_bos_token, chat_template) where present.
+  // Errors name the file and what is wrong; never crashes on a malformed file.
+  static Result<std::unique_ptr<Tokenizer>> Load(const std::string& model_dir);
+
+  // add_special: prepend BOS where the tokenizer's config says so (HF add_special_tokens).
+  // Special/added tokens written literally in the text (e.g. "<|im_start|>") are matched as
+  // single tokens. Invalid UTF-8 never crashes (bytes are encoded as they are, or U+FFFD).
+  virtual std::vector<int32_t> Encode(std::string_view text, bool add_special) const = 0;
+  // Concatenated text of the ids; skip_special drops special tokens (BOS/EOS/added specials).
+  // Ids out of range are skipped. The result may end in a partial UTF-8 sequence only if the
+  // ids do; see IncrementalDecoder for streaming.
+  virtual std::string Decode(std::span<const int32_t> ids, bool skip_special) const = 0;
+  // The raw bytes one id stands for (byte-level decoded; "" for out-of-range ids).
+  virtual std::string TokenBytes(int32_t id) const = 0;
+  virtual bool IsSpecial(int32_t id) const = 0;
+  virtual std::optional<int32_t> TokenToId(std::string_view token) const = 0;
+
+  virtual int32_t vocab_size() const = 0;
+  std::optional<int32_t> bos_id() const { return bos_id_; }
+  const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
+  const std::string& chat_template() const { return chat_template_; }
+  const std::string& bos_token() const { return bos_token_; }
+  const std::string& eos_token() const { return eos_token_; }
+
+ protected:
+  std::optional<int32_t> bos_id_;
+  std::vector<int32_t> eos_ids_;
+  std::string chat_template_;
+  std::string bos_token_, eos_token_;
+};
+
+// Streams text out of a growing id sequence: emits only complete UTF-8, holding back a
+// partial multi-byte character until the ids that complete it arrive. One per sequence;
+// thread-compatible.
+class IncrementalDecoder {
+ public:
+  IncrementalDecoder(const Tokenizer* tokenizer, bool skip_special)
+      : tokenizer_(tokenizer), skip_special_(skip_special) {}
+  // Returns the newly completed text after appending `id`.
+  std::string Append(int32_t id);
+  // Returns whatever is held back (invalid trailing bytes become U+FFFD).
+  std::string Flush();
+
+ private:
+  const Tokenizer* tokenizer_;
+  bool skip_special_;
+  std::string pending_;
+};
+
+// Writes DIR/tokenizer.json and DIR/tokenizer_config.json for a synthetic byte-level BPE
+// tokenizer with exactly vocab_size ids: 256 byte tokens, merges learned deterministically
+// from a built-in text (seeded), and special tokens (<|begin_of_text|>, <|end_of_text|>, ...)
+// at the top. Round-trips any text and decodes every id. vocab_size >= 300.
+Status WriteSyntheticTokenizer(const std::string& model_dir, int32_t vocab_size, uint64_t seed);
+
+}  // namespace pdserve

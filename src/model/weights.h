@@ -1,0 +1,85 @@
+// ModelWeights: every tensor of a Llama-family model, owned in memory in the engine's
+// weight dtype (matrices: BF16 or F32; norms and biases: always F32).
+// Immutable after LoadWeights: safe to read from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "model/config.h"
+#include "model/dtype.h"
+
+namespace pdserve {
+
+// A dense row-major tensor with 64-byte aligned storage. Move-only.
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(DType dtype, std::vector<int64_t> shape);  // zero-filled
+  Tensor(Tensor&&) noexcept = default;
+  Tensor& operator=(Tensor&&) noexcept = default;
+  Tensor(const Tensor&) = delete;
+  Tensor& operator=(const Tensor&) = delete;
+
+  DType dtype() const { return dtype_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t dim(int i) const { return shape_[i]; }
+  int64_t numel() const;
+  size_t nbytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype_); }
+  bool empty() const { return shape_.empty(); }
+  void* data() { return data_.get(); }
+  const void* data() const { return data_.get(); }
+  template <typename T>
+  T* as() { return static_cast<T*>(data()); }
+  template <typename T>
+  const T* as() const { return static_cast<const T*>(data()); }
+
+ private:
+  struct FreeDeleter {
+    void operator()(void* p) const;
+  };
+  DType dtype_ = DType::kF32;
+  std::vector<int64_t> shape_;
+  std::unique_ptr<void, FreeDeleter> data_;
+};
+
+// Matrices follow Hugging Face: [out_features, in_features].
+struct LayerWeights {
+  Tensor input_norm;     // [hidden] F32
+  Tensor q_proj;         // [heads*head_dim, hidden]
+  Tensor k_proj;         // [kv_heads*head_dim, hidden]
+  Tensor v_proj;         // [kv_heads*head_dim, hidden]
+  Tensor q_bias, k_bias, v_bias;  // F32, present iff config.qkv_bias
+  Tensor q_norm, k_norm;          // [head_dim] F32, present iff config.qk_norm
+  Tensor o_proj;         // [hidden, heads*head_dim]
+  Tensor post_norm;      // [hidden] F32 (post_attention_layernorm)
+  Tensor gate_proj;      // [intermediate, hidden]
+  Tensor up_proj;        // [intermediate, hidden]
+  Tensor down_proj;      // [hidden, intermediate]
+};
+
+struct ModelWeights {
+  DType matrix_dtype = DType::kBF16;
+  Tensor embed;       // [vocab, hidden], matrix dtype
+  Tensor final_norm;  // [hidden] F32
+  Tensor lm_head;     // [vocab, hidden]; empty when tied (use embed)
+  std::vector<LayerWeights> layers;
+
+  const Tensor& output_matrix() const { return lm_head.empty() ? embed : lm_head; }
+  size_t MatrixBytes() const;  // bytes of all matrices (the decode-time weight traffic)
+};
+
+// Which dtype matrices are held in. kAuto: F32 checkpoints stay F32, F16/BF16 become BF16.
+enum class WeightDType : uint8_t { kAuto, kBF16, kF32 };
+
+// Loads and converts every tensor the config needs from a model directory. Errors name the
+// file and tensor: missing tensor, wrong shape, unsupported dtype, truncated file.
+// Tensor names follow Hugging Face ("model.layers.N.self_attn.q_proj.weight", ...).
+Result<ModelWeights> LoadWeights(const ModelConfig& config, const std::string& model_dir,
+                                 WeightDType weight_dtype = WeightDType::kAuto);
+
+}  // namespace pdserve

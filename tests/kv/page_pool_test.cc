@@ -1,0 +1,101 @@
+#include "kv/page_pool.h"
+
+#include <algorithm>
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "kv/block_table.h"
+#include "kv/kv_cache.h"
+#include "kv/layout.h"
+
+namespace pdserve {
+namespace {
+
+TEST(PagePoolTest, AllocatesDistinctPagesAndCountsOccupancy) {
+  PagePool pool(8);
+  auto a = pool.Allocate(3);
+  ASSERT_TRUE(a.ok());
+  auto b = pool.Allocate(5);
+  ASSERT_TRUE(b.ok());
+  std::set<PageId> all(a->begin(), a->end());
+  all.insert(b->begin(), b->end());
+  EXPECT_EQ(all.size(), 8u);
+  EXPECT_EQ(pool.used(), 8);
+  EXPECT_EQ(pool.free_pages(), 0);
+  EXPECT_DOUBLE_EQ(pool.usage(), 1.0);
+  pool.Free(*a);
+  pool.Free(*b);
+  EXPECT_EQ(pool.used(), 0);
+}
+
+TEST(PagePoolTest, ExhaustionIsAllOrNothing) {
+  PagePool pool(4);
+  auto a = pool.Allocate(3);
+  ASSERT_TRUE(a.ok());
+  auto b = pool.Allocate(2);
+  EXPECT_EQ(b.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(pool.used(), 3);
+  EXPECT_TRUE(pool.Allocate(1).ok());
+  EXPECT_EQ(pool.Allocate(-1).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(PagePoolDeathTest, DoubleFreeAborts) {
+  PagePool pool(2);
+  auto a = pool.Allocate(1);
+  ASSERT_TRUE(a.ok());
+  pool.Free(*a);
+  EXPECT_DEATH(pool.Free(*a), "freed twice");
+}
+
+TEST(BlockTableTest, GrowsByPagesAndMapsTokensToSlots) {
+  PagePool pool(10);
+  BlockTable table(16);
+  ASSERT_TRUE(table.EnsureCapacity(pool, 1).ok());
+  EXPECT_EQ(table.pages().size(), 1u);
+  ASSERT_TRUE(table.EnsureCapacity(pool, 16).ok());
+  EXPECT_EQ(table.pages().size(), 1u);
+  ASSERT_TRUE(table.EnsureCapacity(pool, 33).ok());
+  EXPECT_EQ(table.pages().size(), 3u);
+  EXPECT_EQ(table.PageOf(32), table.pages()[2]);
+  EXPECT_EQ(table.SlotOf(33), 1);
+  EXPECT_EQ(pool.used(), 3);
+  // Asking for more than the pool holds changes nothing.
+  EXPECT_FALSE(table.EnsureCapacity(pool, 16 * 20).ok());
+  EXPECT_EQ(table.pages().size(), 3u);
+  table.Release(pool);
+  EXPECT_EQ(pool.used(), 0);
+  EXPECT_TRUE(table.pages().empty());
+}
+
+TEST(KvLayoutTest, HndOffsetsKeepHeadsContiguous) {
+  KvLayout l{.num_layers = 3, .num_kv_heads = 4, .head_dim = 8, .page_tokens = 16,
+             .dtype = KvDType::kBF16, .num_pages = 5};
+  EXPECT_EQ(l.head_bytes(), 16u * 8 * 2);
+  EXPECT_EQ(l.block_bytes(), 2 * 4 * l.head_bytes());
+  EXPECT_EQ(l.total_bytes(), 3 * 5 * l.block_bytes());
+  // Head h+1 follows head h; V follows all K heads; the next page follows the block.
+  EXPECT_EQ(l.ElementOffset(1, 2, false, 1, 0) - l.ElementOffset(1, 2, false, 0, 0), l.head_bytes());
+  EXPECT_EQ(l.ElementOffset(1, 2, true, 0, 0) - l.ElementOffset(1, 2, false, 0, 0),
+            l.half_block_bytes());
+  EXPECT_EQ(l.BlockOffset(1, 3) - l.BlockOffset(1, 2), l.block_bytes());
+  EXPECT_EQ(l.BlockOffset(2, 0) - l.BlockOffset(1, 0), l.layer_bytes());
+  EXPECT_EQ(l.ElementOffset(0, 0, false, 0, 3), 3u * 8 * 2);
+  EXPECT_EQ(l.PagesForTokens(33), 3);
+}
+
+TEST(KvCacheTest, StorageIsZeroedAndSharedThroughTheFd) {
+  KvLayout l{.num_layers = 2, .num_kv_heads = 2, .head_dim = 4, .page_tokens = 4,
+             .dtype = KvDType::kF32, .num_pages = 3};
+  auto cache = KvCache::Create(l);
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  auto& c = **cache;
+  EXPECT_EQ(c.size_bytes(), l.total_bytes());
+  EXPECT_TRUE(std::all_of(c.base(), c.base() + c.size_bytes(), [](uint8_t b) { return b == 0; }));
+  c.Block(1, 2, true)[0] = 7;
+  EXPECT_EQ(c.base()[l.BlockOffset(1, 2) + l.half_block_bytes()], 7);
+  EXPECT_GE(c.fd(), 0);
+}
+
+}  // namespace
+}  // namespace pdserve
