@@ -5,19 +5,18 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define PD_CHECK(cond)                                                                    \
-  do {                                                                                    \
-    if (!(cond)) {                                                                        \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);       \
-      std::abort();                                                                       \
-    }                                                                                     \
+#define PD_CHECK(cond)                                                              \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+      std::abort();                                                                 \
+    }                                                                               \
   } while (0)
 
-#define PD_CHECK_MSG(cond, msg)                                                           \
-  do {                                                                                    \
-    if (!(cond)) {                                                                        \
-      std::fprintf(stderr, "%s:%d: check failed: %s (%s)\n", __FILE__, __LINE__, #cond,   \
-                   msg);                                                                  \
-      std::abort();                                                                       \
-    }                                                                                     \
+#define PD_CHECK_MSG(cond, msg)                                                               \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
+      std::fprintf(stderr, "%s:%d: check failed: %s (%s)\n", __FILE__, __LINE__, #cond, msg); \
+      std::abort();                                                                           \
+    }                                                                                         \
   } while (0)

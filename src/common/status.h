@@ -15,8 +15,8 @@ namespace pdserve {
 
 enum class StatusCode : uint8_t {
   kOk = 0,
-  kInvalidArgument,     // bad input from outside: request, file, flag
-  kNotFound,            // file, tensor, request id, peer
+  kInvalidArgument,  // bad input from outside: request, file, flag
+  kNotFound,         // file, tensor, request id, peer
   kAlreadyExists,
   kOutOfRange,
   kResourceExhausted,   // page pool full, queue full
@@ -24,12 +24,12 @@ enum class StatusCode : uint8_t {
   kUnavailable,         // peer gone, endpoint down; retrying elsewhere may help
   kDeadlineExceeded,    // a wait passed its deadline
   kCancelled,
-  kInProgress,          // asynchronous operation not finished; poll again
-  kDataLoss,            // truncated or corrupt data
-  kIoError,             // operating-system error
-  kProtocolError,       // malformed or unexpected protocol message
+  kInProgress,     // asynchronous operation not finished; poll again
+  kDataLoss,       // truncated or corrupt data
+  kIoError,        // operating-system error
+  kProtocolError,  // malformed or unexpected protocol message
   kUnimplemented,
-  kInternal,            // a bug: an invariant did not hold
+  kInternal,  // a bug: an invariant did not hold
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -40,7 +40,9 @@ class [[nodiscard]] Status {
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
   static Status Ok() { return Status(); }
-  static Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+  static Status InvalidArgument(std::string m) {
+    return {StatusCode::kInvalidArgument, std::move(m)};
+  }
   static Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
   static Status AlreadyExists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
   static Status OutOfRange(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
@@ -87,7 +89,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : data_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : data_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : data_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     if (std::get<Status>(data_).ok()) {
       data_ = Status::Internal("Result constructed from an ok Status without a value");
@@ -119,10 +121,10 @@ class [[nodiscard]] Result {
 #define PD_STATUS_CONCAT(a, b) PD_STATUS_CONCAT_INNER(a, b)
 
 // Returns the Status from the enclosing function if `expr` is not ok.
-#define PD_RETURN_IF_ERROR(expr)                         \
-  do {                                                   \
-    ::pdserve::Status pd_status_tmp_ = (expr);           \
-    if (!pd_status_tmp_.ok()) return pd_status_tmp_;     \
+#define PD_RETURN_IF_ERROR(expr)                     \
+  do {                                               \
+    ::pdserve::Status pd_status_tmp_ = (expr);       \
+    if (!pd_status_tmp_.ok()) return pd_status_tmp_; \
   } while (0)
 
 // `PD_ASSIGN_OR_RETURN(auto x, Foo());` declares x from Foo()'s value or returns its Status.

@@ -16,9 +16,8 @@ Result<std::vector<PageId>> PagePool::Allocate(int n) {
   if (n < 0) return Status::InvalidArgument("negative page count");
   std::lock_guard lock(mu_);
   if (static_cast<size_t>(n) > free_list_.size()) {
-    return Status::ResourceExhausted(
-        fmt::format("KV page pool: {} pages requested, {} of {} free", n, free_list_.size(),
-                    capacity_));
+    return Status::ResourceExhausted(fmt::format("KV page pool: {} pages requested, {} of {} free",
+                                                 n, free_list_.size(), capacity_));
   }
   std::vector<PageId> pages(free_list_.end() - n, free_list_.end());
   free_list_.resize(free_list_.size() - n);

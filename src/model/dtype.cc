@@ -4,9 +4,12 @@ namespace pdserve {
 
 std::string_view DTypeName(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
   }
   return "?";
 }
@@ -41,9 +44,10 @@ uint16_t F32ToF16(float f) {
   uint32_t sign = (u >> 16) & 0x8000u;
   int32_t exp = static_cast<int32_t>((u >> 23) & 0xff) - 127 + 15;
   uint32_t mant = u & 0x7fffffu;
-  if (((u >> 23) & 0xff) == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0));
+  if (((u >> 23) & 0xff) == 0xff)
+    return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0));
   if (exp >= 0x1f) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
-  if (exp <= 0) {                                                   // subnormal or zero
+  if (exp <= 0) {                                                 // subnormal or zero
     if (exp < -10) return static_cast<uint16_t>(sign);
     mant |= 0x800000u;
     uint32_t shift = static_cast<uint32_t>(14 - exp);

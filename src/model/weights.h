@@ -34,9 +34,13 @@ class Tensor {
   void* data() { return data_.get(); }
   const void* data() const { return data_.get(); }
   template <typename T>
-  T* as() { return static_cast<T*>(data()); }
+  T* as() {
+    return static_cast<T*>(data());
+  }
   template <typename T>
-  const T* as() const { return static_cast<const T*>(data()); }
+  const T* as() const {
+    return static_cast<const T*>(data());
+  }
 
  private:
   struct FreeDeleter {
@@ -49,17 +53,17 @@ class Tensor {
 
 // Matrices follow Hugging Face: [out_features, in_features].
 struct LayerWeights {
-  Tensor input_norm;     // [hidden] F32
-  Tensor q_proj;         // [heads*head_dim, hidden]
-  Tensor k_proj;         // [kv_heads*head_dim, hidden]
-  Tensor v_proj;         // [kv_heads*head_dim, hidden]
+  Tensor input_norm;              // [hidden] F32
+  Tensor q_proj;                  // [heads*head_dim, hidden]
+  Tensor k_proj;                  // [kv_heads*head_dim, hidden]
+  Tensor v_proj;                  // [kv_heads*head_dim, hidden]
   Tensor q_bias, k_bias, v_bias;  // F32, present iff config.qkv_bias
   Tensor q_norm, k_norm;          // [head_dim] F32, present iff config.qk_norm
-  Tensor o_proj;         // [hidden, heads*head_dim]
-  Tensor post_norm;      // [hidden] F32 (post_attention_layernorm)
-  Tensor gate_proj;      // [intermediate, hidden]
-  Tensor up_proj;        // [intermediate, hidden]
-  Tensor down_proj;      // [hidden, intermediate]
+  Tensor o_proj;                  // [hidden, heads*head_dim]
+  Tensor post_norm;               // [hidden] F32 (post_attention_layernorm)
+  Tensor gate_proj;               // [intermediate, hidden]
+  Tensor up_proj;                 // [intermediate, hidden]
+  Tensor down_proj;               // [hidden, intermediate]
 };
 
 struct ModelWeights {

@@ -69,13 +69,18 @@ TEST(BlockTableTest, GrowsByPagesAndMapsTokensToSlots) {
 }
 
 TEST(KvLayoutTest, HndOffsetsKeepHeadsContiguous) {
-  KvLayout l{.num_layers = 3, .num_kv_heads = 4, .head_dim = 8, .page_tokens = 16,
-             .dtype = KvDType::kBF16, .num_pages = 5};
+  KvLayout l{.num_layers = 3,
+             .num_kv_heads = 4,
+             .head_dim = 8,
+             .page_tokens = 16,
+             .dtype = KvDType::kBF16,
+             .num_pages = 5};
   EXPECT_EQ(l.head_bytes(), 16u * 8 * 2);
   EXPECT_EQ(l.block_bytes(), 2 * 4 * l.head_bytes());
   EXPECT_EQ(l.total_bytes(), 3 * 5 * l.block_bytes());
   // Head h+1 follows head h; V follows all K heads; the next page follows the block.
-  EXPECT_EQ(l.ElementOffset(1, 2, false, 1, 0) - l.ElementOffset(1, 2, false, 0, 0), l.head_bytes());
+  EXPECT_EQ(l.ElementOffset(1, 2, false, 1, 0) - l.ElementOffset(1, 2, false, 0, 0),
+            l.head_bytes());
   EXPECT_EQ(l.ElementOffset(1, 2, true, 0, 0) - l.ElementOffset(1, 2, false, 0, 0),
             l.half_block_bytes());
   EXPECT_EQ(l.BlockOffset(1, 3) - l.BlockOffset(1, 2), l.block_bytes());
@@ -85,8 +90,12 @@ TEST(KvLayoutTest, HndOffsetsKeepHeadsContiguous) {
 }
 
 TEST(KvCacheTest, StorageIsZeroedAndSharedThroughTheFd) {
-  KvLayout l{.num_layers = 2, .num_kv_heads = 2, .head_dim = 4, .page_tokens = 4,
-             .dtype = KvDType::kF32, .num_pages = 3};
+  KvLayout l{.num_layers = 2,
+             .num_kv_heads = 2,
+             .head_dim = 4,
+             .page_tokens = 4,
+             .dtype = KvDType::kF32,
+             .num_pages = 3};
   auto cache = KvCache::Create(l);
   ASSERT_TRUE(cache.ok()) << cache.status().ToString();
   auto& c = **cache;

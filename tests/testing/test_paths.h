@@ -20,9 +20,9 @@ std::string MakeTempDir(const std::string& prefix);
 
 }  // namespace pdserve::testing
 
-#define PD_REQUIRE_SHARED(relative)                                                  \
-  do {                                                                               \
-    if (!::pdserve::testing::SharedPathExists(relative)) {                           \
+#define PD_REQUIRE_SHARED(relative)                                                      \
+  do {                                                                                   \
+    if (!::pdserve::testing::SharedPathExists(relative)) {                               \
       GTEST_SKIP() << "MISSING TEST DATA: " << ::pdserve::testing::SharedPath(relative); \
-    }                                                                                \
+    }                                                                                    \
   } while (0)
