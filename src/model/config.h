@@ -2,6 +2,7 @@
 // Plain value type; thread-compatible.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -13,7 +14,8 @@ namespace pdserve {
 
 enum class Architecture : uint8_t { kLlama, kQwen2, kQwen3, kMistral };
 
-// rope_scaling from config.json. Only "llama3" changes frequencies; "default"/absent is none.
+// rope_scaling from config.json. "llama3" rescales the low frequencies (Llama 3.1+); "linear"
+// divides every position by `factor`; "default"/absent is none. Other types are rejected.
 struct RopeScaling {
   enum class Type : uint8_t { kNone, kLlama3, kLinear } type = Type::kNone;
   double factor = 1.0;
@@ -37,23 +39,32 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
-  bool qkv_bias = false;  // Qwen2: q/k/v projections carry a bias (or attention_bias: true)
-  bool qk_norm = false;   // Qwen3: RMSNorm over each head of q and k before RoPE
+  // Qwen2: q/k/v projections carry a bias. (attention_bias: true on the other architectures
+  // would also bias o_proj, which the engine does not implement: such configs are rejected.)
+  bool qkv_bias = false;
+  bool qk_norm = false;               // Qwen3: RMSNorm over each head of q and k before RoPE
   std::optional<int> sliding_window;  // Mistral; contexts are capped to it
   std::optional<int> bos_token_id;
   std::vector<int> eos_token_ids;  // int or list in config.json / generation_config.json
   std::string torch_dtype;         // informational
 
   // Parses config.json text. Unsupported architectures and missing or inconsistent fields
-  // are InvalidArgument errors that name the field.
+  // are InvalidArgument errors that name the field. Absent optional fields take the
+  // Hugging Face defaults of the architecture.
   static Result<ModelConfig> FromJson(const std::string& json_text);
-  // Reads DIR/config.json (and eos ids from DIR/generation_config.json where present).
+  // Reads DIR/config.json (and eos ids from DIR/generation_config.json where present, added to
+  // those of config.json). Errors name the file.
   static Result<ModelConfig> Load(const std::string& model_dir);
 
   // Writes config.json text in the Hugging Face format (for the synthetic model writer).
   std::string ToJson() const;
 
-  // A stable 64-bit hash of every field that changes the forward pass (for handshakes).
+  // Checks the invariants FromJson guarantees (positive sizes, heads % kv_heads == 0, even
+  // head_dim, ...), for configs built in code. InvalidArgument naming the field.
+  Status Validate() const;
+
+  // A stable 64-bit hash (FNV-1a) of every field that changes the forward pass (for
+  // handshakes). Independent of the weights' values: two seeds of a preset hash the same.
   uint64_t Fingerprint() const;
 
   // Largest context the engine accepts.

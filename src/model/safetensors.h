@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -42,6 +43,7 @@ class SafetensorsSet {
   Result<TensorView> FindWithShape(const std::string& name,
                                    const std::vector<int64_t>& shape) const;
   std::vector<std::string> Names() const;
+  const std::string& dir() const { return dir_; }
 
  private:
   SafetensorsSet() = default;
@@ -51,6 +53,8 @@ class SafetensorsSet {
 };
 
 // Writes tensors to one safetensors file (used by the synthetic model writer and tests).
+// Data is laid out widest dtype first so every tensor is aligned to its element size; the
+// header is padded with spaces to a multiple of 8 bytes. Names must be unique.
 struct TensorToWrite {
   std::string name;
   DType dtype;
@@ -58,5 +62,12 @@ struct TensorToWrite {
   const void* data;  // numel * DTypeSize(dtype) bytes
 };
 Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors);
+
+// Streaming form for files larger than one wants in memory: `fill(i, out)` writes the bytes of
+// tensors[i] (data ignored) into `out` (nbytes of it), called once per tensor in file order.
+// A non-ok Status from fill aborts the write and is returned.
+using TensorFiller = std::function<Status(size_t index, void* out)>;
+Status WriteSafetensorsStreamed(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                                const TensorFiller& fill);
 
 }  // namespace pdserve

@@ -20,6 +20,8 @@ class Tensor {
  public:
   Tensor() = default;
   Tensor(DType dtype, std::vector<int64_t> shape);  // zero-filled
+  // Storage left uninitialised, for callers that overwrite every element (the loader).
+  static Tensor Uninitialized(DType dtype, std::vector<int64_t> shape);
   Tensor(Tensor&&) noexcept = default;
   Tensor& operator=(Tensor&&) noexcept = default;
   Tensor(const Tensor&) = delete;
@@ -28,7 +30,7 @@ class Tensor {
   DType dtype() const { return dtype_; }
   const std::vector<int64_t>& shape() const { return shape_; }
   int64_t dim(int i) const { return shape_[i]; }
-  int64_t numel() const;
+  int64_t numel() const;  // 0 for an empty (absent) tensor
   size_t nbytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype_); }
   bool empty() const { return shape_.empty(); }
   void* data() { return data_.get(); }
@@ -74,7 +76,9 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 
   const Tensor& output_matrix() const { return lm_head.empty() ? embed : lm_head; }
-  size_t MatrixBytes() const;  // bytes of all matrices (the decode-time weight traffic)
+  // Bytes of the layer matrices plus the output matrix: the weights one decode step streams.
+  // (An untied embedding is only gathered row by row, so it is not counted.)
+  size_t MatrixBytes() const;
 };
 
 // Which dtype matrices are held in. kAuto: F32 checkpoints stay F32, F16/BF16 become BF16.

@@ -1,0 +1,465 @@
+#include "model/config.h"
+
+#include <cinttypes>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace pdserve {
+namespace {
+
+using json = nlohmann::json;
+
+struct ArchInfo {
+  Architecture arch;
+  const char* name;        // "architectures" entry
+  const char* model_type;  // "model_type"
+};
+
+constexpr ArchInfo kArchitectures[] = {
+    {Architecture::kLlama, "LlamaForCausalLM", "llama"},
+    {Architecture::kQwen2, "Qwen2ForCausalLM", "qwen2"},
+    {Architecture::kQwen3, "Qwen3ForCausalLM", "qwen3"},
+    {Architecture::kMistral, "MistralForCausalLM", "mistral"},
+};
+
+// Upper bounds that no real model reaches; they keep shape products far from overflow.
+constexpr int kMaxDim = 1 << 20;
+constexpr int kMaxLayers = 1024;
+constexpr int kMaxVocab = 1 << 24;
+
+std::string SupportedList() {
+  std::string s;
+  for (const ArchInfo& a : kArchitectures) {
+    if (!s.empty()) s += ", ";
+    s += a.name;
+  }
+  return s;
+}
+
+const ArchInfo& InfoOf(Architecture arch) {
+  for (const ArchInfo& a : kArchitectures) {
+    if (a.arch == arch) return a;
+  }
+  return kArchitectures[0];
+}
+
+Status FieldError(std::string_view key, std::string_view expected, const json& value) {
+  return Status::InvalidArgument("config.json: '" + std::string(key) + "' must be " +
+                                 std::string(expected) + ", got " + value.dump());
+}
+
+// Reads obj[key] when present and not null; leaves *out unset otherwise.
+Status ReadInt(const json& obj, std::string_view key, std::optional<int>* out) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return Status::Ok();
+  if (!it->is_number_integer()) return FieldError(key, "an integer", *it);
+  int64_t v = it->is_number_unsigned()
+                  ? static_cast<int64_t>(std::min<uint64_t>(it->get<uint64_t>(), uint64_t{1} << 40))
+                  : it->get<int64_t>();
+  if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max()) {
+    return FieldError(key, "a 32-bit integer", *it);
+  }
+  *out = static_cast<int>(v);
+  return Status::Ok();
+}
+
+Status ReadDouble(const json& obj, std::string_view key, std::optional<double>* out) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return Status::Ok();
+  if (!it->is_number()) return FieldError(key, "a number", *it);
+  *out = it->get<double>();
+  return Status::Ok();
+}
+
+Status ReadBool(const json& obj, std::string_view key, std::optional<bool>* out) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return Status::Ok();
+  if (!it->is_boolean()) return FieldError(key, "true or false", *it);
+  *out = it->get<bool>();
+  return Status::Ok();
+}
+
+Status RequireInt(const json& obj, std::string_view key, int* out) {
+  std::optional<int> v;
+  PD_RETURN_IF_ERROR(ReadInt(obj, key, &v));
+  if (!v) return Status::InvalidArgument("config.json: missing field '" + std::string(key) + "'");
+  *out = *v;
+  return Status::Ok();
+}
+
+// eos_token_id is an integer or a list of integers (Llama 3 instruct lists several).
+Status ReadTokenIds(const json& obj, std::string_view key, std::vector<int>* out) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return Status::Ok();
+  if (it->is_number_integer()) {
+    std::optional<int> v;
+    PD_RETURN_IF_ERROR(ReadInt(obj, key, &v));
+    out->push_back(*v);
+    return Status::Ok();
+  }
+  if (!it->is_array()) return FieldError(key, "an integer or a list of integers", *it);
+  for (const json& e : *it) {
+    if (!e.is_number_integer() || e.get<int64_t>() < 0 ||
+        e.get<int64_t>() > std::numeric_limits<int>::max()) {
+      return FieldError(key, "an integer or a list of integers", *it);
+    }
+    out->push_back(e.get<int>());
+  }
+  return Status::Ok();
+}
+
+Result<const ArchInfo*> ParseArchitecture(const json& j) {
+  auto it = j.find("architectures");
+  if (it != j.end() && !it->is_null()) {
+    if (!it->is_array() || it->empty() || !(*it)[0].is_string()) {
+      return FieldError("architectures", "a non-empty list of strings", *it);
+    }
+    std::string name = (*it)[0].get<std::string>();
+    for (const ArchInfo& a : kArchitectures) {
+      if (name == a.name) return &a;
+    }
+    return Status::InvalidArgument("config.json: unsupported architecture '" + name +
+                                   "'; supported: " + SupportedList());
+  }
+  // Some exported configs carry only model_type.
+  auto mt = j.find("model_type");
+  if (mt == j.end() || !mt->is_string()) {
+    return Status::InvalidArgument(
+        "config.json: missing field 'architectures' (and no 'model_type'); supported: " +
+        SupportedList());
+  }
+  std::string type = mt->get<std::string>();
+  for (const ArchInfo& a : kArchitectures) {
+    if (type == a.model_type) return &a;
+  }
+  return Status::InvalidArgument("config.json: unsupported model_type '" + type +
+                                 "'; supported: " + SupportedList());
+}
+
+Status ParseRopeScaling(const json& j, RopeScaling* out) {
+  auto it = j.find("rope_scaling");
+  if (it == j.end() || it->is_null()) return Status::Ok();
+  if (!it->is_object()) return FieldError("rope_scaling", "an object or null", *it);
+  const json& rs = *it;
+  std::string type;
+  for (const char* key : {"rope_type", "type"}) {
+    auto t = rs.find(key);
+    if (t != rs.end() && t->is_string()) {
+      type = t->get<std::string>();
+      break;
+    }
+  }
+  if (type.empty() || type == "default") return Status::Ok();
+  std::optional<double> factor;
+  PD_RETURN_IF_ERROR(ReadDouble(rs, "factor", &factor));
+  if (!factor) return Status::InvalidArgument("config.json: rope_scaling is missing 'factor'");
+  out->factor = *factor;
+  if (type == "linear") {
+    out->type = RopeScaling::Type::kLinear;
+    return Status::Ok();
+  }
+  if (type != "llama3") {
+    return Status::InvalidArgument("config.json: unsupported rope_scaling type '" + type +
+                                   "'; supported: default, linear, llama3");
+  }
+  out->type = RopeScaling::Type::kLlama3;
+  std::optional<double> low, high;
+  std::optional<int> original;
+  PD_RETURN_IF_ERROR(ReadDouble(rs, "low_freq_factor", &low));
+  PD_RETURN_IF_ERROR(ReadDouble(rs, "high_freq_factor", &high));
+  PD_RETURN_IF_ERROR(ReadInt(rs, "original_max_position_embeddings", &original));
+  if (!low || !high || !original) {
+    return Status::InvalidArgument(
+        "config.json: llama3 rope_scaling needs 'low_freq_factor', 'high_freq_factor' and "
+        "'original_max_position_embeddings'");
+  }
+  out->low_freq_factor = *low;
+  out->high_freq_factor = *high;
+  out->original_max_position_embeddings = *original;
+  return Status::Ok();
+}
+
+// Fields whose presence would change the forward pass in ways the engine does not implement.
+Status RejectUnsupportedFeatures(const json& j, const ModelConfig& c) {
+  auto act = j.find("hidden_act");
+  if (act != j.end() && !act->is_null() && *act != "silu") {
+    return Status::InvalidArgument("config.json: hidden_act " + act->dump() +
+                                   " is not supported (only \"silu\")");
+  }
+  std::optional<bool> mlp_bias, attention_bias;
+  PD_RETURN_IF_ERROR(ReadBool(j, "mlp_bias", &mlp_bias));
+  PD_RETURN_IF_ERROR(ReadBool(j, "attention_bias", &attention_bias));
+  if (mlp_bias.value_or(false)) {
+    return Status::InvalidArgument("config.json: mlp_bias: true is not supported");
+  }
+  if (c.arch != Architecture::kQwen2 && attention_bias.value_or(false)) {
+    return Status::InvalidArgument("config.json: attention_bias: true is not supported for " +
+                                   c.architecture_name + " (it adds an o_proj bias)");
+  }
+  return Status::Ok();
+}
+
+Status ParseSizes(const json& j, ModelConfig* c) {
+  PD_RETURN_IF_ERROR(RequireInt(j, "hidden_size", &c->hidden_size));
+  PD_RETURN_IF_ERROR(RequireInt(j, "intermediate_size", &c->intermediate_size));
+  PD_RETURN_IF_ERROR(RequireInt(j, "num_hidden_layers", &c->num_layers));
+  PD_RETURN_IF_ERROR(RequireInt(j, "num_attention_heads", &c->num_heads));
+  PD_RETURN_IF_ERROR(RequireInt(j, "vocab_size", &c->vocab_size));
+  std::optional<int> kv_heads, head_dim, max_pos;
+  PD_RETURN_IF_ERROR(ReadInt(j, "num_key_value_heads", &kv_heads));
+  PD_RETURN_IF_ERROR(ReadInt(j, "head_dim", &head_dim));
+  PD_RETURN_IF_ERROR(ReadInt(j, "max_position_embeddings", &max_pos));
+  c->num_kv_heads = kv_heads.value_or(c->num_heads);
+  if (head_dim) {
+    c->head_dim = *head_dim;
+  } else if (c->arch == Architecture::kQwen3) {
+    c->head_dim = 128;  // Qwen3Config's default: head_dim is independent of hidden_size
+  } else {
+    if (c->num_heads <= 0 || c->hidden_size % c->num_heads != 0) {
+      return Status::InvalidArgument("config.json: hidden_size " + std::to_string(c->hidden_size) +
+                                     " is not divisible by num_attention_heads " +
+                                     std::to_string(c->num_heads) + " and no head_dim is given");
+    }
+    c->head_dim = c->hidden_size / c->num_heads;
+  }
+  c->max_position_embeddings = max_pos.value_or(c->arch == Architecture::kMistral ? 131072 : 2048);
+  return Status::Ok();
+}
+
+Status ParseOptionalFields(const json& j, ModelConfig* c) {
+  std::optional<double> eps, theta;
+  PD_RETURN_IF_ERROR(ReadDouble(j, "rms_norm_eps", &eps));
+  PD_RETURN_IF_ERROR(ReadDouble(j, "rope_theta", &theta));
+  c->rms_norm_eps = eps.value_or(1e-6);
+  c->rope_theta = theta.value_or(10000.0);
+  PD_RETURN_IF_ERROR(ParseRopeScaling(j, &c->rope_scaling));
+  std::optional<bool> tie;
+  PD_RETURN_IF_ERROR(ReadBool(j, "tie_word_embeddings", &tie));
+  c->tie_word_embeddings = tie.value_or(false);
+  c->qkv_bias = c->arch == Architecture::kQwen2;
+  c->qk_norm = c->arch == Architecture::kQwen3;
+
+  std::optional<int> window;
+  PD_RETURN_IF_ERROR(ReadInt(j, "sliding_window", &window));
+  if (c->arch == Architecture::kMistral) {
+    // MistralConfig defaults to 4096 when the key is absent; null means full attention.
+    c->sliding_window = j.contains("sliding_window") ? window : std::optional<int>(4096);
+  } else if (c->arch != Architecture::kLlama) {
+    // Qwen configs always carry a sliding_window, but it applies only with use_sliding_window.
+    std::optional<bool> use;
+    PD_RETURN_IF_ERROR(ReadBool(j, "use_sliding_window", &use));
+    if (use.value_or(false)) c->sliding_window = window;
+  }
+
+  std::optional<int> bos;
+  PD_RETURN_IF_ERROR(ReadInt(j, "bos_token_id", &bos));
+  c->bos_token_id = bos;
+  PD_RETURN_IF_ERROR(ReadTokenIds(j, "eos_token_id", &c->eos_token_ids));
+  auto dt = j.find("torch_dtype");
+  if (dt != j.end() && dt->is_string()) c->torch_dtype = dt->get<std::string>();
+  return Status::Ok();
+}
+
+Result<json> ParseJsonText(const std::string& text, const std::string& what) {
+  try {
+    json j = json::parse(text);
+    if (!j.is_object()) return Status::InvalidArgument(what + ": not a JSON object");
+    return j;
+  } catch (const json::exception& e) {
+    return Status::InvalidArgument(what + ": invalid JSON: " + e.what());
+  }
+}
+
+Result<std::string> ReadTextFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::NotFound("cannot open " + path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return Status::IoError("cannot read " + path);
+  return ss.str();
+}
+
+Status Positive(std::string_view field, int64_t v) {
+  if (v > 0) return Status::Ok();
+  return Status::InvalidArgument("config: '" + std::string(field) + "' must be positive, got " +
+                                 std::to_string(v));
+}
+
+Status AtMost(std::string_view field, int64_t v, int64_t limit) {
+  if (v <= limit) return Status::Ok();
+  return Status::InvalidArgument("config: '" + std::string(field) + "' = " + std::to_string(v) +
+                                 " exceeds the supported maximum " + std::to_string(limit));
+}
+
+}  // namespace
+
+Status ModelConfig::Validate() const {
+  PD_RETURN_IF_ERROR(Positive("hidden_size", hidden_size));
+  PD_RETURN_IF_ERROR(Positive("intermediate_size", intermediate_size));
+  PD_RETURN_IF_ERROR(Positive("num_hidden_layers", num_layers));
+  PD_RETURN_IF_ERROR(Positive("num_attention_heads", num_heads));
+  PD_RETURN_IF_ERROR(Positive("num_key_value_heads", num_kv_heads));
+  PD_RETURN_IF_ERROR(Positive("head_dim", head_dim));
+  PD_RETURN_IF_ERROR(Positive("vocab_size", vocab_size));
+  PD_RETURN_IF_ERROR(Positive("max_position_embeddings", max_position_embeddings));
+  PD_RETURN_IF_ERROR(AtMost("hidden_size", hidden_size, kMaxDim));
+  PD_RETURN_IF_ERROR(AtMost("intermediate_size", intermediate_size, kMaxDim));
+  PD_RETURN_IF_ERROR(AtMost("num_hidden_layers", num_layers, kMaxLayers));
+  PD_RETURN_IF_ERROR(AtMost("num_attention_heads * head_dim",
+                            static_cast<int64_t>(num_heads) * head_dim, kMaxDim));
+  PD_RETURN_IF_ERROR(AtMost("vocab_size", vocab_size, kMaxVocab));
+  if (num_heads % num_kv_heads != 0) {
+    return Status::InvalidArgument("config: num_attention_heads " + std::to_string(num_heads) +
+                                   " is not a multiple of num_key_value_heads " +
+                                   std::to_string(num_kv_heads));
+  }
+  if (head_dim % 2 != 0) {
+    return Status::InvalidArgument("config: head_dim " + std::to_string(head_dim) +
+                                   " must be even (RoPE rotates pairs)");
+  }
+  if (!(rms_norm_eps > 0) || !(rope_theta > 0)) {
+    return Status::InvalidArgument("config: rms_norm_eps and rope_theta must be positive");
+  }
+  if (sliding_window) PD_RETURN_IF_ERROR(Positive("sliding_window", *sliding_window));
+  if (rope_scaling.type != RopeScaling::Type::kNone && !(rope_scaling.factor > 0)) {
+    return Status::InvalidArgument("config: rope_scaling.factor must be positive");
+  }
+  if (rope_scaling.type == RopeScaling::Type::kLlama3) {
+    if (!(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor) ||
+        !(rope_scaling.low_freq_factor > 0)) {
+      return Status::InvalidArgument(
+          "config: llama3 rope_scaling needs 0 < low_freq_factor < high_freq_factor");
+    }
+    PD_RETURN_IF_ERROR(Positive("rope_scaling.original_max_position_embeddings",
+                                rope_scaling.original_max_position_embeddings));
+  }
+  if (bos_token_id && *bos_token_id < 0) {
+    return Status::InvalidArgument("config: bos_token_id must not be negative");
+  }
+  for (int id : eos_token_ids) {
+    if (id < 0) return Status::InvalidArgument("config: eos_token_id must not be negative");
+  }
+  return Status::Ok();
+}
+
+Result<ModelConfig> ModelConfig::FromJson(const std::string& json_text) {
+  PD_ASSIGN_OR_RETURN(json j, ParseJsonText(json_text, "config.json"));
+  ModelConfig c;
+  PD_ASSIGN_OR_RETURN(const ArchInfo* info, ParseArchitecture(j));
+  c.arch = info->arch;
+  c.architecture_name = info->name;
+  PD_RETURN_IF_ERROR(RejectUnsupportedFeatures(j, c));
+  PD_RETURN_IF_ERROR(ParseSizes(j, &c));
+  PD_RETURN_IF_ERROR(ParseOptionalFields(j, &c));
+  PD_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+Result<ModelConfig> ModelConfig::Load(const std::string& model_dir) {
+  const std::string path = model_dir + "/config.json";
+  PD_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));
+  Result<ModelConfig> parsed = FromJson(text);
+  if (!parsed.ok()) return parsed.status().WithContext(path);
+  ModelConfig c = std::move(parsed).value();
+
+  const std::string gen_path = model_dir + "/generation_config.json";
+  if (!std::filesystem::exists(gen_path)) return c;
+  PD_ASSIGN_OR_RETURN(std::string gen_text, ReadTextFile(gen_path));
+  Result<json> gen = ParseJsonText(gen_text, gen_path);
+  if (!gen.ok()) return gen.status();
+  std::vector<int> eos;
+  Status s = ReadTokenIds(*gen, "eos_token_id", &eos);
+  if (!s.ok()) return s.WithContext(gen_path);
+  for (int id : eos) {
+    if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end()) {
+      c.eos_token_ids.push_back(id);
+    }
+  }
+  if (!c.bos_token_id) {
+    std::optional<int> bos;
+    s = ReadInt(*gen, "bos_token_id", &bos);
+    if (!s.ok()) return s.WithContext(gen_path);
+    c.bos_token_id = bos;
+  }
+  PD_RETURN_IF_ERROR(c.Validate().WithContext(gen_path));
+  return c;
+}
+
+std::string ModelConfig::ToJson() const {
+  json j;
+  const ArchInfo& info = InfoOf(arch);
+  j["architectures"] = json::array({info.name});
+  j["model_type"] = info.model_type;
+  j["hidden_size"] = hidden_size;
+  j["intermediate_size"] = intermediate_size;
+  j["num_hidden_layers"] = num_layers;
+  j["num_attention_heads"] = num_heads;
+  j["num_key_value_heads"] = num_kv_heads;
+  j["head_dim"] = head_dim;
+  j["vocab_size"] = vocab_size;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["rope_theta"] = rope_theta;
+  j["hidden_act"] = "silu";
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  if (arch != Architecture::kQwen2 && arch != Architecture::kMistral) j["attention_bias"] = false;
+  switch (rope_scaling.type) {
+    case RopeScaling::Type::kNone:
+      j["rope_scaling"] = nullptr;
+      break;
+    case RopeScaling::Type::kLinear:
+      j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rope_scaling.factor}};
+      break;
+    case RopeScaling::Type::kLlama3:
+      j["rope_scaling"] = {
+          {"rope_type", "llama3"},
+          {"factor", rope_scaling.factor},
+          {"low_freq_factor", rope_scaling.low_freq_factor},
+          {"high_freq_factor", rope_scaling.high_freq_factor},
+          {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+      break;
+  }
+  if (arch == Architecture::kMistral) {
+    j["sliding_window"] = sliding_window ? json(*sliding_window) : json(nullptr);
+  } else if (arch != Architecture::kLlama) {
+    j["use_sliding_window"] = sliding_window.has_value();
+    j["sliding_window"] = sliding_window ? json(*sliding_window) : json(nullptr);
+  }
+  j["bos_token_id"] = bos_token_id ? json(*bos_token_id) : json(nullptr);
+  if (eos_token_ids.size() == 1) {
+    j["eos_token_id"] = eos_token_ids[0];
+  } else if (eos_token_ids.empty()) {
+    j["eos_token_id"] = nullptr;
+  } else {
+    j["eos_token_id"] = eos_token_ids;
+  }
+  j["torch_dtype"] = torch_dtype.empty() ? "bfloat16" : torch_dtype;
+  return j.dump(2) + "\n";
+}
+
+uint64_t ModelConfig::Fingerprint() const {
+  // Canonical text of the forward-relevant fields; %.17g round-trips doubles exactly.
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "arch=%d hidden=%d inter=%d layers=%d heads=%d kv=%d hd=%d vocab=%d eps=%.17g "
+                "theta=%.17g rs=%d/%.17g/%.17g/%.17g/%d tie=%d bias=%d qknorm=%d window=%d",
+                static_cast<int>(arch), hidden_size, intermediate_size, num_layers, num_heads,
+                num_kv_heads, head_dim, vocab_size, rms_norm_eps, rope_theta,
+                static_cast<int>(rope_scaling.type), rope_scaling.factor,
+                rope_scaling.low_freq_factor, rope_scaling.high_freq_factor,
+                rope_scaling.original_max_position_embeddings, tie_word_embeddings ? 1 : 0,
+                qkv_bias ? 1 : 0, qk_norm ? 1 : 0, sliding_window.value_or(0));
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a offset basis
+  for (const char* p = buf; *p != '\0'; ++p) {
+    h ^= static_cast<unsigned char>(*p);
+    h *= 0x100000001b3ull;  // FNV prime
+  }
+  return h;
+}
+
+}  // namespace pdserve

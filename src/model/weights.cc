@@ -1,0 +1,227 @@
+#include "model/weights.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "common/check.h"
+#include "common/logging.h"
+#include "model/safetensors.h"
+
+namespace pdserve {
+
+// ---- Tensor ----
+
+namespace {
+
+constexpr size_t kAlignment = 64;  // a cache line; also what AVX-512 loads want
+
+void* AllocateAligned(size_t nbytes) {
+  // aligned_alloc wants a size that is a multiple of the alignment (and never zero here).
+  size_t rounded = std::max(kAlignment, (nbytes + kAlignment - 1) / kAlignment * kAlignment);
+  void* p = std::aligned_alloc(kAlignment, rounded);
+  PD_CHECK_MSG(p != nullptr, "out of memory allocating a tensor");
+  return p;
+}
+
+}  // namespace
+
+void Tensor::FreeDeleter::operator()(void* p) const { std::free(p); }
+
+Tensor Tensor::Uninitialized(DType dtype, std::vector<int64_t> shape) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.data_.reset(AllocateAligned(t.nbytes()));
+  return t;
+}
+
+Tensor::Tensor(DType dtype, std::vector<int64_t> shape)
+    : Tensor(Uninitialized(dtype, std::move(shape))) {
+  std::memset(data(), 0, nbytes());
+}
+
+int64_t Tensor::numel() const {
+  if (shape_.empty()) return 0;
+  int64_t n = 1;
+  for (int64_t d : shape_) n *= d;
+  return n;
+}
+
+size_t ModelWeights::MatrixBytes() const {
+  size_t total = output_matrix().nbytes();
+  for (const LayerWeights& l : layers) {
+    for (const Tensor* t :
+         {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
+      total += t->nbytes();
+    }
+  }
+  return total;
+}
+
+// ---- Conversion ----
+
+namespace {
+
+// One tensor to convert from the mapping into its destination.
+struct ConvertJob {
+  TensorView src;
+  Tensor* dst;
+};
+
+// Converts elements [begin, end) of one job. BF16 from F16 goes through a small F32 buffer.
+void ConvertRange(const ConvertJob& job, size_t begin, size_t end) {
+  const DType from = job.src.dtype, to = job.dst->dtype();
+  const size_t in_size = DTypeSize(from), out_size = DTypeSize(to);
+  const auto* src = static_cast<const uint8_t*>(job.src.data) + begin * in_size;
+  auto* dst = static_cast<uint8_t*>(job.dst->data()) + begin * out_size;
+  const size_t n = end - begin;
+  if (from == to) {
+    std::memcpy(dst, src, n * in_size);
+  } else if (to == DType::kF32) {
+    ConvertToF32(from, src, reinterpret_cast<float*>(dst), n);
+  } else if (from == DType::kF32) {
+    ConvertFromF32(to, reinterpret_cast<const float*>(src), dst, n);
+  } else {
+    constexpr size_t kBlock = 2048;
+    float tmp[kBlock];
+    for (size_t i = 0; i < n; i += kBlock) {
+      const size_t m = std::min(kBlock, n - i);
+      ConvertToF32(from, src + i * in_size, tmp, m);
+      ConvertFromF32(to, tmp, dst + i * out_size, m);
+    }
+  }
+}
+
+// Runs every job, split into chunks that worker threads pull from a shared counter. The
+// first touch of each destination page happens here, spread over the threads.
+void ConvertAll(const std::vector<ConvertJob>& jobs) {
+  constexpr size_t kChunk = size_t{1} << 20;  // elements
+  struct Chunk {
+    const ConvertJob* job;
+    size_t begin, end;
+  };
+  std::vector<Chunk> chunks;
+  for (const ConvertJob& job : jobs) {
+    const size_t n = static_cast<size_t>(job.src.numel());
+    for (size_t b = 0; b < n; b += kChunk) chunks.push_back({&job, b, std::min(n, b + kChunk)});
+  }
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next.fetch_add(1); i < chunks.size(); i = next.fetch_add(1)) {
+      ConvertRange(*chunks[i].job, chunks[i].begin, chunks[i].end);
+    }
+  };
+  const size_t threads =
+      std::min<size_t>({std::max(1u, std::thread::hardware_concurrency()), 16, chunks.size()});
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+}
+
+// Looks tensors up with their expected shapes and queues their conversion.
+class WeightCollector {
+ public:
+  WeightCollector(const SafetensorsSet& set, DType matrix_dtype)
+      : set_(set), matrix_dtype_(matrix_dtype) {}
+
+  Status Matrix(const std::string& name, std::vector<int64_t> shape, Tensor* out) {
+    return Add(name, std::move(shape), matrix_dtype_, out);
+  }
+  Status Vector(const std::string& name, int64_t size, Tensor* out) {
+    return Add(name, {size}, DType::kF32, out);
+  }
+  const std::vector<ConvertJob>& jobs() const { return jobs_; }
+  size_t count() const { return jobs_.size(); }
+
+ private:
+  Status Add(const std::string& name, std::vector<int64_t> shape, DType dtype, Tensor* out) {
+    PD_ASSIGN_OR_RETURN(TensorView view, set_.FindWithShape(name, shape));
+    *out = Tensor::Uninitialized(dtype, std::move(shape));
+    jobs_.push_back({std::move(view), out});
+    return Status::Ok();
+  }
+
+  const SafetensorsSet& set_;
+  DType matrix_dtype_;
+  std::vector<ConvertJob> jobs_;
+};
+
+Status CollectLayer(const ModelConfig& c, int i, WeightCollector& w, LayerWeights* l) {
+  const std::string p = "model.layers." + std::to_string(i) + ".";
+  const int64_t hidden = c.hidden_size, q_dim = int64_t{c.num_heads} * c.head_dim,
+                kv_dim = int64_t{c.num_kv_heads} * c.head_dim, inter = c.intermediate_size;
+  PD_RETURN_IF_ERROR(w.Vector(p + "input_layernorm.weight", hidden, &l->input_norm));
+  PD_RETURN_IF_ERROR(w.Matrix(p + "self_attn.q_proj.weight", {q_dim, hidden}, &l->q_proj));
+  PD_RETURN_IF_ERROR(w.Matrix(p + "self_attn.k_proj.weight", {kv_dim, hidden}, &l->k_proj));
+  PD_RETURN_IF_ERROR(w.Matrix(p + "self_attn.v_proj.weight", {kv_dim, hidden}, &l->v_proj));
+  if (c.qkv_bias) {
+    PD_RETURN_IF_ERROR(w.Vector(p + "self_attn.q_proj.bias", q_dim, &l->q_bias));
+    PD_RETURN_IF_ERROR(w.Vector(p + "self_attn.k_proj.bias", kv_dim, &l->k_bias));
+    PD_RETURN_IF_ERROR(w.Vector(p + "self_attn.v_proj.bias", kv_dim, &l->v_bias));
+  }
+  if (c.qk_norm) {
+    PD_RETURN_IF_ERROR(w.Vector(p + "self_attn.q_norm.weight", c.head_dim, &l->q_norm));
+    PD_RETURN_IF_ERROR(w.Vector(p + "self_attn.k_norm.weight", c.head_dim, &l->k_norm));
+  }
+  PD_RETURN_IF_ERROR(w.Matrix(p + "self_attn.o_proj.weight", {hidden, q_dim}, &l->o_proj));
+  PD_RETURN_IF_ERROR(w.Vector(p + "post_attention_layernorm.weight", hidden, &l->post_norm));
+  PD_RETURN_IF_ERROR(w.Matrix(p + "mlp.gate_proj.weight", {inter, hidden}, &l->gate_proj));
+  PD_RETURN_IF_ERROR(w.Matrix(p + "mlp.up_proj.weight", {inter, hidden}, &l->up_proj));
+  PD_RETURN_IF_ERROR(w.Matrix(p + "mlp.down_proj.weight", {hidden, inter}, &l->down_proj));
+  return Status::Ok();
+}
+
+Result<DType> ChooseMatrixDType(const SafetensorsSet& set, WeightDType weight_dtype) {
+  switch (weight_dtype) {
+    case WeightDType::kBF16:
+      return DType::kBF16;
+    case WeightDType::kF32:
+      return DType::kF32;
+    case WeightDType::kAuto:
+      break;
+  }
+  // The checkpoint's own precision decides: F32 models (e.g. stories260K) stay exact.
+  PD_ASSIGN_OR_RETURN(TensorView embed, set.Find("model.embed_tokens.weight"));
+  return embed.dtype == DType::kF32 ? DType::kF32 : DType::kBF16;
+}
+
+}  // namespace
+
+Result<ModelWeights> LoadWeights(const ModelConfig& config, const std::string& model_dir,
+                                 WeightDType weight_dtype) {
+  PD_RETURN_IF_ERROR(config.Validate());
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsSet> set, SafetensorsSet::Open(model_dir));
+  ModelWeights w;
+  PD_ASSIGN_OR_RETURN(w.matrix_dtype, ChooseMatrixDType(*set, weight_dtype));
+  WeightCollector collect(*set, w.matrix_dtype);
+  const int64_t vocab = config.vocab_size, hidden = config.hidden_size;
+  PD_RETURN_IF_ERROR(collect.Matrix("model.embed_tokens.weight", {vocab, hidden}, &w.embed));
+  w.layers.resize(config.num_layers);
+  for (int i = 0; i < config.num_layers; ++i) {
+    PD_RETURN_IF_ERROR(CollectLayer(config, i, collect, &w.layers[i]));
+  }
+  PD_RETURN_IF_ERROR(collect.Vector("model.norm.weight", hidden, &w.final_norm));
+  if (!config.tie_word_embeddings) {
+    Status s = collect.Matrix("lm_head.weight", {vocab, hidden}, &w.lm_head);
+    if (s.code() == StatusCode::kNotFound) {
+      return Status::NotFound(s.message() +
+                              " (tie_word_embeddings is false, so lm_head is needed)");
+    }
+    PD_RETURN_IF_ERROR(s);
+  }
+  // A tied checkpoint may still carry lm_head.weight; it is not read, so not counted as used.
+  const size_t unused = set->Names().size() - collect.count() -
+                        (config.tie_word_embeddings && set->Has("lm_head.weight") ? 1 : 0);
+  if (unused > 0) {
+    PD_LOG_WARN("{}: {} tensors in the checkpoint are not used by {}", model_dir, unused,
+                config.architecture_name);
+  }
+  ConvertAll(collect.jobs());
+  return w;
+}
+
+}  // namespace pdserve

@@ -1,0 +1,331 @@
+#include "model/config.h"
+
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "loader_test_util.h"
+#include "testing/test_paths.h"
+
+namespace pdserve {
+namespace {
+
+using pdserve::testing::Mentions;
+using pdserve::testing::ScopedTempDir;
+
+constexpr char kLlama3[] = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+  "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+  "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+  "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "tie_word_embeddings": true, "bos_token_id": 128000,
+  "eos_token_id": [128001, 128008, 128009], "torch_dtype": "bfloat16",
+  "attention_bias": false, "mlp_bias": false, "hidden_act": "silu"
+})";
+
+constexpr char kQwen2[] = R"({
+  "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+  "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+  "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
+  "max_position_embeddings": 32768, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+  "sliding_window": 32768, "use_sliding_window": false, "max_window_layers": 21,
+  "tie_word_embeddings": true, "bos_token_id": 151643, "eos_token_id": 151643,
+  "rope_scaling": null, "hidden_act": "silu"
+})";
+
+constexpr char kQwen3[] = R"({
+  "architectures": ["Qwen3ForCausalLM"], "hidden_size": 1024, "intermediate_size": 3072,
+  "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+  "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
+  "rope_theta": 1000000, "attention_bias": false, "tie_word_embeddings": true,
+  "eos_token_id": 151645
+})";
+
+constexpr char kMistral[] = R"({
+  "architectures": ["MistralForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+  "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+  "vocab_size": 32000, "max_position_embeddings": 32768, "sliding_window": 4096,
+  "rope_theta": 10000.0, "eos_token_id": 2, "bos_token_id": 1
+})";
+
+// Fingerprint of kQwen2; a change here breaks handshakes between old and new builds.
+constexpr uint64_t kQwen2Fingerprint = 9780605419320660778ull;
+
+ModelConfig ParseOk(const std::string& text) {
+  Result<ModelConfig> c = ModelConfig::FromJson(text);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? *c : ModelConfig{};
+}
+
+// Parses kLlama3 with one top-level field replaced (or removed when value is empty).
+Result<ModelConfig> ParseLlamaWith(const std::string& key, const std::string& value) {
+  nlohmann::json j = nlohmann::json::parse(kLlama3);
+  if (value.empty()) {
+    j.erase(key);
+  } else {
+    j[key] = nlohmann::json::parse(value);
+  }
+  return ModelConfig::FromJson(j.dump());
+}
+
+TEST(ConfigTest, ParsesLlama3WithRopeScaling) {
+  ModelConfig c = ParseOk(kLlama3);
+  EXPECT_EQ(c.arch, Architecture::kLlama);
+  EXPECT_EQ(c.architecture_name, "LlamaForCausalLM");
+  EXPECT_EQ(c.hidden_size, 2048);
+  EXPECT_EQ(c.num_layers, 16);
+  EXPECT_EQ(c.num_heads, 32);
+  EXPECT_EQ(c.num_kv_heads, 8);
+  EXPECT_EQ(c.head_dim, 64);  // derived: hidden / heads
+  EXPECT_EQ(c.vocab_size, 128256);
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 32.0);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.low_freq_factor, 1.0);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_FALSE(c.sliding_window.has_value());
+  EXPECT_EQ(c.bos_token_id, 128000);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int>{128001, 128008, 128009}));
+  EXPECT_EQ(c.MaxContext(), 131072);
+}
+
+TEST(ConfigTest, ParsesLinearRopeScalingWithLegacyTypeKey) {
+  Result<ModelConfig> c = ParseLlamaWith("rope_scaling", R"({"type": "linear", "factor": 2.0})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLinear);
+  EXPECT_DOUBLE_EQ(c->rope_scaling.factor, 2.0);
+}
+
+TEST(ConfigTest, DefaultsKvHeadsToHeads) {
+  Result<ModelConfig> c = ParseLlamaWith("num_key_value_heads", "");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->num_kv_heads, 32);
+}
+
+TEST(ConfigTest, ParsesQwen2WithQkvBias) {
+  ModelConfig c = ParseOk(kQwen2);
+  EXPECT_EQ(c.arch, Architecture::kQwen2);
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.num_kv_heads, 2);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kNone);
+  // use_sliding_window is false: the window does not apply.
+  EXPECT_FALSE(c.sliding_window.has_value());
+  EXPECT_EQ(c.eos_token_ids, std::vector<int>{151643});
+}
+
+TEST(ConfigTest, ParsesQwen3WithQkNormAndExplicitHeadDim) {
+  ModelConfig c = ParseOk(kQwen3);
+  EXPECT_EQ(c.arch, Architecture::kQwen3);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_EQ(c.head_dim, 128);           // not hidden / heads (= 64)
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);  // an integer in the file
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-6);
+}
+
+TEST(ConfigTest, RejectsAttentionBiasOutsideQwen2) {
+  nlohmann::json j = nlohmann::json::parse(kQwen3);
+  j["attention_bias"] = true;
+  Result<ModelConfig> c = ModelConfig::FromJson(j.dump());
+  ASSERT_FALSE(c.ok());
+  EXPECT_TRUE(Mentions(c.status().message(), "attention_bias"));
+}
+
+TEST(ConfigTest, ParsesMistralSlidingWindow) {
+  ModelConfig c = ParseOk(kMistral);
+  EXPECT_EQ(c.arch, Architecture::kMistral);
+  EXPECT_EQ(c.sliding_window, 4096);
+  EXPECT_EQ(c.MaxContext(), 4096);
+  nlohmann::json j = nlohmann::json::parse(kMistral);
+  j["sliding_window"] = nullptr;
+  ModelConfig no_window = ParseOk(j.dump());
+  EXPECT_FALSE(no_window.sliding_window.has_value());
+  EXPECT_EQ(no_window.MaxContext(), 32768);
+}
+
+TEST(ConfigTest, UnsupportedArchitectureNamesItAndTheSupportedOnes) {
+  Result<ModelConfig> c = ParseLlamaWith("architectures", R"(["GPT2LMHeadModel"])");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Mentions(c.status().message(), "GPT2LMHeadModel"));
+  EXPECT_TRUE(Mentions(c.status().message(), "Qwen2ForCausalLM"));
+  EXPECT_TRUE(Mentions(c.status().message(), "MistralForCausalLM"));
+}
+
+TEST(ConfigTest, FallsBackToModelType) {
+  nlohmann::json j = nlohmann::json::parse(kQwen2);
+  j.erase("architectures");
+  EXPECT_EQ(ParseOk(j.dump()).arch, Architecture::kQwen2);
+}
+
+TEST(ConfigTest, MissingFieldIsNamed) {
+  for (const char* key : {"hidden_size", "intermediate_size", "num_hidden_layers",
+                          "num_attention_heads", "vocab_size"}) {
+    Result<ModelConfig> c = ParseLlamaWith(key, "");
+    ASSERT_FALSE(c.ok()) << key;
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(Mentions(c.status().message(), key));
+  }
+}
+
+TEST(ConfigTest, BadTypesAreNamed) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"hidden_size", R"("2048")"},     {"num_hidden_layers", "16.5"},
+      {"rope_theta", R"("big")"},       {"tie_word_embeddings", R"("yes")"},
+      {"eos_token_id", R"("</s>")"},    {"eos_token_id", R"([1, "x"])"},
+      {"rope_scaling", "[1, 2]"},       {"architectures", R"("LlamaForCausalLM")"},
+      {"vocab_size", "99999999999999"}, {"rms_norm_eps", "true"},
+  };
+  for (const auto& [key, value] : cases) {
+    Result<ModelConfig> c = ParseLlamaWith(key, value);
+    ASSERT_FALSE(c.ok()) << key << "=" << value;
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(Mentions(c.status().message(), key)) << c.status().ToString();
+  }
+}
+
+TEST(ConfigTest, InconsistentSizesAreRejected) {
+  Result<ModelConfig> c = ParseLlamaWith("num_key_value_heads", "5");
+  ASSERT_FALSE(c.ok());
+  EXPECT_TRUE(Mentions(c.status().message(), "num_key_value_heads"));
+  c = ParseLlamaWith("hidden_size", "0");
+  ASSERT_FALSE(c.ok());
+  EXPECT_TRUE(Mentions(c.status().message(), "hidden_size"));
+  c = ParseLlamaWith("num_hidden_layers", "-3");
+  ASSERT_FALSE(c.ok());
+  EXPECT_TRUE(Mentions(c.status().message(), "num_hidden_layers"));
+  c = ParseLlamaWith("hidden_size", "2050");  // not divisible by 32 heads, no head_dim
+  ASSERT_FALSE(c.ok());
+  EXPECT_TRUE(Mentions(c.status().message(), "head_dim"));
+  c = ParseLlamaWith("head_dim", "63");  // RoPE needs an even head_dim
+  ASSERT_FALSE(c.ok());
+  EXPECT_TRUE(Mentions(c.status().message(), "head_dim"));
+}
+
+TEST(ConfigTest, UnsupportedFeaturesAreRejected) {
+  EXPECT_FALSE(ParseLlamaWith("hidden_act", R"("gelu")").ok());
+  EXPECT_FALSE(ParseLlamaWith("mlp_bias", "true").ok());
+  Result<ModelConfig> c = ParseLlamaWith("rope_scaling", R"({"rope_type": "yarn", "factor": 4})");
+  ASSERT_FALSE(c.ok());
+  EXPECT_TRUE(Mentions(c.status().message(), "yarn"));
+  c = ParseLlamaWith("rope_scaling", R"({"rope_type": "llama3", "factor": 8})");
+  ASSERT_FALSE(c.ok());
+  EXPECT_TRUE(Mentions(c.status().message(), "low_freq_factor"));
+}
+
+TEST(ConfigTest, BadJsonIsAnError) {
+  for (const char* text : {"", "{", "[1, 2]", "{\"hidden_size\": }", "null"}) {
+    Result<ModelConfig> c = ModelConfig::FromJson(text);
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(Mentions(c.status().message(), "config.json"));
+  }
+}
+
+TEST(ConfigTest, ToJsonRoundTripsEveryArchitecture) {
+  for (const char* text : {kLlama3, kQwen2, kQwen3, kMistral}) {
+    ModelConfig a = ParseOk(text);
+    ModelConfig b = ParseOk(a.ToJson());
+    EXPECT_EQ(b.arch, a.arch);
+    EXPECT_EQ(b.hidden_size, a.hidden_size);
+    EXPECT_EQ(b.intermediate_size, a.intermediate_size);
+    EXPECT_EQ(b.num_layers, a.num_layers);
+    EXPECT_EQ(b.num_heads, a.num_heads);
+    EXPECT_EQ(b.num_kv_heads, a.num_kv_heads);
+    EXPECT_EQ(b.head_dim, a.head_dim);
+    EXPECT_EQ(b.vocab_size, a.vocab_size);
+    EXPECT_EQ(b.max_position_embeddings, a.max_position_embeddings);
+    EXPECT_EQ(b.rms_norm_eps, a.rms_norm_eps);
+    EXPECT_EQ(b.rope_theta, a.rope_theta);
+    EXPECT_EQ(b.rope_scaling.type, a.rope_scaling.type);
+    EXPECT_EQ(b.rope_scaling.factor, a.rope_scaling.factor);
+    EXPECT_EQ(b.tie_word_embeddings, a.tie_word_embeddings);
+    EXPECT_EQ(b.qkv_bias, a.qkv_bias);
+    EXPECT_EQ(b.qk_norm, a.qk_norm);
+    EXPECT_EQ(b.sliding_window, a.sliding_window);
+    EXPECT_EQ(b.bos_token_id, a.bos_token_id);
+    EXPECT_EQ(b.eos_token_ids, a.eos_token_ids);
+    EXPECT_EQ(b.Fingerprint(), a.Fingerprint());
+  }
+}
+
+TEST(ConfigTest, FingerprintIsStableAndSeesForwardFields) {
+  ModelConfig a = ParseOk(kQwen2);
+  // The handshake compares fingerprints across builds and machines: the value must not drift.
+  EXPECT_EQ(a.Fingerprint(), ParseOk(kQwen2).Fingerprint());
+  EXPECT_EQ(a.Fingerprint(), kQwen2Fingerprint);
+  ModelConfig b = a;
+  b.eos_token_ids = {7};  // not forward-relevant
+  EXPECT_EQ(a.Fingerprint(), b.Fingerprint());
+  for (auto mutate : std::vector<void (*)(ModelConfig&)>{
+           [](ModelConfig& c) { c.num_layers += 1; },
+           [](ModelConfig& c) { c.rope_theta = 10000; },
+           [](ModelConfig& c) { c.rms_norm_eps = 1e-5; },
+           [](ModelConfig& c) { c.tie_word_embeddings = false; },
+           [](ModelConfig& c) { c.qkv_bias = false; },
+           [](ModelConfig& c) { c.num_kv_heads = 1; },
+       }) {
+    ModelConfig m = a;
+    mutate(m);
+    EXPECT_NE(m.Fingerprint(), a.Fingerprint());
+  }
+}
+
+TEST(ConfigTest, LoadMergesGenerationConfigEos) {
+  ScopedTempDir tmp("pd_config_");
+  const std::string& dir = tmp.path();
+  std::ofstream(dir + "/config.json") << kQwen2;
+  std::ofstream(dir + "/generation_config.json")
+      << R"({"bos_token_id": 151643, "eos_token_id": [151645, 151643]})";
+  Result<ModelConfig> c = ModelConfig::Load(dir);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int>{151643, 151645}));
+}
+
+TEST(ConfigTest, LoadErrorsNameTheFile) {
+  ScopedTempDir tmp("pd_config_");
+  const std::string& dir = tmp.path();
+  Result<ModelConfig> c = ModelConfig::Load(dir);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(Mentions(c.status().message(), dir + "/config.json"));
+
+  std::ofstream(dir + "/config.json") << R"({"architectures": ["BertModel"]})";
+  c = ModelConfig::Load(dir);
+  ASSERT_FALSE(c.ok());
+  EXPECT_TRUE(Mentions(c.status().message(), dir + "/config.json"));
+  EXPECT_TRUE(Mentions(c.status().message(), "BertModel"));
+
+  std::ofstream(dir + "/config.json", std::ios::trunc) << kQwen2;
+  std::ofstream(dir + "/generation_config.json") << R"({"eos_token_id": "x"})";
+  c = ModelConfig::Load(dir);
+  ASSERT_FALSE(c.ok());
+  EXPECT_TRUE(Mentions(c.status().message(), "generation_config.json"));
+}
+
+TEST(ConfigTest, LoadsSharedStories260K) {
+  PD_REQUIRE_SHARED("models/stories260K");
+  Result<ModelConfig> c = ModelConfig::Load(pdserve::testing::SharedPath("models/stories260K"));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->hidden_size, 64);
+  EXPECT_EQ(c->num_layers, 5);
+  EXPECT_EQ(c->num_kv_heads, 4);
+  EXPECT_EQ(c->head_dim, 8);
+  EXPECT_EQ(c->vocab_size, 512);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->eos_token_ids, std::vector<int>{2});
+}
+
+}  // namespace
+}  // namespace pdserve
