@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <span>
@@ -49,6 +50,18 @@ class Tokenizer {
   std::vector<int32_t> eos_ids_;
   std::string chat_template_;
   std::string bos_token_, eos_token_;
+  // Whether Encode(add_special=true) prepends BOS / appends EOS (set by Load from the
+  // tokenizer's post-processor and tokenizer_config.json).
+  bool add_bos_ = false;
+  bool add_eos_ = false;
+
+  // Adds BOS/EOS around `ids` as add_bos_/add_eos_ say. For Encode implementations.
+  std::vector<int32_t> WithSpecials(std::vector<int32_t> ids) const;
+
+ private:
+  // Applies DIR/tokenizer_config.json and DIR/generation_config.json (both optional) over
+  // what the tokenizer file itself said about BOS/EOS.
+  Status ApplyConfigs(const std::filesystem::path& dir);
 };
 
 // Streams text out of a growing id sequence: emits only complete UTF-8, holding back a
@@ -64,6 +77,9 @@ class IncrementalDecoder {
   std::string Flush();
 
  private:
+  // Takes the complete characters off pending_; `final` also flushes an incomplete tail.
+  std::string TakeComplete(bool final);
+
   const Tokenizer* tokenizer_;
   bool skip_special_;
   std::string pending_;
