@@ -1,0 +1,372 @@
+#include "model/synthetic.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "model/safetensors.h"
+#include "model/tokenizer.h"
+
+namespace pdserve {
+namespace {
+
+using json = nlohmann::json;
+
+ModelConfig BaseConfig(Architecture arch, const char* name, int hidden, int layers, int heads,
+                       int kv_heads, int head_dim, int intermediate, int vocab, bool tied) {
+  ModelConfig c;
+  c.arch = arch;
+  c.architecture_name = name;
+  c.hidden_size = hidden;
+  c.num_layers = layers;
+  c.num_heads = heads;
+  c.num_kv_heads = kv_heads;
+  c.head_dim = head_dim;
+  c.intermediate_size = intermediate;
+  c.vocab_size = vocab;
+  c.tie_word_embeddings = tied;
+  c.qkv_bias = arch == Architecture::kQwen2;
+  c.qk_norm = arch == Architecture::kQwen3;
+  c.max_position_embeddings = 4096;
+  c.rms_norm_eps = 1e-5;
+  return c;
+}
+
+RopeScaling Llama3Scaling(double factor) {
+  RopeScaling r;
+  r.type = RopeScaling::Type::kLlama3;
+  r.factor = factor;
+  r.low_freq_factor = 1.0;
+  r.high_freq_factor = 4.0;
+  r.original_max_position_embeddings = 8192;
+  return r;
+}
+
+std::vector<SyntheticPreset> MakePresets() {
+  std::vector<SyntheticPreset> p;
+  constexpr auto kLlama = Architecture::kLlama;
+  constexpr auto kQwen2 = Architecture::kQwen2;
+  constexpr auto kQwen3 = Architecture::kQwen3;
+  {
+    ModelConfig c = BaseConfig(kLlama, "LlamaForCausalLM", 256, 4, 8, 4, 32, 688, 2048, true);
+    p.push_back({"tiny", "Llama, 3.4M params, tied; the embedded default", c});
+  }
+  {
+    ModelConfig c = BaseConfig(kQwen2, "Qwen2ForCausalLM", 128, 3, 4, 2, 32, 352, 1024, true);
+    c.rope_theta = 1e6;
+    c.rms_norm_eps = 1e-6;
+    p.push_back({"tiny-qwen2", "Qwen2 (q/k/v bias), 2 KV heads, tied", c});
+  }
+  {
+    // head_dim 48 != hidden / heads: exercises the explicit head_dim path.
+    ModelConfig c = BaseConfig(kQwen3, "Qwen3ForCausalLM", 128, 3, 4, 2, 48, 384, 1024, true);
+    c.rope_theta = 1e6;
+    c.rms_norm_eps = 1e-6;
+    p.push_back({"tiny-qwen3", "Qwen3 (q/k RMSNorm), head_dim 48 != hidden/heads", c});
+  }
+  {
+    ModelConfig c = BaseConfig(Architecture::kMistral, "MistralForCausalLM", 128, 3, 8, 2, 16, 320,
+                               1024, false);
+    c.sliding_window = 1024;
+    p.push_back({"tiny-mistral", "Mistral, sliding window 1024, untied lm_head", c});
+  }
+  {
+    ModelConfig c = BaseConfig(kLlama, "LlamaForCausalLM", 128, 3, 4, 1, 32, 384, 1536, false);
+    c.rope_theta = 500000.0;
+    c.rope_scaling = Llama3Scaling(8.0);
+    c.max_position_embeddings = 16384;
+    p.push_back({"tiny-llama3", "Llama 3 rope scaling, 1 KV head, untied lm_head", c});
+  }
+  {
+    ModelConfig c = BaseConfig(kQwen2, "Qwen2ForCausalLM", 896, 24, 14, 2, 64, 4864, 151936, true);
+    c.rope_theta = 1e6;
+    c.rms_norm_eps = 1e-6;
+    c.max_position_embeddings = 32768;
+    p.push_back({"qwen2.5-0.5b", "Qwen2.5-0.5B shape (494M params)", c});
+  }
+  {
+    ModelConfig c = BaseConfig(kLlama, "LlamaForCausalLM", 2048, 16, 32, 8, 64, 8192, 128256, true);
+    c.rope_theta = 500000.0;
+    c.rope_scaling = Llama3Scaling(32.0);
+    c.max_position_embeddings = 131072;
+    p.push_back({"llama-3.2-1b", "Llama-3.2-1B shape (1.24B params)", c});
+  }
+  return p;
+}
+
+// ---- Random weights ----
+
+// How one tensor's values are drawn: center + scale * (approximately) N(0, 1).
+struct TensorInit {
+  std::string name;
+  std::vector<int64_t> shape;
+  float center;
+  float scale;
+};
+
+std::vector<TensorInit> TensorInits(const ModelConfig& c) {
+  const int64_t h = c.hidden_size, q = int64_t{c.num_heads} * c.head_dim,
+                kv = int64_t{c.num_kv_heads} * c.head_dim, f = c.intermediate_size;
+  // Matrices scale by 1/sqrt(fan_in) so every projection keeps unit-variance activations;
+  // the embedding by 1/sqrt(hidden) so tied logits have a spread of about one.
+  auto matrix = [](std::string name, int64_t rows, int64_t cols) {
+    return TensorInit{
+        std::move(name), {rows, cols}, 0.0f, 1.0f / std::sqrt(static_cast<float>(cols))};
+  };
+  auto norm = [](std::string name, int64_t n) {
+    return TensorInit{std::move(name), {n}, 1.0f, 0.1f};
+  };
+  auto bias = [](std::string name, int64_t n) {
+    return TensorInit{std::move(name), {n}, 0.0f, 0.1f};
+  };
+  std::vector<TensorInit> t;
+  t.push_back(matrix("model.embed_tokens.weight", c.vocab_size, h));
+  for (int i = 0; i < c.num_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    t.push_back(norm(p + "input_layernorm.weight", h));
+    t.push_back(matrix(p + "self_attn.q_proj.weight", q, h));
+    t.push_back(matrix(p + "self_attn.k_proj.weight", kv, h));
+    t.push_back(matrix(p + "self_attn.v_proj.weight", kv, h));
+    if (c.qkv_bias) {
+      t.push_back(bias(p + "self_attn.q_proj.bias", q));
+      t.push_back(bias(p + "self_attn.k_proj.bias", kv));
+      t.push_back(bias(p + "self_attn.v_proj.bias", kv));
+    }
+    if (c.qk_norm) {
+      t.push_back(norm(p + "self_attn.q_norm.weight", c.head_dim));
+      t.push_back(norm(p + "self_attn.k_norm.weight", c.head_dim));
+    }
+    t.push_back(matrix(p + "self_attn.o_proj.weight", h, q));
+    t.push_back(norm(p + "post_attention_layernorm.weight", h));
+    t.push_back(matrix(p + "mlp.gate_proj.weight", f, h));
+    t.push_back(matrix(p + "mlp.up_proj.weight", f, h));
+    t.push_back(matrix(p + "mlp.down_proj.weight", h, f));
+  }
+  t.push_back(norm("model.norm.weight", h));
+  if (!c.tie_word_embeddings) t.push_back(matrix("lm_head.weight", c.vocab_size, h));
+  return t;
+}
+
+// SplitMix64: tiny state, good enough statistics for weights, about a nanosecond per draw.
+struct SplitMix64 {
+  uint64_t state;
+  uint64_t Next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+};
+
+// Sum of the four 16-bit lanes of a uniform draw (Irwin-Hall): mean 0, unit variance,
+// bounded by +-3.46. Close enough to normal for weights and much cheaper than Box-Muller.
+inline float ApproxNormal(uint64_t x) {
+  const int sum = static_cast<int>(x & 0xffff) + static_cast<int>((x >> 16) & 0xffff) +
+                  static_cast<int>((x >> 32) & 0xffff) + static_cast<int>(x >> 48);
+  constexpr float kInvStd = 1.7320508f / 65536.0f;  // sqrt(3) / 2^16
+  return static_cast<float>(sum - 2 * 65535) * kInvStd;
+}
+
+constexpr size_t kChunk = size_t{1} << 16;  // elements per independently seeded chunk
+
+// Fills chunk `chunk` of tensor `index`. Each chunk has its own seed, so the values do not
+// depend on how chunks are spread over threads.
+void FillChunk(const TensorInit& init, uint64_t seed, size_t index, size_t chunk, size_t numel,
+               DType dtype, void* out) {
+  SplitMix64 rng{seed ^ (0xd1b54a32d192ed03ull * (index + 1)) ^
+                 (0x8cb92ba72f3d8dd7ull * (chunk + 1))};
+  const size_t begin = chunk * kChunk, end = std::min(numel, begin + kChunk);
+  for (int i = 0; i < 4; ++i) rng.Next();  // decorrelate neighbouring seeds
+  switch (dtype) {
+    case DType::kF32: {
+      float* o = static_cast<float*>(out);
+      for (size_t i = begin; i < end; ++i)
+        o[i] = init.center + init.scale * ApproxNormal(rng.Next());
+      break;
+    }
+    case DType::kBF16: {
+      uint16_t* o = static_cast<uint16_t*>(out);
+      for (size_t i = begin; i < end; ++i) {
+        o[i] = F32ToBF16(init.center + init.scale * ApproxNormal(rng.Next()));
+      }
+      break;
+    }
+    case DType::kF16: {
+      uint16_t* o = static_cast<uint16_t*>(out);
+      for (size_t i = begin; i < end; ++i) {
+        o[i] = F32ToF16(init.center + init.scale * ApproxNormal(rng.Next()));
+      }
+      break;
+    }
+  }
+}
+
+void FillTensor(const TensorInit& init, uint64_t seed, size_t index, DType dtype, void* out) {
+  size_t numel = 1;
+  for (int64_t d : init.shape) numel *= static_cast<size_t>(d);
+  const size_t chunks = (numel + kChunk - 1) / kChunk;
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
+      FillChunk(init, seed, index, c, numel, dtype, out);
+    }
+  };
+  const size_t threads =
+      std::min<size_t>({std::max(1u, std::thread::hardware_concurrency()), 16, chunks});
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+}
+
+// ---- Files ----
+
+Status WriteTextFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) return Status::IoError("cannot write " + path);
+  return Status::Ok();
+}
+
+Result<json> ReadJson(const std::string& path, const json::parser_callback_t& filter = nullptr) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::NotFound("cannot open " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return json::parse(ss.str(), filter);
+  } catch (const json::exception& e) {
+    return Status::DataLoss(path + ": invalid JSON: " + e.what());
+  }
+}
+
+// The token named by tokenizer_config.json's `key` (a string or {"content": ...}).
+Result<std::string> SpecialTokenText(const json& config, const std::string& key) {
+  auto it = config.find(key);
+  if (it != config.end() && it->is_string()) return it->get<std::string>();
+  if (it != config.end() && it->is_object() && it->contains("content") &&
+      (*it)["content"].is_string()) {
+    return (*it)["content"].get<std::string>();
+  }
+  return Status::DataLoss("synthetic tokenizer_config.json has no " + key);
+}
+
+// BOS and EOS ids as the tokenizer just written defines them, so that config.json agrees
+// with the tokenizer whatever id layout the tokenizer writer chose.
+Status ReadSpecialIds(const std::string& dir, int* bos, int* eos) {
+  PD_ASSIGN_OR_RETURN(json config, ReadJson(dir + "/tokenizer_config.json"));
+  PD_ASSIGN_OR_RETURN(std::string bos_text, SpecialTokenText(config, "bos_token"));
+  PD_ASSIGN_OR_RETURN(std::string eos_text, SpecialTokenText(config, "eos_token"));
+  // Skip the (large) "model" object: only added_tokens is needed.
+  json::parser_callback_t skip_model = [](int depth, json::parse_event_t event, json& parsed) {
+    return !(depth == 1 && event == json::parse_event_t::key && parsed == "model");
+  };
+  PD_ASSIGN_OR_RETURN(json tokenizer, ReadJson(dir + "/tokenizer.json", skip_model));
+  *bos = *eos = -1;
+  if (tokenizer.contains("added_tokens") && tokenizer["added_tokens"].is_array()) {
+    for (const json& t : tokenizer["added_tokens"]) {
+      if (!t.contains("content") || !t.contains("id") || !t["id"].is_number_integer()) continue;
+      if (t["content"] == bos_text) *bos = t["id"].get<int>();
+      if (t["content"] == eos_text) *eos = t["id"].get<int>();
+    }
+  }
+  if (*bos < 0 || *eos < 0) {
+    return Status::Internal("synthetic tokenizer in " + dir + " lacks ids for " + bos_text + " / " +
+                            eos_text);
+  }
+  return Status::Ok();
+}
+
+// Refuses a directory whose other weight files would be loaded alongside ours.
+Status CheckOutputDir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::IoError("cannot create directory " + dir + ": " + ec.message());
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename();
+    if ((entry.path().extension() == ".safetensors" && name != "model.safetensors") ||
+        name == "model.safetensors.index.json") {
+      return Status::FailedPrecondition(dir + " already holds " + name +
+                                        ", which would be loaded with the new weights; use an "
+                                        "empty directory");
+    }
+  }
+  if (ec) return Status::IoError("cannot list " + dir + ": " + ec.message());
+  return Status::Ok();
+}
+
+const char* TorchDTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "float32";
+    case DType::kF16:
+      return "float16";
+    case DType::kBF16:
+      return "bfloat16";
+  }
+  return "bfloat16";
+}
+
+}  // namespace
+
+const std::vector<SyntheticPreset>& SyntheticPresets() {
+  static const std::vector<SyntheticPreset> presets = MakePresets();
+  return presets;
+}
+
+std::vector<std::string> SyntheticPresetNames() {
+  std::vector<std::string> names;
+  for (const SyntheticPreset& p : SyntheticPresets()) names.push_back(p.name);
+  return names;
+}
+
+Result<ModelConfig> SyntheticPresetConfig(const std::string& name) {
+  for (const SyntheticPreset& p : SyntheticPresets()) {
+    if (p.name == name) return p.config;
+  }
+  std::string known;
+  for (const std::string& n : SyntheticPresetNames()) known += (known.empty() ? "" : ", ") + n;
+  return Status::NotFound("unknown synthetic preset '" + name + "'; known: " + known);
+}
+
+Status WriteSyntheticModel(const std::string& preset, const std::string& out_dir, uint64_t seed,
+                           DType dtype) {
+  PD_ASSIGN_OR_RETURN(ModelConfig config, SyntheticPresetConfig(preset));
+  return WriteSyntheticModelFromConfig(config, out_dir, seed, dtype);
+}
+
+Status WriteSyntheticModelFromConfig(const ModelConfig& config_in, const std::string& out_dir,
+                                     uint64_t seed, DType dtype) {
+  PD_RETURN_IF_ERROR(config_in.Validate());
+  PD_RETURN_IF_ERROR(CheckOutputDir(out_dir));
+  PD_RETURN_IF_ERROR(WriteSyntheticTokenizer(out_dir, config_in.vocab_size, seed));
+  int bos = 0, eos = 0;
+  PD_RETURN_IF_ERROR(ReadSpecialIds(out_dir, &bos, &eos));
+
+  ModelConfig config = config_in;
+  config.bos_token_id = bos;
+  config.eos_token_ids = {eos};
+  config.torch_dtype = TorchDTypeName(dtype);
+  PD_RETURN_IF_ERROR(WriteTextFile(out_dir + "/config.json", config.ToJson()));
+  const json generation = {{"bos_token_id", bos}, {"eos_token_id", eos}};
+  PD_RETURN_IF_ERROR(WriteTextFile(out_dir + "/generation_config.json", generation.dump(2) + "\n"));
+
+  const std::vector<TensorInit> inits = TensorInits(config);
+  std::vector<TensorToWrite> tensors;
+  tensors.reserve(inits.size());
+  for (const TensorInit& t : inits) tensors.push_back({t.name, dtype, t.shape, nullptr});
+  return WriteSafetensorsStreamed(out_dir + "/model.safetensors", tensors,
+                                  [&](size_t i, void* out) {
+                                    FillTensor(inits[i], seed, i, dtype, out);
+                                    return Status::Ok();
+                                  });
+}
+
+}  // namespace pdserve

@@ -1,0 +1,41 @@
+// Synthetic models: the shapes of real models with seeded random weights, written in exactly
+// the Hugging Face on-disk format (config.json, generation_config.json, model.safetensors,
+// tokenizer.json + tokenizer_config.json), so that every path — loading, the forward pass,
+// benchmarks — runs without downloads. Free functions; safe from any thread as long as two
+// calls do not write the same directory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "model/config.h"
+#include "model/dtype.h"
+
+namespace pdserve {
+
+struct SyntheticPreset {
+  std::string name;
+  std::string description;
+  ModelConfig config;  // bos/eos ids are filled in from the tokenizer when written
+};
+
+// Every preset, in a stable order: "tiny" (the embedded default) first, then the small
+// per-architecture test models, then the real-size ones ("qwen2.5-0.5b", "llama-3.2-1b").
+const std::vector<SyntheticPreset>& SyntheticPresets();
+std::vector<std::string> SyntheticPresetNames();
+// NotFound listing the known presets if `name` is not one.
+Result<ModelConfig> SyntheticPresetConfig(const std::string& name);
+
+// Writes preset `preset` into out_dir (created if needed; existing files are replaced).
+// The same (preset, seed, dtype) always gives byte-identical files.
+Status WriteSyntheticModel(const std::string& preset, const std::string& out_dir, uint64_t seed,
+                           DType dtype = DType::kBF16);
+
+// Same for any valid config (tests use it for shapes no preset has). config's bos/eos ids are
+// replaced by those of the synthetic tokenizer; vocab_size must be at least 300.
+Status WriteSyntheticModelFromConfig(const ModelConfig& config, const std::string& out_dir,
+                                     uint64_t seed, DType dtype = DType::kBF16);
+
+}  // namespace pdserve
