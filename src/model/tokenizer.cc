@@ -6,7 +6,6 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -21,13 +20,15 @@ namespace {
 using nlohmann::json;
 
 Result<json> ReadJsonFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) return Status::IoError("cannot open " + path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return Status::IoError("cannot read " + path);
+  std::string text(static_cast<size_t>(in.tellg()), '\0');
+  in.seekg(0);
+  if (!in.read(text.data(), static_cast<std::streamsize>(text.size()))) {
+    return Status::IoError("cannot read " + path);
+  }
   try {
-    return json::parse(text.str());
+    return json::parse(text);
   } catch (const json::exception& e) {
     return Status::InvalidArgument(path + ": not valid JSON (truncated?): " + e.what());
   }
