@@ -10,9 +10,12 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
   int exit_code = 0;
+  pdserve::cli::AddGenerateCommand(app, &exit_code);
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks that print tables with ceilings");
   bench->require_subcommand(1);
   // Each command file adds its registration call here (see commands.h).
+  pdserve::cli::AddTokenizeCommand(app, &exit_code);
+  pdserve::cli::AddMakeModelCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,41 @@
+// Flags shared by every subcommand that loads a model and runs an engine, and the helpers
+// that turn them into options. Used from main() only (single-threaded).
+#pragma once
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "common/status.h"
+#include "engine/engine.h"
+#include "model/model_dir.h"
+
+namespace pdserve::cli {
+
+struct ModelFlags {
+  std::string model;
+  int threads = 0;
+  std::string dtype = "auto";     // weights: auto|bf16|f32
+  std::string kv_dtype = "auto";  // auto|bf16|f32
+  int page_size = 16;
+  int kv_cache_mb = 256;
+  int max_batch_tokens = 512;
+  int max_running = 64;
+};
+
+void AddModelFlags(CLI::App* cmd, ModelFlags* flags);
+Result<ModelDir> LoadFromFlags(const ModelFlags& flags);
+EngineOptions EngineOptionsFromFlags(const ModelFlags& flags);
+
+// Prints "error: message" to stderr and returns exit code 1.
+int Fail(const std::string& message);
+
+}  // namespace pdserve::cli
+
+// Like PD_ASSIGN_OR_RETURN, for CLI functions that return an exit code.
+#define PD_ASSIGN_OR_RETURN_CLI(lhs, expr) \
+  PD_ASSIGN_OR_RETURN_CLI_IMPL(PD_STATUS_CONCAT(pd_cli_result_, __LINE__), lhs, expr)
+#define PD_ASSIGN_OR_RETURN_CLI_IMPL(tmp, lhs, expr)                   \
+  auto tmp = (expr);                                                   \
+  if (!tmp.ok()) return ::pdserve::cli::Fail(tmp.status().ToString()); \
+  lhs = std::move(tmp).value()

@@ -1,0 +1,417 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "common/logging.h"
+#include "engine/stop_checker.h"
+
+namespace pdserve {
+
+const char* FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
+    case FinishReason::kPrefilled:
+      return "prefilled";
+  }
+  return "unknown";
+}
+
+// Bumps the engine's layer counter and tells the step observer.
+class Engine::LayerCounter : public LayerObserver {
+ public:
+  explicit LayerCounter(Engine* engine) : engine_(engine) {}
+  void OnLayerDone(int layer) override {
+    engine_->layer_progress_.fetch_add(1, std::memory_order_release);
+    if (engine_->observer_ != nullptr) {
+      engine_->observer_->OnLayerDone(engine_->steps_.load(std::memory_order_relaxed), layer);
+    }
+  }
+
+ private:
+  Engine* engine_;
+};
+
+Sequence::Sequence(EngineRequest req, int page_tokens, Sampler s)
+    : request(std::move(req)), table(page_tokens), sampler(std::move(s)) {
+  tokens = request.prompt;
+  prompt_len = static_cast<int>(tokens.size());
+}
+Sequence::~Sequence() = default;
+
+Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Transformer> model,
+                                               const Tokenizer* tokenizer,
+                                               const EngineOptions& options) {
+  if (model == nullptr) return Status::InvalidArgument("engine needs a model");
+  if (options.page_tokens <= 0 || options.page_tokens > 1024) {
+    return Status::InvalidArgument(
+        fmt::format("page size {} out of range [1, 1024]", options.page_tokens));
+  }
+  if (options.scheduler.max_batch_tokens <= 0 || options.scheduler.max_running <= 0) {
+    return Status::InvalidArgument("max_batch_tokens and max_running must be positive");
+  }
+  int pages = options.num_pages;
+  if (pages <= 0) {
+    const size_t page_bytes = model->MakeKvLayout(1, options.page_tokens).total_bytes();
+    pages = static_cast<int>(options.kv_cache_bytes / page_bytes);
+  }
+  if (pages <= 0) return Status::InvalidArgument("KV cache too small for one page");
+  PD_ASSIGN_OR_RETURN(auto cache, KvCache::Create(model->MakeKvLayout(pages, options.page_tokens)));
+  return std::unique_ptr<Engine>(
+      new Engine(std::move(model), tokenizer, std::move(cache), options));
+}
+
+Engine::Engine(std::unique_ptr<Transformer> model, const Tokenizer* tokenizer,
+               std::unique_ptr<KvCache> cache, const EngineOptions& options)
+    : model_(std::move(model)),
+      tokenizer_(tokenizer),
+      cache_(std::move(cache)),
+      pool_(cache_->layout().num_pages),
+      scheduler_(options.scheduler, &pool_),
+      seeds_(options.seed),
+      options_(options),
+      layer_counter_(std::make_unique<LayerCounter>(this)) {
+  for (int id : model_->config().eos_token_ids) eos_ids_.push_back(id);
+  if (tokenizer_ != nullptr) {
+    for (int32_t id : tokenizer_->eos_ids()) {
+      if (std::find(eos_ids_.begin(), eos_ids_.end(), id) == eos_ids_.end()) eos_ids_.push_back(id);
+    }
+  }
+  stats_.pages_total = pool_.capacity();
+}
+
+Engine::~Engine() {
+  Stop();
+  DrainInbox();
+  CancelAll();
+}
+
+Status Engine::Submit(EngineRequest request) {
+  const ModelConfig& config = model_->config();
+  if (!request.on_output) return Status::InvalidArgument("request has no output callback");
+  if (request.prompt.empty()) return Status::InvalidArgument("empty prompt");
+  if (request.kind == RequestKind::kRemotePrefill && !request.on_pages_allocated) {
+    return Status::InvalidArgument("remote-prefill request needs on_pages_allocated");
+  }
+  PD_RETURN_IF_ERROR(request.params.Validate(config.vocab_size));
+  const int64_t context = static_cast<int64_t>(request.prompt.size()) +
+                          (request.kind == RequestKind::kPrefillOnly ? 0 : 1);
+  if (context > config.MaxContext()) {
+    return Status::OutOfRange(fmt::format("prompt of {} tokens exceeds the context of {}",
+                                          request.prompt.size(), config.MaxContext()));
+  }
+  if (context > static_cast<int64_t>(pool_.capacity()) * options_.page_tokens) {
+    return Status::OutOfRange(fmt::format("prompt of {} tokens exceeds the KV cache of {} tokens",
+                                          request.prompt.size(),
+                                          pool_.capacity() * options_.page_tokens));
+  }
+  for (int32_t t : request.prompt) {
+    if (t < 0 || t >= config.vocab_size) {
+      return Status::InvalidArgument(
+          fmt::format("prompt token {} out of range [0, {})", t, config.vocab_size));
+    }
+  }
+  Sampler sampler(request.params, seeds_);
+  auto seq =
+      std::make_unique<Sequence>(std::move(request), options_.page_tokens, std::move(sampler));
+  seq->stop = std::make_unique<StopChecker>(seq->request.params, eos_ids_);
+  if (tokenizer_ != nullptr) {
+    seq->decoder = std::make_unique<IncrementalDecoder>(tokenizer_, /*skip_special=*/true);
+  }
+  {
+    std::lock_guard lock(mu_);
+    inbox_.push_back({Command::Kind::kSubmit, std::move(seq), {}});
+  }
+  cv_.notify_one();
+  return Status::Ok();
+}
+
+void Engine::Cancel(const std::string& id) {
+  {
+    std::lock_guard lock(mu_);
+    inbox_.push_back({Command::Kind::kCancel, nullptr, id});
+  }
+  cv_.notify_one();
+}
+
+void Engine::Admit(const std::string& id) {
+  {
+    std::lock_guard lock(mu_);
+    inbox_.push_back({Command::Kind::kAdmit, nullptr, id});
+  }
+  cv_.notify_one();
+}
+
+void Engine::ReleaseHeldPages(const std::string& id) {
+  {
+    std::lock_guard lock(mu_);
+    inbox_.push_back({Command::Kind::kRelease, nullptr, id});
+  }
+  cv_.notify_one();
+}
+
+void Engine::DrainInbox() {
+  std::vector<Command> commands;
+  {
+    std::lock_guard lock(mu_);
+    commands.swap(inbox_);
+  }
+  for (Command& c : commands) Apply(c);
+}
+
+void Engine::Apply(Command& cmd) {
+  switch (cmd.kind) {
+    case Command::Kind::kSubmit: {
+      Sequence* seq = cmd.seq.get();
+      const std::string& id = seq->request.id;
+      if (live_.count(id) != 0 || held_.count(id) != 0) {
+        RequestOutput out;
+        out.id = id;
+        out.finished = true;
+        out.finish_reason = FinishReason::kError;
+        out.status = Status::AlreadyExists("request id already in use: " + id);
+        seq->request.on_output(out);
+        return;
+      }
+      live_.emplace(id, std::move(cmd.seq));
+      if (seq->request.kind == RequestKind::kRemotePrefill) {
+        remote_pending_.push_back(seq);
+      } else {
+        scheduler_.AddWaiting(seq);
+      }
+      return;
+    }
+    case Command::Kind::kCancel: {
+      auto it = live_.find(cmd.id);
+      if (it == live_.end()) return;  // already finished: nothing to do
+      Sequence* seq = it->second.get();
+      RequestOutput out;
+      out.id = cmd.id;
+      Finish(seq, FinishReason::kCancelled, Status::Cancelled("request cancelled"), std::move(out));
+      return;
+    }
+    case Command::Kind::kAdmit: {
+      auto it = live_.find(cmd.id);
+      if (it == live_.end() || it->second->state != SequenceState::kAwaitingKv) return;
+      Sequence* seq = it->second.get();
+      seq->num_computed = seq->prompt_len - 1;  // the last prompt token runs as a decode step
+      scheduler_.AddRunning(seq);
+      return;
+    }
+    case Command::Kind::kRelease: {
+      auto it = held_.find(cmd.id);
+      if (it == held_.end()) return;
+      it->second->table.Release(pool_);
+      held_.erase(it);
+      return;
+    }
+  }
+}
+
+void Engine::TryAllocateRemote() {
+  // FIFO: a request that cannot get its pages blocks the ones behind it.
+  size_t done = 0;
+  for (; done < remote_pending_.size(); ++done) {
+    Sequence* seq = remote_pending_[done];
+    if (!seq->table.EnsureCapacity(pool_, seq->prompt_len).ok()) break;
+    seq->state = SequenceState::kAwaitingKv;
+    const std::span<const PageId> pages = seq->table.pages();
+    seq->request.on_pages_allocated(std::vector<PageId>(pages.begin(), pages.end()));
+  }
+  remote_pending_.erase(remote_pending_.begin(), remote_pending_.begin() + done);
+}
+
+bool Engine::Step() {
+  DrainInbox();
+  TryAllocateRemote();
+  std::vector<ScheduledChunk> plan = scheduler_.Schedule();
+  if (plan.empty()) {
+    std::lock_guard lock(mu_);
+    stats_.running = static_cast<int>(scheduler_.running().size());
+    stats_.waiting = static_cast<int>(scheduler_.waiting().size() + remote_pending_.size());
+    stats_.pages_used = pool_.used();
+    return false;
+  }
+  const uint64_t step = steps_.fetch_add(1, std::memory_order_relaxed) + 1;
+  std::vector<SequenceChunk> chunks;
+  chunks.reserve(plan.size());
+  for (const ScheduledChunk& c : plan) {
+    chunks.push_back({.tokens = std::span<const int32_t>(c.seq->tokens).subspan(c.start, c.count),
+                      .start = c.start,
+                      .pages = c.seq->table.pages(),
+                      .want_logits = c.want_logits});
+  }
+  if (observer_ != nullptr) {
+    std::vector<AnnouncedChunk> announced;
+    announced.reserve(plan.size());
+    for (const ScheduledChunk& c : plan) {
+      announced.push_back({&c.seq->request.id, c.start, c.count, c.seq->table.pages()});
+    }
+    observer_->OnStepScheduled(step, announced);
+  }
+  Status s = model_->Forward(chunks, *cache_, &logits_, layer_counter_.get());
+  if (!s.ok()) {
+    // Validation failed for the batch: fail every request in it rather than loop forever.
+    PD_LOG_ERROR("forward pass failed: {}", s.ToString());
+    for (const ScheduledChunk& c : plan) Fail(c.seq, s);
+    return true;
+  }
+  for (const ScheduledChunk& c : plan) c.seq->num_computed += c.count;
+  ProcessLogits(plan, logits_);
+  for (const ScheduledChunk& c : plan) {
+    Sequence* seq = c.seq;
+    if (seq->state == SequenceState::kRunning && seq->request.kind == RequestKind::kPrefillOnly &&
+        seq->num_computed == seq->prompt_len) {
+      FinishPrefillOnly(seq);
+    }
+  }
+  std::lock_guard lock(mu_);
+  stats_.running = static_cast<int>(scheduler_.running().size());
+  stats_.waiting = static_cast<int>(scheduler_.waiting().size() + remote_pending_.size());
+  stats_.pages_used = pool_.used();
+  stats_.preemptions = scheduler_.preemptions();
+  stats_.steps = static_cast<int64_t>(step);
+  return true;
+}
+
+void Engine::ProcessLogits(std::span<const ScheduledChunk> plan, const std::vector<float>& logits) {
+  const int vocab = model_->config().vocab_size;
+  size_t row = 0;
+  for (const ScheduledChunk& c : plan) {
+    if (!c.want_logits) continue;
+    Sequence* seq = c.seq;
+    std::span<const float> row_logits(&logits[row * vocab], vocab);
+    ++row;
+    if (seq->state != SequenceState::kRunning) continue;
+    SampleResult sample = seq->sampler.Sample(row_logits);
+    seq->tokens.push_back(sample.token);
+    std::string piece;
+    if (seq->decoder != nullptr) piece = seq->decoder->Append(sample.token);
+    StopDecision decision = seq->stop->Update(sample.token, piece);
+    RequestOutput out;
+    out.id = seq->request.id;
+    out.tokens.push_back(sample.token);
+    out.samples.push_back(std::move(sample));
+    out.text = std::move(decision.emit);
+    FinishReason reason = decision.stop ? decision.reason : FinishReason::kNone;
+    // No room for the new token's position in the model's context or in the whole cache.
+    const int64_t room =
+        std::min<int64_t>(model_->config().MaxContext(),
+                          static_cast<int64_t>(pool_.capacity()) * options_.page_tokens);
+    if (reason == FinishReason::kNone && seq->num_tokens() > room) reason = FinishReason::kLength;
+    if (reason != FinishReason::kNone) {
+      if (decision.stop == false || reason == FinishReason::kLength) {
+        if (seq->decoder != nullptr) out.text += seq->stop->Flush(seq->decoder->Flush());
+      }
+      Finish(seq, reason, Status::Ok(), std::move(out));
+      continue;
+    }
+    out.prompt_tokens = seq->prompt_len;
+    out.completion_tokens = seq->completion_tokens();
+    seq->request.on_output(out);
+  }
+}
+
+void Engine::Finish(Sequence* seq, FinishReason reason, Status status, RequestOutput out) {
+  out.finished = true;
+  out.finish_reason = reason;
+  out.status = std::move(status);
+  out.prompt_tokens = seq->prompt_len;
+  out.completion_tokens = seq->completion_tokens();
+  scheduler_.Remove(seq);
+  std::erase(remote_pending_, seq);
+  const std::string id = seq->request.id;
+  auto node = live_.extract(id);
+  if (seq->state == SequenceState::kAwaitingKv) {
+    // Writes may still land in these pages: hold them until the caller releases them.
+    seq->state = SequenceState::kFinished;
+    held_.insert(std::move(node));
+  } else {
+    seq->state = SequenceState::kFinished;
+    seq->table.Release(pool_);
+  }
+  seq->request.on_output(out);
+}
+
+void Engine::FinishPrefillOnly(Sequence* seq) {
+  RequestOutput out;
+  out.id = seq->request.id;
+  out.finished = true;
+  out.finish_reason = FinishReason::kPrefilled;
+  out.prompt_tokens = seq->prompt_len;
+  const std::span<const PageId> pages = seq->table.pages();
+  out.held_pages.assign(pages.begin(), pages.end());
+  scheduler_.Remove(seq);
+  seq->state = SequenceState::kFinished;
+  held_.insert(live_.extract(seq->request.id));
+  seq->request.on_output(out);
+}
+
+void Engine::Fail(Sequence* seq, Status status) {
+  RequestOutput out;
+  out.id = seq->request.id;
+  Finish(seq, FinishReason::kError, std::move(status), std::move(out));
+}
+
+void Engine::CancelAll() {
+  while (!live_.empty()) {
+    Sequence* seq = live_.begin()->second.get();
+    RequestOutput out;
+    out.id = seq->request.id;
+    Finish(seq, FinishReason::kCancelled, Status::Cancelled("engine shut down"), std::move(out));
+  }
+  for (auto& [id, seq] : held_) seq->table.Release(pool_);
+  held_.clear();
+}
+
+void Engine::RunUntilIdle() {
+  while (true) {
+    DrainInbox();
+    if (scheduler_.idle() && remote_pending_.empty()) return;
+    if (!Step()) return;  // nothing runnable (e.g. waiting for pages that never free)
+  }
+}
+
+void Engine::Start() {
+  loop_ = std::thread([this] {
+    while (true) {
+      {
+        std::unique_lock lock(mu_);
+        if (stop_) return;
+      }
+      if (!Step()) {
+        std::unique_lock lock(mu_);
+        // Woken by new commands; the timeout bounds how long an idle loop can miss a stop.
+        cv_.wait_for(lock, std::chrono::milliseconds(50),
+                     [this] { return stop_ || !inbox_.empty(); });
+      }
+    }
+  });
+}
+
+void Engine::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (loop_.joinable()) loop_.join();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lock(mu_);
+  EngineStats s = stats_;
+  return s;
+}
+
+}  // namespace pdserve

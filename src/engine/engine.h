@@ -1,0 +1,159 @@
+// Engine: continuous-batching inference over one Transformer and one paged KV cache.
+//
+// Threading: Submit, Cancel, Admit and ReleaseHeldPages may be called from any thread; they
+// post to an inbox. Everything else happens on the loop thread — the caller of Step() /
+// RunUntilIdle(), or the thread Start() spawns. Request callbacks run on the loop thread.
+//
+// Hooks for the KV messenger (DESIGN.md §2), without the engine knowing about it:
+//  - deferred admission: RequestKind::kRemotePrefill + Admit(id);
+//  - step announcement: StepObserver::OnStepScheduled before each forward pass;
+//  - layer progress: layer_progress() counts finished layers (after each attention output
+//    projection), monotonically across steps; StepObserver::OnLayerDone also reports it.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/request.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "kv/kv_cache.h"
+#include "kv/page_pool.h"
+#include "model/tokenizer.h"
+#include "model/transformer.h"
+
+namespace pdserve {
+
+struct EngineOptions {
+  int num_pages = 0;  // 0 = sized from kv_cache_bytes
+  size_t kv_cache_bytes = size_t{256} << 20;
+  int page_tokens = 16;
+  SchedulerOptions scheduler;
+  uint64_t seed = 0;  // process-wide seed source for requests without a seed
+};
+
+// A chunk as announced to observers: which request, which tokens, which pages hold them.
+struct AnnouncedChunk {
+  const std::string* request_id;
+  int64_t start;
+  int64_t count;
+  std::span<const PageId> pages;  // the sequence's whole block table
+};
+
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  // Called on the loop thread before the forward pass of a step.
+  virtual void OnStepScheduled(uint64_t step, std::span<const AnnouncedChunk> chunks) = 0;
+  // Called on the loop thread after layer `layer` of step `step` (attention output projected).
+  virtual void OnLayerDone(uint64_t step, int layer) = 0;
+};
+
+struct EngineStats {
+  int running = 0;
+  int waiting = 0;
+  int awaiting_kv = 0;
+  int pages_used = 0;
+  int pages_total = 0;
+  int64_t preemptions = 0;
+  int64_t steps = 0;
+};
+
+class Engine {
+ public:
+  // The engine owns the model. tokenizer may be null (then stop strings are not supported and
+  // outputs carry no text); it must outlive the engine.
+  static Result<std::unique_ptr<Engine>> Create(std::unique_ptr<Transformer> model,
+                                                const Tokenizer* tokenizer,
+                                                const EngineOptions& options);
+  ~Engine();  // stops the loop thread; live requests finish with kCancelled
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates and queues a request. Errors (bad params, empty or too long prompt, token out of
+  // range, no callback) are returned here and no callback is made. An id that is already live
+  // is reported through the callback (kError), as the check happens on the loop thread.
+  Status Submit(EngineRequest request);
+  // Ends a request with kCancelled and frees its pages (a kAwaitingKv request's pages are
+  // freed only by ReleaseHeldPages once no write can still land: the caller knows when).
+  void Cancel(const std::string& id);
+  // kRemotePrefill: the prompt's KV has landed; schedule the request.
+  void Admit(const std::string& id);
+  // Frees pages a request left allocated (kPrefillOnly after kPrefilled, or a cancelled
+  // kRemotePrefill request).
+  void ReleaseHeldPages(const std::string& id);
+
+  // Loop-thread API. Step() drains the inbox and runs at most one forward pass; it returns
+  // false when there was nothing to run.
+  bool Step();
+  // Steps until no request is waiting or running (kAwaitingKv ones do not count).
+  void RunUntilIdle();
+  // Runs Step() on a background thread until the engine is destroyed or Stop() is called.
+  void Start();
+  void Stop();
+
+  void SetStepObserver(StepObserver* observer) { observer_ = observer; }  // before Start
+  uint64_t layer_progress() const { return layer_progress_.load(std::memory_order_acquire); }
+  EngineStats stats() const;
+  const Transformer& model() const { return *model_; }
+  const KvLayout& kv_layout() const { return cache_->layout(); }
+  KvCache& kv_cache() { return *cache_; }
+  const PagePool& page_pool() const { return pool_; }
+
+ private:
+  class LayerCounter;
+  struct Command {
+    enum class Kind : uint8_t { kSubmit, kCancel, kAdmit, kRelease } kind;
+    std::unique_ptr<Sequence> seq;  // kSubmit
+    std::string id;
+  };
+  Engine(std::unique_ptr<Transformer> model, const Tokenizer* tokenizer,
+         std::unique_ptr<KvCache> cache, const EngineOptions& options);
+  void DrainInbox();
+  void Apply(Command& cmd);
+  void TryAllocateRemote();
+  // Samples, checks stops and emits outputs for the chunks that produced logits.
+  void ProcessLogits(std::span<const ScheduledChunk> plan, const std::vector<float>& logits);
+  void Finish(Sequence* seq, FinishReason reason, Status status, RequestOutput out);
+  void FinishPrefillOnly(Sequence* seq);
+  void Fail(Sequence* seq, Status status);
+  void CancelAll();
+
+  std::unique_ptr<Transformer> model_;
+  const Tokenizer* tokenizer_;
+  std::unique_ptr<KvCache> cache_;
+  PagePool pool_;
+  Scheduler scheduler_;
+  SeedSource seeds_;
+  EngineOptions options_;
+  std::vector<int32_t> eos_ids_;
+  StepObserver* observer_ = nullptr;
+  std::unique_ptr<LayerCounter> layer_counter_;
+  std::atomic<uint64_t> layer_progress_{0};
+  std::atomic<uint64_t> steps_{0};
+
+  // Loop-thread state.
+  std::map<std::string, std::unique_ptr<Sequence>> live_;  // every unfinished request
+  std::map<std::string, std::unique_ptr<Sequence>> held_;  // finished, pages still held
+  std::vector<Sequence*> remote_pending_;                  // kRemotePrefill waiting for pages
+  std::vector<float> logits_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Command> inbox_;  // guarded by mu_
+  bool stop_ = false;           // guarded by mu_
+  EngineStats stats_;           // guarded by mu_ (a snapshot published after each step)
+  std::thread loop_;
+};
+
+}  // namespace pdserve

@@ -1,0 +1,55 @@
+// Sequence: the engine's state of one request — its tokens, how many have KV in the cache,
+// its pages, sampler and stop state. Owned and touched only by the engine's loop thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "engine/request.h"
+#include "engine/sampler.h"
+#include "kv/block_table.h"
+#include "model/tokenizer.h"
+
+namespace pdserve {
+
+class StopChecker;
+
+enum class SequenceState : uint8_t {
+  kWaiting,     // queued; no pages (or released by preemption)
+  kAwaitingKv,  // kRemotePrefill: pages allocated, KV arriving from a prefill node
+  kRunning,     // scheduled every step: prefill chunks, then one decode token per step
+  kFinished,
+};
+
+struct Sequence {
+  Sequence(EngineRequest request, int page_tokens, Sampler sampler);
+  ~Sequence();
+  Sequence(const Sequence&) = delete;
+  Sequence& operator=(const Sequence&) = delete;
+
+  EngineRequest request;
+  SequenceState state = SequenceState::kWaiting;
+  std::vector<int32_t> tokens;  // prompt, then generated tokens
+  int64_t num_computed = 0;     // tokens [0, num_computed) have their KV in the cache
+  int prompt_len = 0;
+  BlockTable table;
+  Sampler sampler;
+  std::unique_ptr<StopChecker> stop;            // null without a tokenizer
+  std::unique_ptr<IncrementalDecoder> decoder;  // null without a tokenizer
+  uint64_t admit_order = 0;  // for preemption: the newest admitted is preempted first
+
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
+  int completion_tokens() const { return static_cast<int>(tokens.size()) - prompt_len; }
+  // Tokens that still need a forward pass (>= 1 while running).
+  int64_t pending() const { return num_tokens() - num_computed; }
+  // The last prompt token has been run: every further step is one decode token.
+  bool in_decode() const { return num_computed >= prompt_len; }
+  // How many tokens must be computed before the request is done with prefill.
+  int64_t prefill_target() const {
+    return request.kind == RequestKind::kPrefillOnly ? prompt_len : num_tokens();
+  }
+};
+
+}  // namespace pdserve

@@ -1,0 +1,306 @@
+#include "model/kernels.h"
+
+// GCC 12's AVX-512 headers build some intrinsics from _mm*_undefined_*() values, which
+// -Wuninitialized reports inside the header; the values are overwritten, so silence it here.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "common/check.h"
+#include "model/dtype.h"
+
+namespace pdserve::kernels {
+namespace {
+
+// Tile shape of the matrix products: kRows weight rows x kTokens activation rows, one
+// accumulator each (24 of the 32 zmm registers). kTokenBlock rows of x are processed per pass
+// so they stay in L2 while every weight row streams past them.
+constexpr int kRows = 4;
+constexpr int kTokens = 6;
+constexpr int kTokenBlock = 16 * kTokens;
+
+inline __mmask16 TailMask16(int remaining) {
+  return remaining >= 16 ? static_cast<__mmask16>(0xffff)
+                         : static_cast<__mmask16>((1u << remaining) - 1);
+}
+inline __mmask32 TailMask32(int remaining) {
+  return remaining >= 32 ? static_cast<__mmask32>(0xffffffffu)
+                         : static_cast<__mmask32>((1u << remaining) - 1);
+}
+
+// One tile of y = x * w^T with BF16 inputs. Each accumulator holds 16 lanes of partial sums
+// along k, in the same order for every tile shape, so results are batch-invariant.
+template <int R, int T>
+void TileBF16(const uint16_t* x, const uint16_t* w, float* y, int n, int k, int r0, int t0) {
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  const uint16_t* wr[R];
+  const uint16_t* xt[T];
+  for (int r = 0; r < R; ++r) wr[r] = w + static_cast<size_t>(r0 + r) * k;
+  for (int t = 0; t < T; ++t) xt[t] = x + static_cast<size_t>(t0 + t) * k;
+  int kk = 0;
+  for (; kk + 32 <= k; kk += 32) {
+    __m512bh wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = (__m512bh)_mm512_loadu_si512(wr[r] + kk);
+    for (int t = 0; t < T; ++t) {
+      __m512bh xv = (__m512bh)_mm512_loadu_si512(xt[t] + kk);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], xv, wv[r]);
+    }
+  }
+  if (kk < k) {
+    __mmask32 mask = TailMask32(k - kk);
+    __m512bh wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(mask, wr[r] + kk);
+    for (int t = 0; t < T; ++t) {
+      __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, xt[t] + kk);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], xv, wv[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t)
+      y[static_cast<size_t>(t0 + t) * n + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+template <int R, int T>
+void TileF32(const float* x, const float* w, float* y, int n, int k, int r0, int t0) {
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  const float* wr[R];
+  const float* xt[T];
+  for (int r = 0; r < R; ++r) wr[r] = w + static_cast<size_t>(r0 + r) * k;
+  for (int t = 0; t < T; ++t) xt[t] = x + static_cast<size_t>(t0 + t) * k;
+  for (int kk = 0; kk < k; kk += 16) {
+    __mmask16 mask = TailMask16(k - kk);
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_ps(mask, wr[r] + kk);
+    for (int t = 0; t < T; ++t) {
+      __m512 xv = _mm512_maskz_loadu_ps(mask, xt[t] + kk);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(xv, wv[r], acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t)
+      y[static_cast<size_t>(t0 + t) * n + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+// Drives the tiles over the whole product: row blocks in parallel, token blocks in sequence.
+template <typename Elem, void (*Full)(const Elem*, const Elem*, float*, int, int, int, int),
+          void (*RowTail)(const Elem*, const Elem*, float*, int, int, int, int),
+          void (*TokenTail)(const Elem*, const Elem*, float*, int, int, int, int),
+          void (*Single)(const Elem*, const Elem*, float*, int, int, int, int)>
+void MatMulDriver(const Elem* x, const Elem* w, float* y, int m, int n, int k) {
+  const int row_blocks = (n + kRows - 1) / kRows;
+  for (int tb = 0; tb < m; tb += kTokenBlock) {
+    const int t_end = std::min(m, tb + kTokenBlock);
+#pragma omp parallel for schedule(static)
+    for (int b = 0; b < row_blocks; ++b) {
+      const int r0 = b * kRows;
+      if (r0 + kRows <= n) {
+        int t = tb;
+        for (; t + kTokens <= t_end; t += kTokens) Full(x, w, y, n, k, r0, t);
+        for (; t < t_end; ++t) TokenTail(x, w, y, n, k, r0, t);
+      } else {
+        for (int r = r0; r < n; ++r) {
+          int t = tb;
+          for (; t + kTokens <= t_end; t += kTokens) RowTail(x, w, y, n, k, r, t);
+          for (; t < t_end; ++t) Single(x, w, y, n, k, r, t);
+        }
+      }
+    }
+  }
+}
+
+// e^x for 16 lanes: range reduction to r in [-ln2/2, ln2/2], degree-7 Taylor polynomial
+// (relative error < 1e-8 before float rounding), scaled by 2^n. Lane-wise, so deterministic.
+inline __m512 Exp512(__m512 x) {
+  const __m512 kLog2e = _mm512_set1_ps(1.44269504088896341f);
+  const __m512 kLn2Hi = _mm512_set1_ps(0.693359375f);
+  const __m512 kLn2Lo = _mm512_set1_ps(-2.12194440e-4f);
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)), _mm512_set1_ps(-103.0f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, kLog2e), _MM_FROUND_TO_NEAREST_INT);
+  __m512 r = _mm512_fnmadd_ps(n, kLn2Hi, x);
+  r = _mm512_fnmadd_ps(n, kLn2Lo, r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Loads 16 (masked) KV elements as floats.
+inline __m512 LoadKv(const float* p, __mmask16 mask) { return _mm512_maskz_loadu_ps(mask, p); }
+inline __m512 LoadKv(const uint16_t* p, __mmask16 mask) {
+  __m256i raw = _mm256_maskz_loadu_epi16(mask, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+constexpr int kMaxHeadChunks = 16;  // head_dim <= 256
+
+template <typename KvElem>
+void AttendOne(const AttentionQuery& query, int head, const KvCache& cache, int layer, int group,
+               float scale, std::vector<float>& scores) {
+  const KvLayout& layout = cache.layout();
+  const int hd = layout.head_dim;
+  const int page_tokens = layout.page_tokens;
+  const int kv_head = head / group;
+  const float* q = query.q + static_cast<size_t>(head) * hd;
+  const int64_t ctx = query.context_len;
+  const int chunks = (hd + 15) / 16;
+  __m512 qv[kMaxHeadChunks];
+  for (int c = 0; c < chunks; ++c)
+    qv[c] = _mm512_maskz_loadu_ps(TailMask16(hd - 16 * c), q + 16 * c);
+
+  scores.resize(static_cast<size_t>(ctx));
+  auto row_of = [&](int64_t pos, bool is_v) {
+    const auto* block =
+        reinterpret_cast<const KvElem*>(cache.Block(layer, query.pages[pos / page_tokens], is_v));
+    return block + (static_cast<size_t>(kv_head) * page_tokens + pos % page_tokens) * hd;
+  };
+  float max_score = -INFINITY;
+  for (int64_t pos = 0; pos < ctx; ++pos) {
+    const KvElem* k = row_of(pos, false);
+    __m512 acc = _mm512_setzero_ps();
+    for (int c = 0; c < chunks; ++c) {
+      acc = _mm512_fmadd_ps(qv[c], LoadKv(k + 16 * c, TailMask16(hd - 16 * c)), acc);
+    }
+    float s = _mm512_reduce_add_ps(acc) * scale;
+    scores[pos] = s;
+    max_score = std::max(max_score, s);
+  }
+  // Softmax numerators and their sum, 16 positions at a time.
+  const __m512 vmax = _mm512_set1_ps(max_score);
+  __m512 vsum = _mm512_setzero_ps();
+  for (int64_t pos = 0; pos < ctx; pos += 16) {
+    __mmask16 mask = TailMask16(static_cast<int>(std::min<int64_t>(16, ctx - pos)));
+    __m512 e = Exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, &scores[pos]), vmax));
+    e = _mm512_maskz_mov_ps(mask, e);
+    _mm512_mask_storeu_ps(&scores[pos], mask, e);
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  const float inv_sum = 1.0f / _mm512_reduce_add_ps(vsum);
+  __m512 out[kMaxHeadChunks];
+  for (int c = 0; c < chunks; ++c) out[c] = _mm512_setzero_ps();
+  for (int64_t pos = 0; pos < ctx; ++pos) {
+    const KvElem* v = row_of(pos, true);
+    const __m512 p = _mm512_set1_ps(scores[pos]);
+    for (int c = 0; c < chunks; ++c) {
+      out[c] = _mm512_fmadd_ps(p, LoadKv(v + 16 * c, TailMask16(hd - 16 * c)), out[c]);
+    }
+  }
+  float* dst = query.out + static_cast<size_t>(head) * hd;
+  const __m512 vinv = _mm512_set1_ps(inv_sum);
+  for (int c = 0; c < chunks; ++c) {
+    _mm512_mask_storeu_ps(dst + 16 * c, TailMask16(hd - 16 * c), _mm512_mul_ps(out[c], vinv));
+  }
+}
+
+template <typename KvElem>
+void PagedAttentionImpl(std::span<const AttentionQuery> queries, const KvCache& cache, int layer,
+                        int num_heads, float scale) {
+  const int group = num_heads / cache.layout().num_kv_heads;
+  const int64_t work = static_cast<int64_t>(queries.size()) * num_heads;
+#pragma omp parallel
+  {
+    std::vector<float> scores;
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t i = 0; i < work; ++i) {
+      AttendOne<KvElem>(queries[i / num_heads], static_cast<int>(i % num_heads), cache, layer,
+                        group, scale, scores);
+    }
+  }
+}
+
+}  // namespace
+
+void MatMulBF16(const uint16_t* x, const uint16_t* w, float* y, int m, int n, int k) {
+  MatMulDriver<uint16_t, TileBF16<kRows, kTokens>, TileBF16<1, kTokens>, TileBF16<kRows, 1>,
+               TileBF16<1, 1>>(x, w, y, m, n, k);
+}
+
+void MatMulF32(const float* x, const float* w, float* y, int m, int n, int k) {
+  MatMulDriver<float, TileF32<kRows, kTokens>, TileF32<1, kTokens>, TileF32<kRows, 1>,
+               TileF32<1, 1>>(x, w, y, m, n, k);
+}
+
+void ToBF16(const float* src, uint16_t* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = F32ToBF16(src[i]);
+}
+
+void RmsNorm(const float* x, const float* weight, float* out, int rows, int dim, float eps) {
+#pragma omp parallel for schedule(static) if (rows > 8)
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + static_cast<size_t>(r) * dim;
+    float* yr = out + static_cast<size_t>(r) * dim;
+    __m512 acc = _mm512_setzero_ps();
+    for (int i = 0; i < dim; i += 16) {
+      __m512 v = _mm512_maskz_loadu_ps(TailMask16(dim - i), xr + i);
+      acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    const float inv = 1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / dim + eps);
+    for (int i = 0; i < dim; ++i) yr[i] = xr[i] * inv * weight[i];
+  }
+}
+
+void ApplyRope(float* x, int heads, int head_dim, const float* cos, const float* sin) {
+  const int half = head_dim / 2;
+  for (int h = 0; h < heads; ++h) {
+    float* v = x + static_cast<size_t>(h) * head_dim;
+    for (int i = 0; i < half; ++i) {
+      const float a = v[i];
+      const float b = v[i + half];
+      v[i] = a * cos[i] - b * sin[i];
+      v[i + half] = b * cos[i] + a * sin[i];
+    }
+  }
+}
+
+void SiluMul(const float* gate, const float* up, float* out, int n) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int i = 0; i < n; i += 16) {
+    __mmask16 mask = TailMask16(n - i);
+    __m512 g = _mm512_maskz_loadu_ps(mask, gate + i);
+    __m512 u = _mm512_maskz_loadu_ps(mask, up + i);
+    __m512 e = Exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, e));
+    _mm512_mask_storeu_ps(out + i, mask, _mm512_mul_ps(silu, u));
+  }
+}
+
+void PagedAttention(std::span<const AttentionQuery> queries, const KvCache& cache, int layer,
+                    int num_heads, float scale) {
+  PD_CHECK(cache.layout().head_dim <= 16 * kMaxHeadChunks);
+  if (cache.layout().dtype == KvDType::kF32) {
+    PagedAttentionImpl<float>(queries, cache, layer, num_heads, scale);
+  } else {
+    PagedAttentionImpl<uint16_t>(queries, cache, layer, num_heads, scale);
+  }
+}
+
+void StoreKv(KvCache& cache, int layer, PageId page, int slot, const float* k, const float* v) {
+  const KvLayout& layout = cache.layout();
+  const int hd = layout.head_dim;
+  for (int is_v = 0; is_v < 2; ++is_v) {
+    const float* src = is_v ? v : k;
+    uint8_t* block = cache.Block(layer, page, is_v != 0);
+    for (int h = 0; h < layout.num_kv_heads; ++h) {
+      const size_t elem = (static_cast<size_t>(h) * layout.page_tokens + slot) * hd;
+      const float* s = src + static_cast<size_t>(h) * hd;
+      if (layout.dtype == KvDType::kF32) {
+        std::copy(s, s + hd, reinterpret_cast<float*>(block) + elem);
+      } else {
+        ToBF16(s, reinterpret_cast<uint16_t*>(block) + elem, hd);
+      }
+    }
+  }
+}
+
+}  // namespace pdserve::kernels

@@ -1,0 +1,56 @@
+// Compute kernels of the forward pass: matrix products, RMSNorm, RoPE, SwiGLU, paged attention.
+//
+// Every kernel is *batch-invariant*: the value computed for one row (token) depends only on
+// that row's inputs, never on how many other rows share the call or where a chunk starts. Each
+// output element is accumulated in a fixed order (16/32 lanes along the reduction dimension,
+// then a fixed lane reduction), whatever tile it falls in. This is what makes disaggregated and
+// colocated serving produce bit-identical tokens (DESIGN.md §6) and why the matrix products are
+// our own AVX-512 kernels rather than oneDNN's, whose reduction order depends on the batch size.
+//
+// Kernels parallelise internally with OpenMP; call them from one thread at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "kv/kv_cache.h"
+#include "kv/layout.h"
+
+namespace pdserve::kernels {
+
+// y[m][n] = sum_k x[m][k] * w[n][k]. w is [N][K] row-major (Hugging Face layout).
+// BF16 variant: x is BF16 too (activations are rounded to BF16 before a BF16 product).
+void MatMulBF16(const uint16_t* x, const uint16_t* w, float* y, int m, int n, int k);
+void MatMulF32(const float* x, const float* w, float* y, int m, int n, int k);
+
+// Rounds n floats to BF16 (nearest even).
+void ToBF16(const float* src, uint16_t* dst, size_t n);
+
+// out[r] = x[r] / rms(x[r]) * weight, for `rows` rows of `dim`. out may alias x.
+void RmsNorm(const float* x, const float* weight, float* out, int rows, int dim, float eps);
+
+// In place on `heads` vectors of head_dim at x (one token): Hugging Face rotate_half RoPE with
+// precomputed cos/sin of this token's position (head_dim/2 each).
+void ApplyRope(float* x, int heads, int head_dim, const float* cos, const float* sin);
+
+// out[i] = silu(gate[i]) * up[i] for one row; gate/up/out of length n.
+void SiluMul(const float* gate, const float* up, float* out, int n);
+
+// One query row of attention over the paged cache.
+struct AttentionQuery {
+  const float* q;       // [num_heads][head_dim], RoPE applied
+  float* out;           // [num_heads][head_dim]
+  const PageId* pages;  // the sequence's block table
+  int64_t context_len;  // attends to positions [0, context_len) (causal: position + 1)
+};
+
+// Causal GQA attention of many query rows, each over its own sequence's pages in `cache` for
+// `layer`. Query head h uses KV head h / (num_heads / kv_heads). Scores are scaled by `scale`.
+void PagedAttention(std::span<const AttentionQuery> queries, const KvCache& cache, int layer,
+                    int num_heads, float scale);
+
+// Writes one token's K and V ([kv_heads][head_dim] floats each) into `slot` of `page`.
+void StoreKv(KvCache& cache, int layer, PageId page, int slot, const float* k, const float* v);
+
+}  // namespace pdserve::kernels

@@ -1,0 +1,33 @@
+// LoadModelDir: everything a serving process needs from a Hugging Face model directory —
+// config, tokenizer and a ready Transformer. Call from one thread; the result is owned by
+// the caller.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "model/config.h"
+#include "model/tokenizer.h"
+#include "model/transformer.h"
+#include "model/weights.h"
+
+namespace pdserve {
+
+struct ModelDirOptions {
+  WeightDType weight_dtype = WeightDType::kAuto;
+  TransformerOptions transformer;
+  bool load_tokenizer = true;
+};
+
+struct ModelDir {
+  std::string path;
+  ModelConfig config;
+  std::unique_ptr<Tokenizer> tokenizer;  // null if load_tokenizer was false
+  std::unique_ptr<Transformer> transformer;
+};
+
+// Errors name the directory and the file at fault.
+Result<ModelDir> LoadModelDir(const std::string& path, const ModelDirOptions& options);
+
+}  // namespace pdserve

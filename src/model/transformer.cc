@@ -1,0 +1,305 @@
+#include "model/transformer.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numbers>
+
+#include <fmt/format.h>
+
+#include "model/kernels.h"
+
+namespace pdserve {
+
+// Per layer, the projections that read the same input are fused into one matrix so one pass
+// over the activations feeds them all: q|k|v and gate|up.
+struct Transformer::FusedLayer {
+  Tensor qkv;       // [(heads + 2 * kv_heads) * head_dim, hidden]
+  Tensor qkv_bias;  // F32, empty without bias
+  Tensor gate_up;   // [2 * intermediate, hidden]
+};
+
+namespace {
+
+// Concatenates row-major matrices of equal column count (and dtype) along rows.
+Tensor ConcatRows(std::initializer_list<const Tensor*> parts) {
+  int64_t rows = 0;
+  const Tensor& first = **parts.begin();
+  std::vector<int64_t> shape = first.shape();
+  for (const Tensor* p : parts) rows += p->shape()[0];
+  shape[0] = rows;
+  Tensor out(first.dtype(), shape);
+  auto* dst = static_cast<uint8_t*>(out.data());
+  for (const Tensor* p : parts) {
+    std::memcpy(dst, p->data(), p->nbytes());
+    dst += p->nbytes();
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<double> RopeInverseFrequencies(const ModelConfig& config) {
+  const int half = config.head_dim / 2;
+  std::vector<double> inv(half);
+  for (int i = 0; i < half; ++i) {
+    inv[i] = std::pow(config.rope_theta, -2.0 * i / config.head_dim);
+  }
+  const RopeScaling& rs = config.rope_scaling;
+  if (rs.type == RopeScaling::Type::kLinear) {
+    for (double& f : inv) f /= rs.factor;
+  } else if (rs.type == RopeScaling::Type::kLlama3) {
+    const double old_ctx = rs.original_max_position_embeddings;
+    const double low_freq_wavelen = old_ctx / rs.low_freq_factor;
+    const double high_freq_wavelen = old_ctx / rs.high_freq_factor;
+    for (double& f : inv) {
+      const double wavelen = 2 * std::numbers::pi / f;
+      if (wavelen < high_freq_wavelen) continue;
+      if (wavelen > low_freq_wavelen) {
+        f /= rs.factor;
+      } else {
+        const double smooth =
+            (old_ctx / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+        f = (1 - smooth) * f / rs.factor + smooth * f;
+      }
+    }
+  }
+  return inv;
+}
+
+Result<std::unique_ptr<Transformer>> Transformer::Create(ModelConfig config, ModelWeights weights,
+                                                         const TransformerOptions& options) {
+  if (config.head_dim % 2 != 0 || config.head_dim > 256) {
+    return Status::InvalidArgument(
+        fmt::format("head_dim {} unsupported (must be even and <= 256)", config.head_dim));
+  }
+  if (static_cast<int>(weights.layers.size()) != config.num_layers) {
+    return Status::InvalidArgument("weights do not match the config's layer count");
+  }
+  if (options.threads > 0) omp_set_num_threads(options.threads);
+  KvDType kv = weights.matrix_dtype == DType::kF32 ? KvDType::kF32 : KvDType::kBF16;
+  if (options.kv_type == TransformerOptions::KvType::kF32) kv = KvDType::kF32;
+  if (options.kv_type == TransformerOptions::KvType::kBF16) kv = KvDType::kBF16;
+  return std::unique_ptr<Transformer>(new Transformer(std::move(config), std::move(weights), kv));
+}
+
+Transformer::Transformer(ModelConfig config, ModelWeights weights, KvDType kv_dtype)
+    : config_(std::move(config)), weights_(std::move(weights)), kv_dtype_(kv_dtype) {
+  inv_freq_ = RopeInverseFrequencies(config_);
+  layers_.resize(weights_.layers.size());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    LayerWeights& w = weights_.layers[i];
+    FusedLayer& f = layers_[i];
+    f.qkv = ConcatRows({&w.q_proj, &w.k_proj, &w.v_proj});
+    if (!w.q_bias.empty()) f.qkv_bias = ConcatRows({&w.q_bias, &w.k_bias, &w.v_bias});
+    f.gate_up = ConcatRows({&w.gate_proj, &w.up_proj});
+    // The originals are no longer needed; free them now to keep one copy in memory.
+    w.q_proj = Tensor();
+    w.k_proj = Tensor();
+    w.v_proj = Tensor();
+    w.gate_proj = Tensor();
+    w.up_proj = Tensor();
+  }
+}
+
+Transformer::~Transformer() = default;
+
+KvLayout Transformer::MakeKvLayout(int num_pages, int page_tokens) const {
+  return KvLayout{.num_layers = config_.num_layers,
+                  .num_kv_heads = config_.num_kv_heads,
+                  .head_dim = config_.head_dim,
+                  .page_tokens = page_tokens,
+                  .dtype = kv_dtype_,
+                  .num_pages = num_pages};
+}
+
+size_t Transformer::WeightBytes() const {
+  size_t bytes = weights_.output_matrix().nbytes();
+  for (const FusedLayer& f : layers_) bytes += f.qkv.nbytes() + f.gate_up.nbytes();
+  for (const LayerWeights& w : weights_.layers) bytes += w.o_proj.nbytes() + w.down_proj.nbytes();
+  return bytes;
+}
+
+void Transformer::Linear(const float* x, int m, const Tensor& w, float* y) {
+  const int n = static_cast<int>(w.dim(0));
+  const int k = static_cast<int>(w.dim(1));
+  if (w.dtype() == DType::kF32) {
+    kernels::MatMulF32(x, w.as<float>(), y, m, n, k);
+    return;
+  }
+  const size_t count = static_cast<size_t>(m) * k;
+  if (x_bf16_.size() < count) x_bf16_.resize(count);
+  kernels::ToBF16(x, x_bf16_.data(), count);
+  kernels::MatMulBF16(x_bf16_.data(), w.as<uint16_t>(), y, m, n, k);
+}
+
+Status Transformer::Validate(std::span<const SequenceChunk> chunks, const KvCache& cache) const {
+  const KvLayout& l = cache.layout();
+  if (l.num_layers != config_.num_layers || l.num_kv_heads != config_.num_kv_heads ||
+      l.head_dim != config_.head_dim || l.dtype != kv_dtype_) {
+    return Status::InvalidArgument("KV cache layout does not match the model: " + l.ToString());
+  }
+  for (const SequenceChunk& c : chunks) {
+    if (c.tokens.empty()) return Status::InvalidArgument("empty chunk");
+    const int64_t end = c.start + static_cast<int64_t>(c.tokens.size());
+    if (c.start < 0 || end > config_.MaxContext()) {
+      return Status::OutOfRange(fmt::format("positions [{}, {}) exceed the model context {}",
+                                            c.start, end, config_.MaxContext()));
+    }
+    if (static_cast<int64_t>(c.pages.size()) * l.page_tokens < end) {
+      return Status::InvalidArgument(
+          fmt::format("{} pages do not cover {} tokens", c.pages.size(), end));
+    }
+    for (PageId p : c.pages) {
+      if (p < 0 || p >= l.num_pages) return Status::InvalidArgument("page id out of range");
+    }
+    for (int32_t t : c.tokens) {
+      if (t < 0 || t >= config_.vocab_size) {
+        return Status::InvalidArgument(
+            fmt::format("token id {} out of range [0, {})", t, config_.vocab_size));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status Transformer::Forward(std::span<const SequenceChunk> chunks, KvCache& cache,
+                            std::vector<float>* logits, LayerObserver* observer) {
+  PD_RETURN_IF_ERROR(Validate(chunks, cache));
+  const int hidden = config_.hidden_size;
+  const int half = config_.head_dim / 2;
+  int total = 0;
+  for (const SequenceChunk& c : chunks) total += static_cast<int>(c.tokens.size());
+
+  // Token rows: embeddings, positions and the RoPE angles of each position.
+  x_.resize(static_cast<size_t>(total) * hidden);
+  positions_.resize(total);
+  token_chunk_.resize(total);
+  cos_.resize(static_cast<size_t>(total) * half);
+  sin_.resize(static_cast<size_t>(total) * half);
+  int row = 0;
+  for (int ci = 0; ci < static_cast<int>(chunks.size()); ++ci) {
+    const SequenceChunk& c = chunks[ci];
+    for (size_t i = 0; i < c.tokens.size(); ++i, ++row) {
+      positions_[row] = c.start + static_cast<int64_t>(i);
+      token_chunk_[row] = ci;
+      const Tensor& e = weights_.embed;
+      const size_t offset = static_cast<size_t>(c.tokens[i]) * hidden * DTypeSize(e.dtype());
+      ConvertToF32(e.dtype(), static_cast<const uint8_t*>(e.data()) + offset,
+                   &x_[static_cast<size_t>(row) * hidden], hidden);
+      for (int j = 0; j < half; ++j) {
+        const double angle = static_cast<double>(positions_[row]) * inv_freq_[j];
+        cos_[static_cast<size_t>(row) * half + j] = static_cast<float>(std::cos(angle));
+        sin_[static_cast<size_t>(row) * half + j] = static_cast<float>(std::sin(angle));
+      }
+    }
+  }
+
+  for (int layer = 0; layer < config_.num_layers; ++layer) {
+    AttentionBlock(layer, chunks, cache);
+    if (observer != nullptr) observer->OnLayerDone(layer);
+    MlpBlock(layer);
+  }
+
+  // Logits only for the rows that want them.
+  if (logits != nullptr) {
+    std::vector<int> rows;
+    row = 0;
+    for (const SequenceChunk& c : chunks) {
+      row += static_cast<int>(c.tokens.size());
+      if (c.want_logits) rows.push_back(row - 1);
+    }
+    const int m = static_cast<int>(rows.size());
+    h_.resize(static_cast<size_t>(m) * hidden);
+    for (int i = 0; i < m; ++i) {
+      std::memcpy(&h_[static_cast<size_t>(i) * hidden], &x_[static_cast<size_t>(rows[i]) * hidden],
+                  hidden * sizeof(float));
+    }
+    kernels::RmsNorm(h_.data(), weights_.final_norm.as<float>(), h_.data(), m, hidden,
+                     static_cast<float>(config_.rms_norm_eps));
+    logits->resize(static_cast<size_t>(m) * config_.vocab_size);
+    if (m > 0) Linear(h_.data(), m, weights_.output_matrix(), logits->data());
+  }
+  return Status::Ok();
+}
+
+void Transformer::AttentionBlock(int layer, std::span<const SequenceChunk> chunks, KvCache& cache) {
+  const LayerWeights& w = weights_.layers[layer];
+  const FusedLayer& f = layers_[layer];
+  const int total = static_cast<int>(positions_.size());
+  const int hidden = config_.hidden_size;
+  const int hd = config_.head_dim;
+  const int q_width = config_.num_heads * hd;
+  const int kv_width = config_.num_kv_heads * hd;
+  const int qkv_width = q_width + 2 * kv_width;
+  const int half = hd / 2;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+
+  h_.resize(x_.size());
+  kernels::RmsNorm(x_.data(), w.input_norm.as<float>(), h_.data(), total, hidden, eps);
+  qkv_.resize(static_cast<size_t>(total) * qkv_width);
+  Linear(h_.data(), total, f.qkv, qkv_.data());
+
+#pragma omp parallel for schedule(static) if (total > 8)
+  for (int t = 0; t < total; ++t) {
+    float* q = &qkv_[static_cast<size_t>(t) * qkv_width];
+    float* k = q + q_width;
+    float* v = k + kv_width;
+    if (!f.qkv_bias.empty()) {
+      const float* b = f.qkv_bias.as<float>();
+      for (int i = 0; i < qkv_width; ++i) q[i] += b[i];
+    }
+    if (config_.qk_norm) {
+      kernels::RmsNorm(q, w.q_norm.as<float>(), q, config_.num_heads, hd, eps);
+      kernels::RmsNorm(k, w.k_norm.as<float>(), k, config_.num_kv_heads, hd, eps);
+    }
+    const float* c = &cos_[static_cast<size_t>(t) * half];
+    const float* s = &sin_[static_cast<size_t>(t) * half];
+    kernels::ApplyRope(q, config_.num_heads, hd, c, s);
+    kernels::ApplyRope(k, config_.num_kv_heads, hd, c, s);
+    const SequenceChunk& chunk = chunks[token_chunk_[t]];
+    const int64_t pos = positions_[t];
+    kernels::StoreKv(cache, layer, chunk.pages[pos / cache.layout().page_tokens],
+                     static_cast<int>(pos % cache.layout().page_tokens), k, v);
+  }
+
+  attn_.resize(static_cast<size_t>(total) * q_width);
+  std::vector<kernels::AttentionQuery> queries(total);
+  for (int t = 0; t < total; ++t) {
+    queries[t] = {.q = &qkv_[static_cast<size_t>(t) * qkv_width],
+                  .out = &attn_[static_cast<size_t>(t) * q_width],
+                  .pages = chunks[token_chunk_[t]].pages.data(),
+                  .context_len = positions_[t] + 1};
+  }
+  kernels::PagedAttention(queries, cache, layer, config_.num_heads,
+                          1.0f / std::sqrt(static_cast<float>(hd)));
+
+  tmp_.resize(x_.size());
+  Linear(attn_.data(), total, w.o_proj, tmp_.data());
+  for (size_t i = 0; i < x_.size(); ++i) x_[i] += tmp_[i];
+}
+
+void Transformer::MlpBlock(int layer) {
+  const LayerWeights& w = weights_.layers[layer];
+  const FusedLayer& f = layers_[layer];
+  const int total = static_cast<int>(positions_.size());
+  const int hidden = config_.hidden_size;
+  const int inter = config_.intermediate_size;
+
+  kernels::RmsNorm(x_.data(), w.post_norm.as<float>(), h_.data(), total, hidden,
+                   static_cast<float>(config_.rms_norm_eps));
+  gate_up_.resize(static_cast<size_t>(total) * 2 * inter);
+  Linear(h_.data(), total, f.gate_up, gate_up_.data());
+  act_.resize(static_cast<size_t>(total) * inter);
+#pragma omp parallel for schedule(static) if (total > 8)
+  for (int t = 0; t < total; ++t) {
+    const float* g = &gate_up_[static_cast<size_t>(t) * 2 * inter];
+    kernels::SiluMul(g, g + inter, &act_[static_cast<size_t>(t) * inter], inter);
+  }
+  Linear(act_.data(), total, w.down_proj, tmp_.data());
+  for (size_t i = 0; i < x_.size(); ++i) x_[i] += tmp_[i];
+}
+
+}  // namespace pdserve

@@ -1,0 +1,91 @@
+// Transformer: the forward pass of a Llama-family decoder over the paged KV cache.
+//
+// One call runs a batch of sequence chunks (prefill chunks and decode steps mixed): it writes
+// each token's K/V into the cache pages of its sequence and returns logits for the chunks that
+// ask for them. Not thread-safe: the engine's loop thread owns it (kernels use OpenMP inside).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "kv/kv_cache.h"
+#include "kv/layout.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace pdserve {
+
+// Tokens [start, start + tokens.size()) of one sequence. `pages` must already cover positions
+// [0, start + tokens.size()); positions before `start` must already be in the cache.
+struct SequenceChunk {
+  std::span<const int32_t> tokens;
+  int64_t start = 0;
+  std::span<const PageId> pages;
+  bool want_logits = false;  // logits of the chunk's last token
+};
+
+// Told after each layer's attention output projection (DESIGN.md §3: the layer-progress hook
+// that the KV messenger watches). Called on the forward thread.
+class LayerObserver {
+ public:
+  virtual ~LayerObserver() = default;
+  virtual void OnLayerDone(int layer) = 0;
+};
+
+struct TransformerOptions {
+  int threads = 0;  // OpenMP threads for the kernels; 0 = leave the runtime's default
+  // KV cache element type; kAuto = F32 for F32 weights, BF16 otherwise.
+  enum class KvType : uint8_t { kAuto, kF32, kBF16 } kv_type = KvType::kAuto;
+};
+
+class Transformer {
+ public:
+  static Result<std::unique_ptr<Transformer>> Create(ModelConfig config, ModelWeights weights,
+                                                     const TransformerOptions& options);
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
+  ~Transformer();
+
+  const ModelConfig& config() const { return config_; }
+  KvDType kv_dtype() const { return kv_dtype_; }
+  // The KV layout of this model for a cache of `num_pages` pages.
+  KvLayout MakeKvLayout(int num_pages, int page_tokens) const;
+  // Bytes of weights read per decode step (every matrix once).
+  size_t WeightBytes() const;
+
+  // Runs the chunks. logits receives one row of vocab_size floats per chunk with want_logits,
+  // in chunk order. Errors: empty chunk, pages not covering the tokens, position beyond the
+  // model's context, token id out of range, cache layout not matching this model.
+  Status Forward(std::span<const SequenceChunk> chunks, KvCache& cache, std::vector<float>* logits,
+                 LayerObserver* observer = nullptr);
+
+ private:
+  struct FusedLayer;
+  Transformer(ModelConfig config, ModelWeights weights, KvDType kv_dtype);
+  Status Validate(std::span<const SequenceChunk> chunks, const KvCache& cache) const;
+  // y[m][out] = x[m][in] * w^T, in the weight's dtype.
+  void Linear(const float* x, int m, const Tensor& w, float* y);
+  void AttentionBlock(int layer, std::span<const SequenceChunk> chunks, KvCache& cache);
+  void MlpBlock(int layer);
+
+  ModelConfig config_;
+  ModelWeights weights_;
+  std::vector<FusedLayer> layers_;
+  KvDType kv_dtype_;
+  std::vector<double> inv_freq_;  // RoPE inverse frequencies (with rope scaling applied)
+
+  // Workspace, reused across calls (sized for the largest batch seen).
+  std::vector<float> x_, h_, qkv_, attn_, tmp_, gate_up_, act_, cos_, sin_;
+  std::vector<uint16_t> x_bf16_;
+  std::vector<int64_t> positions_;
+  std::vector<int> token_chunk_;
+};
+
+// RoPE inverse frequencies for a config (rotate_half pairs i and i + head_dim/2), with
+// Llama-3 or linear rope scaling applied.
+std::vector<double> RopeInverseFrequencies(const ModelConfig& config);
+
+}  // namespace pdserve

@@ -1,0 +1,103 @@
+#include "engine_test_util.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <gtest/gtest.h>
+
+#include "model/synthetic.h"
+#include "testing/test_paths.h"
+
+namespace pdserve::testing {
+
+std::string SyntheticModelDir(const std::string& preset, DType dtype) {
+  namespace fs = std::filesystem;
+  const std::string dir = BinaryPath("test-models/" + preset + "-" + std::string(DTypeName(dtype)));
+  if (fs::exists(dir + "/config.json")) return dir;
+  fs::create_directories(BinaryPath("test-models"));
+  const std::string tmp = dir + ".tmp." + std::to_string(getpid());
+  fs::remove_all(tmp);
+  Status s = WriteSyntheticModel(preset, tmp, /*seed=*/1, dtype);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  std::error_code ec;
+  fs::rename(tmp, dir, ec);  // fails harmlessly if another process got there first
+  if (ec) fs::remove_all(tmp);
+  return dir;
+}
+
+EngineFixture::EngineFixture(const std::string& model_dir, const FixtureOptions& options) {
+  auto dir = LoadModelDir(model_dir, {});
+  if (!dir.ok()) {
+    ADD_FAILURE() << dir.status().ToString();
+    std::abort();
+  }
+  dir_ = std::move(dir).value();
+  EngineOptions eo;
+  eo.page_tokens = options.page_tokens;
+  eo.num_pages = options.num_pages;
+  eo.kv_cache_bytes = size_t{64} << 20;
+  eo.scheduler.max_batch_tokens = options.max_batch_tokens;
+  auto engine = Engine::Create(std::move(dir_.transformer), dir_.tokenizer.get(), eo);
+  if (!engine.ok()) {
+    ADD_FAILURE() << engine.status().ToString();
+    std::abort();
+  }
+  engine_ = std::move(engine).value();
+}
+
+std::vector<int32_t> EngineFixture::Greedy(const std::vector<int32_t>& prompt, int n) {
+  return GreedyBatch({prompt}, n)[0];
+}
+
+std::vector<std::vector<int32_t>> EngineFixture::GreedyBatch(
+    const std::vector<std::vector<int32_t>>& prompts, int n) {
+  std::vector<std::vector<int32_t>> tokens(prompts.size());
+  std::vector<bool> finished(prompts.size(), false);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EngineRequest req;
+    req.id = "t" + std::to_string(next_id_++);
+    req.prompt = prompts[i];
+    req.params.temperature = 0;
+    req.params.max_tokens = n;
+    req.params.ignore_eos = true;
+    req.on_output = [&tokens, &finished, i](const RequestOutput& o) {
+      EXPECT_TRUE(o.status.ok()) << o.status.ToString();
+      tokens[i].insert(tokens[i].end(), o.tokens.begin(), o.tokens.end());
+      if (o.finished) finished[i] = true;
+    };
+    Status s = engine_->Submit(std::move(req));
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  engine_->RunUntilIdle();
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_TRUE(finished[i]) << "request " << i;
+  return tokens;
+}
+
+std::vector<float> ForwardLogits(const std::string& model_dir, const std::vector<int32_t>& prompt,
+                                 int page_tokens, int chunk) {
+  ModelDirOptions mo;
+  mo.load_tokenizer = false;
+  auto dir = LoadModelDir(model_dir, mo);
+  EXPECT_TRUE(dir.ok()) << dir.status().ToString();
+  if (!dir.ok()) return {};
+  Transformer& model = *dir->transformer;
+  const int pages = static_cast<int>((prompt.size() + page_tokens - 1) / page_tokens);
+  auto cache = KvCache::Create(model.MakeKvLayout(pages, page_tokens));
+  EXPECT_TRUE(cache.ok());
+  std::vector<PageId> table(pages);
+  for (int i = 0; i < pages; ++i) table[i] = pages - 1 - i;  // scattered, not in order
+  std::vector<float> logits;
+  for (size_t start = 0; start < prompt.size(); start += chunk) {
+    const size_t count = std::min<size_t>(chunk, prompt.size() - start);
+    SequenceChunk c{.tokens = std::span<const int32_t>(prompt).subspan(start, count),
+                    .start = static_cast<int64_t>(start),
+                    .pages = table,
+                    .want_logits = start + count == prompt.size()};
+    Status s = model.Forward(std::span<const SequenceChunk>(&c, 1), **cache, &logits);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  return logits;
+}
+
+}  // namespace pdserve::testing

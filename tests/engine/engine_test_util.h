@@ -1,0 +1,48 @@
+// Test helpers for the engine: synthetic model directories (written once, shared by test
+// processes) and a fixture that runs greedy requests to completion.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "model/dtype.h"
+#include "model/model_dir.h"
+
+namespace pdserve::testing {
+
+// Path of a synthetic model of `preset` in `dtype` (seed 1), written on first use under the
+// build tree. Safe when several test processes ask at once (write to a temp dir, then rename).
+std::string SyntheticModelDir(const std::string& preset, DType dtype);
+
+struct FixtureOptions {
+  int page_tokens = 16;
+  int max_batch_tokens = 512;
+  int num_pages = 0;  // 0: 64 MiB worth
+};
+
+class EngineFixture {
+ public:
+  EngineFixture(const std::string& model_dir, const FixtureOptions& options);
+  Engine& engine() { return *engine_; }
+  const Tokenizer* tokenizer() const { return dir_.tokenizer.get(); }
+
+  // Greedy, ignore_eos, exactly n tokens.
+  std::vector<int32_t> Greedy(const std::vector<int32_t>& prompt, int n);
+  // All prompts submitted at once, run together; tokens per prompt.
+  std::vector<std::vector<int32_t>> GreedyBatch(const std::vector<std::vector<int32_t>>& prompts,
+                                                int n);
+
+ private:
+  ModelDir dir_;
+  std::unique_ptr<Engine> engine_;
+  int next_id_ = 0;
+};
+
+// Logits of the last prompt position from a fresh Transformer, prefilled in chunks of
+// `chunk` tokens over pages of `page_tokens`.
+std::vector<float> ForwardLogits(const std::string& model_dir, const std::vector<int32_t>& prompt,
+                                 int page_tokens, int chunk);
+
+}  // namespace pdserve::testing
