@@ -15,7 +15,6 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   // Each command file adds its registration call here (see commands.h).
   pdserve::cli::AddTokenizeCommand(app, &exit_code);
-  pdserve::cli::AddTokenizeCommand(app, &exit_code);
   pdserve::cli::AddMakeModelCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
