@@ -42,7 +42,7 @@ struct FabricConfig {
   std::vector<std::vector<int>> progress_cpus;
   // Largest control message payload (Send). Each domain posts receive_buffers of this size.
   size_t max_message_bytes = 64 * 1024;
-  int receive_buffers = 32;
+  int receive_buffers = 16;
   // Deadline given to writes and sends that do not carry their own.
   std::chrono::milliseconds default_transfer_timeout{30000};
   // Longest sleep of an idle progress thread between CQ polls (libfabric progress is manual,

@@ -54,8 +54,9 @@ void TransferState::BatchDone(const Status& status) {
 
 bool TransferState::Finish(const Status& status) {
   if (finished_.exchange(true, std::memory_order_acq_rel)) return false;
-  if (completion_.counter != nullptr) completion_.counter->Record(status);
+  // Callback first: a caller waiting on the counter then also sees the callback's effects.
   if (completion_.callback) completion_.callback(status);
+  if (completion_.counter != nullptr) completion_.counter->Record(status);
   return true;
 }
 
@@ -147,9 +148,10 @@ Status Domain::OpenHandles(const fi_info* info) {
 Status Domain::SetUpMessageBuffers() {
   slot_bytes_ = (config_.max_message_bytes + kMessageHeaderBytes + 63) / 64 * 64;
   const size_t slots = static_cast<size_t>(config_.receive_buffers) + kSendSlots;
-  message_memory_.resize(slot_bytes_ * slots);
-  PD_ASSIGN_OR_RETURN(MemoryKeys keys, RegisterMemory(kMessageBufferKey, message_memory_.data(),
-                                                      message_memory_.size()));
+  message_memory_bytes_ = slot_bytes_ * slots;
+  message_memory_ = std::make_unique_for_overwrite<std::byte[]>(message_memory_bytes_);
+  PD_ASSIGN_OR_RETURN(MemoryKeys keys, RegisterMemory(kMessageBufferKey, message_memory_.get(),
+                                                      message_memory_bytes_));
   message_desc_ = keys.desc;
   recv_ops_.resize(static_cast<size_t>(config_.receive_buffers));
   for (size_t i = 0; i < kSendSlots; ++i) {
@@ -391,7 +393,7 @@ int Domain::PostOne(Batch& b) {
     if (free_send_slots_.empty()) return 0;
     b.send_slot = free_send_slots_.back();
     free_send_slots_.pop_back();
-    std::memcpy(message_memory_.data() + b.send_slot * slot_bytes_, b.request.message.data(),
+    std::memcpy(message_memory_.get() + b.send_slot * slot_bytes_, b.request.message.data(),
                 b.request.message.size());
   }
   OpContext* op = AllocateOp();
@@ -400,7 +402,7 @@ int Domain::PostOne(Batch& b) {
   if (is_send) {
     op->kind = OpContext::Kind::kSend;
     op->slot = b.send_slot;
-    rc = fi_send(ep_.get(), message_memory_.data() + b.send_slot * slot_bytes_,
+    rc = fi_send(ep_.get(), message_memory_.get() + b.send_slot * slot_bytes_,
                  b.request.message.size(), message_desc_, route.target, &op->fi);
   } else {
     op->kind = OpContext::Kind::kWrite;
@@ -453,7 +455,7 @@ bool Domain::PollCompletions() {
 void Domain::HandleCompletion(const fi_cq_data_entry& entry, fi_addr_t source) {
   if ((entry.flags & FI_RECV) != 0) {
     auto* op = reinterpret_cast<OpContext*>(entry.op_context);
-    const std::byte* data = message_memory_.data() + op->slot * slot_bytes_;
+    const std::byte* data = message_memory_.get() + op->slot * slot_bytes_;
     events_->OnMessage(std::span<const std::byte>(data, entry.len));
     if (Status s = PostReceive(op->slot); !s.ok()) {
       // EAGAIN here is transient; the slot is retried on the next message-free moment would
@@ -546,10 +548,14 @@ void Domain::SweepDeadlines(TimePoint now) {
   for (auto it = batches_.begin(); it != batches_.end();) {
     auto next = std::next(it);
     if (!it->reported && it->request.deadline.at() <= now) {
-      AbortBatch(*it, Status::DeadlineExceeded(
-                          fmt::format("transfer to peer {} did not complete before its deadline "
-                                      "({} of {} operations posted, {} outstanding)",
-                                      it->request.peer, it->next, it->total, it->outstanding)));
+      Status s = Status::DeadlineExceeded(
+          fmt::format("transfer to peer {} did not complete before its deadline "
+                      "({} of {} operations posted, {} outstanding)",
+                      it->request.peer, it->next, it->total, it->outstanding));
+      // A peer that does not complete writes is suspect (e.g. a dead shm peer never answers).
+      const PeerId peer = it->request.peer;
+      if (peer < peers_.size() && peers_[peer].active) events_->OnPeerError(peer, s);
+      AbortBatch(*it, s);
     }
     it = next;
   }
@@ -588,7 +594,7 @@ Status Domain::PostReceive(size_t slot) {
   op.kind = OpContext::Kind::kRecv;
   op.slot = slot;
   op.batch = nullptr;
-  ssize_t rc = fi_recv(ep_.get(), message_memory_.data() + slot * slot_bytes_, slot_bytes_,
+  ssize_t rc = fi_recv(ep_.get(), message_memory_.get() + slot * slot_bytes_, slot_bytes_,
                        message_desc_, FI_ADDR_UNSPEC, &op.fi);
   if (rc == -FI_EAGAIN) return Status::InProgress();
   if (rc != 0) return FabricError("fi_recv", rc);

@@ -168,7 +168,8 @@ class Domain {
   std::unordered_map<uint64_t, FidPtr<fid_mr>> mrs_;
 
   // Message buffers (registered once): receive slots then send slots.
-  std::vector<std::byte> message_memory_;
+  std::unique_ptr<std::byte[]> message_memory_;  // not zeroed: pages fault in on use
+  size_t message_memory_bytes_ = 0;
   void* message_desc_ = nullptr;
   size_t slot_bytes_ = 0;
   std::vector<size_t> free_send_slots_;

@@ -1,0 +1,181 @@
+// Fault tests between two real processes: a receiver killed mid-transfer, a sender killed
+// while the receiver waits, and a peer removed with writes in flight. Every wait is bounded.
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "fabric_test_util.h"
+
+namespace pdserve::fabric::testing {
+namespace {
+
+constexpr uint64_t kPage = 64 * 1024;
+constexpr uint32_t kPages = 16;
+
+std::vector<uint32_t> FirstPages(uint32_t n) {
+  std::vector<uint32_t> v(n);
+  for (uint32_t i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+class FaultTest : public ::testing::TestWithParam<Provider> {
+ protected:
+  void SetUp() override {
+    ASSERT_NE(peer_file_.data(), nullptr);
+    ASSERT_TRUE(peer_.Start({PeerBinary()}).ok());
+    auto started = InitPeer(peer_, GetParam(), 1, node(), peer_file_);
+    ASSERT_TRUE(started.ok()) << started.status().ToString();
+    remote_ = *started;
+    EngineHandlers handlers;
+    handlers.on_message = [this](PeerId, uint64_t, std::span<const std::byte>) { ++messages_; };
+    auto engine = TransferEngine::Create(TestConfig(GetParam(), 1), std::move(handlers));
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    engine_ = std::move(*engine);
+    local_.resize(kPages * kPage, std::byte{0x5a});
+    auto region = engine_->RegisterMemory(local_.data(), local_.size());
+    ASSERT_TRUE(region.ok());
+    region_ = *region;
+    auto id = engine_->AddPeer(remote_.address);
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    peer_id_ = *id;
+    ASSERT_TRUE(
+        peer_.Command("peer " + HexEncode(engine_->address().Serialize()), Deadline::AfterMs(10000))
+            .ok());
+  }
+
+  std::string node() const { return GetParam() == Provider::kTcp ? "127.0.0.1" : ""; }
+
+  PagedWrite Write(const std::vector<uint32_t>& pages, int64_t deadline_ms) {
+    PagedWrite w;
+    w.src_region = region_;
+    w.src_stride = kPage;
+    w.src_pages = pages;
+    w.peer = peer_id_;
+    w.dst = &remote_.descriptor;
+    w.dst_stride = kPage;
+    w.dst_pages = pages;
+    w.length = kPage;
+    w.immediate = 3;
+    w.deadline = Deadline::AfterMs(deadline_ms);
+    return w;
+  }
+
+  SharedFile peer_file_{kPages * kPage};
+  PeerProcess peer_;
+  StartedPeer remote_;
+  std::unique_ptr<TransferEngine> engine_;
+  std::vector<std::byte> local_;
+  RegionId region_ = 0;
+  PeerId peer_id_ = 0;
+  std::atomic<int> messages_{0};
+};
+
+TEST_P(FaultTest, ReceiverKilledMidTransferEndsEveryTransferWithAnError) {
+  const auto pages = FirstPages(kPages);
+  TransferCounter counter;
+  uint64_t posted = 0;
+  for (; posted < 8; ++posted) {
+    ASSERT_TRUE(engine_->PostPagedWrite(Write(pages, 3000), Completion{nullptr, &counter}).ok());
+  }
+  ASSERT_TRUE(counter.WaitFor(2, Deadline::AfterMs(20000)));  // traffic is flowing
+  peer_.Kill();
+  for (int i = 0; i < 24; ++i, ++posted) {
+    ASSERT_TRUE(engine_->PostPagedWrite(Write(pages, 3000), Completion{nullptr, &counter}).ok());
+  }
+  // Bounded: each transfer ends by its deadline at the latest (3 s), tcp usually sooner.
+  ASSERT_TRUE(counter.WaitFor(posted, Deadline::AfterMs(30000)))
+      << counter.finished() << " of " << posted << " transfers ended";
+  EXPECT_GT(counter.failed(), 0u);
+  EXPECT_FALSE(counter.first_error().ok());
+  EXPECT_FALSE(engine_->PeerError(peer_id_).ok());
+}
+
+TEST_P(FaultTest, SenderKilledReceiverExpectationTimesOut) {
+  // Here the peer process sends into this process's memory.
+  auto desc = engine_->Describe(region_);
+  ASSERT_TRUE(desc.ok());
+  const std::string list = Csv(FirstPages(kPages));
+  ASSERT_TRUE(
+      peer_
+          .Command(fmt::format("write 1 {} {} 7 0 {} 0 {} {} {} 3000 60000",
+                               HexEncode(desc->Serialize()), kPage, kPage, kPage, list, list),
+                   Deadline::AfterMs(10000))
+          .ok());
+  Deadline deadline = Deadline::AfterMs(20000);
+  while (engine_->EarlyArrivals(7) == 0 && !deadline.Passed()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_GT(engine_->EarlyArrivals(7), 0u) << "no write from the peer arrived";
+  std::mutex mu;
+  std::condition_variable cv;
+  int fired = 0;
+  Status status;
+  uint32_t arrived = 0;
+  ASSERT_TRUE(engine_
+                  ->Expect(7, 1u << 30, Deadline::AfterMs(1500),
+                           [&](const Status& s, uint32_t n) {
+                             std::lock_guard lock(mu);
+                             ++fired;
+                             status = s;
+                             arrived = n;
+                             cv.notify_all();
+                           })
+                  .ok());
+  peer_.Kill();
+  std::unique_lock lock(mu);
+  ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(20), [&] { return fired > 0; }));
+  EXPECT_EQ(status.code(), StatusCode::kDeadlineExceeded) << status.ToString();
+  EXPECT_GT(arrived, 0u);
+  lock.unlock();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  lock.lock();
+  EXPECT_EQ(fired, 1);
+}
+
+TEST_P(FaultTest, PeerRemovedWithWritesInFlightGetsNoLateCallback) {
+  const auto pages = FirstPages(kPages);
+  std::atomic<bool> removed{false};
+  std::atomic<int> finished{0}, late{0}, cancelled{0};
+  constexpr int kTransfers = 64;
+  for (int i = 0; i < kTransfers; ++i) {
+    ASSERT_TRUE(engine_
+                    ->PostPagedWrite(Write(pages, 20000), Completion{[&](const Status& s) {
+                                       if (removed.load()) ++late;
+                                       if (s.code() == StatusCode::kCancelled) ++cancelled;
+                                       ++finished;
+                                     }})
+                    .ok());
+  }
+  ASSERT_TRUE(engine_->RemovePeer(peer_id_).ok());
+  removed = true;
+  EXPECT_EQ(finished.load(), kTransfers);  // all ended before RemovePeer returned
+  EXPECT_EQ(engine_->PostPagedWrite(Write(pages, 1000), Completion{}).code(),
+            StatusCode::kNotFound);
+  // Nothing the removed peer sends reaches a handler or counter.
+  auto desc = engine_->Describe(region_);
+  ASSERT_TRUE(desc.ok());
+  ASSERT_TRUE(peer_.Command("send 1 after-removal", Deadline::AfterMs(5000)).ok());
+  ASSERT_TRUE(peer_
+                  .Command(fmt::format("write 1 {} 64 9 0 64 0 64 0 0 4 5000",
+                                       HexEncode(desc->Serialize())),
+                           Deadline::AfterMs(5000))
+                  .ok());
+  auto written = peer_.WaitEvent("written ", Deadline::AfterMs(20000));
+  ASSERT_TRUE(written.ok()) << written.status().ToString();
+  auto sent = peer_.WaitEvent("sent ", Deadline::AfterMs(20000));
+  ASSERT_TRUE(sent.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(engine_->EarlyArrivals(9), 0u);
+  EXPECT_EQ(messages_.load(), 0);
+  EXPECT_EQ(engine_->stats().messages_dropped, 1u);
+  EXPECT_EQ(late.load(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, FaultTest, ::testing::Values(Provider::kShm, Provider::kTcp),
+                         ProviderParamName);
+
+}  // namespace
+}  // namespace pdserve::fabric::testing
