@@ -21,6 +21,8 @@ namespace {
 constexpr int kRows = 4;
 constexpr int kTokens = 6;
 constexpr int kTokenBlock = 16 * kTokens;
+// Below this many multiply-adds a kernel runs on the calling thread only.
+constexpr int64_t kParallelMacs = int64_t{1} << 18;
 
 inline __mmask16 TailMask16(int remaining) {
   return remaining >= 16 ? static_cast<__mmask16>(0xffff)
@@ -95,9 +97,11 @@ template <typename Elem, void (*Full)(const Elem*, const Elem*, float*, int, int
           void (*Single)(const Elem*, const Elem*, float*, int, int, int, int)>
 void MatMulDriver(const Elem* x, const Elem* w, float* y, int m, int n, int k) {
   const int row_blocks = (n + kRows - 1) / kRows;
+  // Small products run on one thread: waking the team costs more than it saves.
+  const bool parallel = static_cast<int64_t>(std::min(m, kTokenBlock)) * n * k >= kParallelMacs;
   for (int tb = 0; tb < m; tb += kTokenBlock) {
     const int t_end = std::min(m, tb + kTokenBlock);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel)
     for (int b = 0; b < row_blocks; ++b) {
       const int r0 = b * kRows;
       if (r0 + kRows <= n) {
@@ -208,7 +212,10 @@ void PagedAttentionImpl(std::span<const AttentionQuery> queries, const KvCache& 
                         int num_heads, float scale) {
   const int group = num_heads / cache.layout().num_kv_heads;
   const int64_t work = static_cast<int64_t>(queries.size()) * num_heads;
-#pragma omp parallel
+  int64_t macs = 0;
+  for (const AttentionQuery& q : queries) macs += q.context_len;
+  macs *= static_cast<int64_t>(num_heads) * 2 * cache.layout().head_dim;
+#pragma omp parallel if (macs >= kParallelMacs)
   {
     std::vector<float> scores;
 #pragma omp for schedule(dynamic, 4)
@@ -236,7 +243,8 @@ void ToBF16(const float* src, uint16_t* dst, size_t n) {
 }
 
 void RmsNorm(const float* x, const float* weight, float* out, int rows, int dim, float eps) {
-#pragma omp parallel for schedule(static) if (rows > 8)
+#pragma omp parallel for schedule(static) if (static_cast <int64_t>(rows) * dim >= \
+                                              kParallelMacs / 8)
   for (int r = 0; r < rows; ++r) {
     const float* xr = x + static_cast<size_t>(r) * dim;
     float* yr = out + static_cast<size_t>(r) * dim;

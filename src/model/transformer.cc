@@ -242,7 +242,7 @@ void Transformer::AttentionBlock(int layer, std::span<const SequenceChunk> chunk
   qkv_.resize(static_cast<size_t>(total) * qkv_width);
   Linear(h_.data(), total, f.qkv, qkv_.data());
 
-#pragma omp parallel for schedule(static) if (total > 8)
+#pragma omp parallel for schedule(static) if (static_cast <int64_t>(total) * qkv_width >= 65536)
   for (int t = 0; t < total; ++t) {
     float* q = &qkv_[static_cast<size_t>(t) * qkv_width];
     float* k = q + q_width;
@@ -293,7 +293,7 @@ void Transformer::MlpBlock(int layer) {
   gate_up_.resize(static_cast<size_t>(total) * 2 * inter);
   Linear(h_.data(), total, f.gate_up, gate_up_.data());
   act_.resize(static_cast<size_t>(total) * inter);
-#pragma omp parallel for schedule(static) if (total > 8)
+#pragma omp parallel for schedule(static) if (static_cast <int64_t>(total) * inter >= 65536)
   for (int t = 0; t < total; ++t) {
     const float* g = &gate_up_[static_cast<size_t>(t) * 2 * inter];
     kernels::SiluMul(g, g + inter, &act_[static_cast<size_t>(t) * inter], inter);

@@ -60,6 +60,12 @@ INSTANTIATE_TEST_SUITE_P(Architectures, EngineVsReferenceTest,
                            return name;
                          });
 
+int VocabOf(const std::string& dir) {
+  auto config = ModelConfig::Load(dir);
+  EXPECT_TRUE(config.ok()) << config.status().ToString();
+  return config.ok() ? config->vocab_size : 1;
+}
+
 std::vector<std::vector<int32_t>> RandomPrompts(int count, int vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<std::vector<int32_t>> prompts(count);
@@ -73,8 +79,7 @@ std::vector<std::vector<int32_t>> RandomPrompts(int count, int vocab, uint32_t s
 // BF16 weights: batching, chunk budget and page size must not change a single token.
 TEST(EngineInvarianceTest, BatchChunkAndPageSplitsGiveIdenticalTokens) {
   const std::string dir = testing::SyntheticModelDir("tiny-qwen2", DType::kBF16);
-  const int vocab = 2048;
-  auto prompts = RandomPrompts(6, vocab, 11);
+  auto prompts = RandomPrompts(6, VocabOf(dir), 11);
   const int n = 12;
   // Alone, generous budget.
   std::vector<std::vector<int32_t>> alone;
@@ -91,9 +96,26 @@ TEST(EngineInvarianceTest, BatchChunkAndPageSplitsGiveIdenticalTokens) {
   }
 }
 
+// Long prompts make every kernel take its multi-threaded path; the tokens must not change.
+TEST(EngineInvarianceTest, ThreadCountDoesNotChangeTokens) {
+  const std::string dir = testing::SyntheticModelDir("tiny-llama3", DType::kBF16);
+  std::vector<std::vector<int32_t>> prompts = RandomPrompts(3, VocabOf(dir), 21);
+  prompts[0].resize(300, 17);
+  std::vector<std::vector<int32_t>> one, two;
+  {
+    EngineFixture fx(dir, {.max_batch_tokens = 256, .threads = 1});
+    one = fx.GreedyBatch(prompts, 8);
+  }
+  {
+    EngineFixture fx(dir, {.max_batch_tokens = 256, .threads = 2});
+    two = fx.GreedyBatch(prompts, 8);
+  }
+  EXPECT_EQ(one, two);
+}
+
 TEST(EngineInvarianceTest, PreemptionUnderPagePressureReproducesTheSameTokens) {
   const std::string dir = testing::SyntheticModelDir("tiny", DType::kBF16);
-  auto prompts = RandomPrompts(5, 2048, 3);
+  auto prompts = RandomPrompts(5, VocabOf(dir), 3);
   const int n = 20;
   EngineFixture roomy(dir, {.page_tokens = 4, .max_batch_tokens = 64});
   auto want = roomy.GreedyBatch(prompts, n);
@@ -152,7 +174,7 @@ TEST(EngineTest, RejectsBadRequestsWithClearErrors) {
 // told Admit — and D's tokens equal a colocated run's.
 TEST(EngineTest, PrefillOnlyPlusRemoteAdmissionEqualsColocated) {
   const std::string dir = testing::SyntheticModelDir("tiny-qwen3", DType::kBF16);
-  auto prompts = RandomPrompts(3, 2048, 5);
+  auto prompts = RandomPrompts(3, VocabOf(dir), 5);
   const int n = 10;
   EngineFixture colocated(dir, {.page_tokens = 4, .max_batch_tokens = 64});
   auto want = colocated.GreedyBatch(prompts, n);

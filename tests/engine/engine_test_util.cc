@@ -27,7 +27,9 @@ std::string SyntheticModelDir(const std::string& preset, DType dtype) {
 }
 
 EngineFixture::EngineFixture(const std::string& model_dir, const FixtureOptions& options) {
-  auto dir = LoadModelDir(model_dir, {});
+  ModelDirOptions mo;
+  mo.transformer.threads = options.threads;
+  auto dir = LoadModelDir(model_dir, mo);
   if (!dir.ok()) {
     ADD_FAILURE() << dir.status().ToString();
     std::abort();

@@ -20,6 +20,7 @@ struct FixtureOptions {
   int page_tokens = 16;
   int max_batch_tokens = 512;
   int num_pages = 0;  // 0: 64 MiB worth
+  int threads = 0;    // 0: the OpenMP default (OMP_NUM_THREADS)
 };
 
 class EngineFixture {

@@ -1,0 +1,96 @@
+// The real trained model: ../shared/models/stories260K with golden outputs computed in float64
+// by an independent implementation. The engine (and `pdserve generate`) must reproduce every
+// greedy continuation token for token and the last-position top-5 logits within 1e-3 relative.
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "engine_test_util.h"
+#include "testing/test_paths.h"
+
+namespace pdserve {
+namespace {
+
+constexpr char kModel[] = "models/stories260K";
+
+nlohmann::json ReadGolden() {
+  std::ifstream in(::pdserve::testing::SharedPath(std::string(kModel) + "/golden.json"));
+  return nlohmann::json::parse(in);
+}
+
+std::string RunCommand(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  EXPECT_EQ(pclose(p), 0) << cmd;
+  return out;
+}
+
+TEST(GoldenTest, EngineReproducesEveryGreedyContinuation) {
+  PD_REQUIRE_SHARED(kModel);
+  const std::string dir = ::pdserve::testing::SharedPath(kModel);
+  ::pdserve::testing::EngineFixture fx(dir, {.page_tokens = 4, .max_batch_tokens = 16});
+  nlohmann::json golden = ReadGolden();
+  ASSERT_EQ(golden["cases"].size(), 5u);
+  std::vector<std::vector<int32_t>> prompts, want;
+  for (const auto& c : golden["cases"]) {
+    prompts.push_back(c["prompt_ids"].get<std::vector<int32_t>>());
+    want.push_back(c["greedy_ids"].get<std::vector<int32_t>>());
+    // The tokenizer gives the golden prompt ids for the golden prompt text.
+    EXPECT_EQ(fx.tokenizer()->Encode(c["prompt"].get<std::string>(), true), prompts.back());
+  }
+  // All five at once, in a batch with chunked prefill over small pages.
+  auto got = fx.GreedyBatch(prompts, static_cast<int>(want[0].size()));
+  for (size_t i = 0; i < want.size(); ++i) {
+    got[i].resize(want[i].size());
+    EXPECT_EQ(got[i], want[i]) << "case " << i;
+  }
+}
+
+TEST(GoldenTest, LastPositionLogitsWithinOneThousandthRelative) {
+  PD_REQUIRE_SHARED(kModel);
+  const std::string dir = ::pdserve::testing::SharedPath(kModel);
+  const nlohmann::json golden = ReadGolden();
+  ASSERT_EQ(golden["cases"].size(), 5u);
+  for (const auto& c : golden["cases"]) {
+    auto prompt = c["prompt_ids"].get<std::vector<int32_t>>();
+    std::vector<float> logits = ::pdserve::testing::ForwardLogits(dir, prompt, 4, 3);
+    ASSERT_FALSE(logits.empty());
+    for (const auto& pair : c["last_logits_top5"]) {
+      const int id = pair[0].get<int>();
+      const double want = pair[1].get<double>();
+      EXPECT_NEAR(logits[id], want, 1e-3 * std::abs(want))
+          << "prompt '" << c["prompt"].get<std::string>() << "' token " << id;
+    }
+  }
+}
+
+TEST(GoldenTest, GenerateCommandPrintsTheGoldenTokens) {
+  PD_REQUIRE_SHARED(kModel);
+  const std::string bin = ::pdserve::testing::BinaryPath("src/cli/pdserve");
+  const std::string dir = ::pdserve::testing::SharedPath(kModel);
+  const nlohmann::json golden = ReadGolden();
+  ASSERT_EQ(golden["cases"].size(), 5u);
+  for (const auto& c : golden["cases"]) {
+    const auto want = c["greedy_ids"].get<std::vector<int32_t>>();
+    const std::string cmd = bin + " generate --model " + dir + " --prompt '" +
+                            c["prompt"].get<std::string>() + "' --max-tokens " +
+                            std::to_string(want.size()) + " --ignore-eos --json 2>/dev/null";
+    auto out = nlohmann::json::parse(RunCommand(cmd), nullptr, false);
+    ASSERT_TRUE(out.is_object()) << cmd;
+    EXPECT_EQ(out["prompt_ids"].get<std::vector<int32_t>>(),
+              c["prompt_ids"].get<std::vector<int32_t>>());
+    EXPECT_EQ(out["token_ids"].get<std::vector<int32_t>>(), want) << cmd;
+  }
+}
+
+}  // namespace
+}  // namespace pdserve
