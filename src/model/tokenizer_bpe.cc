@@ -21,6 +21,9 @@ using nlohmann::json;
 
 // Ids beyond this are certainly a corrupt file (the largest real vocabularies are ~260k).
 constexpr int64_t kMaxTokenId = 1 << 24;
+// Real files number their tokens densely; a few holes are tolerated, but a stray huge id
+// would make the per-id tables (sized by the largest id) absurdly large.
+constexpr int64_t kMaxIdHoles = 4096;
 // The word cache holds short words only (long ones are rare and cheap to skip) and is
 // cleared when full, which bounds its memory without an eviction policy.
 constexpr size_t kMaxCachedWordBytes = 64;
@@ -259,6 +262,11 @@ void ByteLevelBpe::LoadPostProcessor(const json& file) {
 
 Status ByteLevelBpe::FinishLoad(const std::string& path) {
   if (max_id_ < 0) return Invalid(path, "the vocabulary is empty");
+  const auto entries = static_cast<int64_t>(vocab_.size() + added_.size());
+  if (max_id_ >= entries + kMaxIdHoles) {
+    return Invalid(path, "token ids are not dense: id " + std::to_string(max_id_) + " among " +
+                             std::to_string(entries) + " tokens");
+  }
   const auto size = static_cast<size_t>(max_id_) + 1;
   token_bytes_.assign(size, std::string());
   special_.assign(size, 0);

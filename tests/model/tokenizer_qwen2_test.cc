@@ -10,6 +10,7 @@
 
 #include "model/tokenizer.h"
 #include "model/tokenizer_nfc.h"
+#include "model/tokenizer_utf8.h"
 #include "testing/test_paths.h"
 
 namespace pdserve {
@@ -112,23 +113,7 @@ TEST(Qwen2TokenizerTest, NormalizesToNfcAndRoundTripsRandomText) {
     for (int i = 0; i < length; ++i) {
       const auto& [lo, hi] = blocks[rng() % blocks.size()];
       const char32_t cp = lo + rng() % (hi - lo + 1);
-      std::u32string one(1, cp);
-      // Encode as UTF-8 by hand (no locale dependence).
-      if (cp < 0x80) {
-        text += static_cast<char>(cp);
-      } else if (cp < 0x800) {
-        text += static_cast<char>(0xC0 | (cp >> 6));
-        text += static_cast<char>(0x80 | (cp & 0x3F));
-      } else if (cp < 0x10000) {
-        text += static_cast<char>(0xE0 | (cp >> 12));
-        text += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        text += static_cast<char>(0x80 | (cp & 0x3F));
-      } else {
-        text += static_cast<char>(0xF0 | (cp >> 18));
-        text += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-        text += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        text += static_cast<char>(0x80 | (cp & 0x3F));
-      }
+      utf8::Append(cp, text);
     }
     const std::vector<int32_t> ids = tokenizer->Encode(text, false);
     EXPECT_EQ(tokenizer->Decode(ids, false), nfc::Normalize(text)) << "trial " << trial;

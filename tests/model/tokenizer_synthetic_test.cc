@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "model/tokenizer.h"
+#include "model/tokenizer_utf8.h"
 #include "testing/test_paths.h"
 
 namespace pdserve {
@@ -52,17 +53,7 @@ std::string RandomUnicode(std::mt19937& rng, int length) {
         break;
     }
     if (cp >= 0xD800 && cp <= 0xDFFF) cp = 'x';
-    if (cp < 0x80) {
-      text += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      text += {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
-    } else if (cp < 0x10000) {
-      text += {static_cast<char>(0xE0 | (cp >> 12)), static_cast<char>(0x80 | ((cp >> 6) & 0x3F)),
-               static_cast<char>(0x80 | (cp & 0x3F))};
-    } else {
-      text += {static_cast<char>(0xF0 | (cp >> 18)), static_cast<char>(0x80 | ((cp >> 12) & 0x3F)),
-               static_cast<char>(0x80 | ((cp >> 6) & 0x3F)), static_cast<char>(0x80 | (cp & 0x3F))};
-    }
+    utf8::Append(cp, text);
   }
   return text;
 }

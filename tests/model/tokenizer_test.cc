@@ -2,9 +2,13 @@
 // Tokenizer::Load on malformed files (clear errors, never a crash).
 #include "model/tokenizer.h"
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -103,6 +107,29 @@ TEST_F(IncrementalDecoderTest, StreamsTheSameTextAsDecode) {
   streamed += decoder.Flush();
   EXPECT_EQ(streamed, text);
   EXPECT_EQ(tokenizer_->Decode(ids, true), text);
+}
+
+TEST_F(IncrementalDecoderTest, EncodeIsSafeFromManyThreads) {
+  // Encode shares a word cache between threads; results must not depend on interleaving.
+  std::vector<std::string> texts;
+  for (int i = 0; i < 64; ++i) {
+    texts.push_back("thread text " + std::to_string(i * 7919) + " with words " +
+                    std::string(static_cast<size_t>(i % 5), 'x') + " \xC3\xA9t\xC3\xA9");
+  }
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& t : texts) expected.push_back(tokenizer_->Encode(t, false));
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 50; ++round) {
+        const size_t i = static_cast<size_t>((round * 4 + t) % texts.size());
+        if (tokenizer_->Encode(texts[i], false) != expected[i]) ++mismatches;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 // Malformed files: each variant of a minimal valid tokenizer.json must fail with a message
@@ -212,6 +239,45 @@ TEST_F(MalformedTokenizerTest, MissingFilesAndBadConfigs) {
   status = LoadStatus();
   EXPECT_NE(status.message().find("generation_config.json"), std::string::npos)
       << status.ToString();
+}
+
+TEST_F(MalformedTokenizerTest, SurvivesRandomMutations) {
+  // Replace one random node of the valid file by a value of a random type, or cut the text
+  // at a random point: Load either fails cleanly or yields a tokenizer that works.
+  std::mt19937 rng(42);
+  const json replacements[] = {
+      nullptr, -1, 1 << 30, "x", json::array(), json::object(), 3.5, true, json::array({"a", 1})};
+  for (int trial = 0; trial < 150; ++trial) {
+    json f = ValidFile();
+    std::vector<json*> nodes;
+    std::vector<json*> todo{&f};
+    while (!todo.empty()) {
+      json* node = todo.back();
+      todo.pop_back();
+      nodes.push_back(node);
+      if (node->is_structured() && node->size() < 20) {
+        for (auto& child : *node) todo.push_back(&child);
+      }
+    }
+    *nodes[rng() % nodes.size()] = replacements[rng() % std::size(replacements)];
+    std::string text = f.dump();
+    if (trial % 5 == 0) text.resize(rng() % text.size());
+    Write("tokenizer.json", text);
+    auto tokenizer = Tokenizer::Load(dir_);
+    if (!tokenizer.ok()) {
+      EXPECT_FALSE(tokenizer.status().message().empty());
+      continue;
+    }
+    const std::vector<int32_t> ids = (*tokenizer)->Encode(" the <eos> text \xFF", true);
+    for (int32_t id : ids) EXPECT_LT(id, (*tokenizer)->vocab_size());
+    (void)(*tokenizer)->Decode(ids, false);
+  }
+}
+
+TEST_F(MalformedTokenizerTest, RejectsSparseHugeIds) {
+  json f = ValidFile();
+  f["added_tokens"][0]["id"] = 10000000;
+  ExpectError(f, "not dense");
 }
 
 TEST_F(MalformedTokenizerTest, CorruptSentencePieceModel) {
