@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks that print tables with ceilings");
   bench->require_subcommand(1);
   // Each command file adds its registration call here (see commands.h).
+  pdserve::cli::AddBenchEngineCommand(*bench, &exit_code);
   pdserve::cli::AddTokenizeCommand(app, &exit_code);
   pdserve::cli::AddMakeModelCommand(app, &exit_code);
   try {
