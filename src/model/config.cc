@@ -141,10 +141,17 @@ Result<const ArchInfo*> ParseArchitecture(const json& j) {
                                  "'; supported: " + SupportedList());
 }
 
+// rope_scaling, or rope_parameters as newer transformers releases write it (same keys, plus
+// rope_theta).
 Status ParseRopeScaling(const json& j, RopeScaling* out) {
-  auto it = j.find("rope_scaling");
+  std::string key = "rope_scaling";
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    key = "rope_parameters";
+    it = j.find(key);
+  }
   if (it == j.end() || it->is_null()) return Status::Ok();
-  if (!it->is_object()) return FieldError("rope_scaling", "an object or null", *it);
+  if (!it->is_object()) return FieldError(key, "an object or null", *it);
   const json& rs = *it;
   std::string type;
   for (const char* key : {"rope_type", "type"}) {
@@ -157,14 +164,14 @@ Status ParseRopeScaling(const json& j, RopeScaling* out) {
   if (type.empty() || type == "default") return Status::Ok();
   std::optional<double> factor;
   PD_RETURN_IF_ERROR(ReadDouble(rs, "factor", &factor));
-  if (!factor) return Status::InvalidArgument("config.json: rope_scaling is missing 'factor'");
+  if (!factor) return Status::InvalidArgument("config.json: " + key + " is missing 'factor'");
   out->factor = *factor;
   if (type == "linear") {
     out->type = RopeScaling::Type::kLinear;
     return Status::Ok();
   }
   if (type != "llama3") {
-    return Status::InvalidArgument("config.json: unsupported rope_scaling type '" + type +
+    return Status::InvalidArgument("config.json: unsupported " + key + " type '" + type +
                                    "'; supported: default, linear, llama3");
   }
   out->type = RopeScaling::Type::kLlama3;
@@ -174,9 +181,9 @@ Status ParseRopeScaling(const json& j, RopeScaling* out) {
   PD_RETURN_IF_ERROR(ReadDouble(rs, "high_freq_factor", &high));
   PD_RETURN_IF_ERROR(ReadInt(rs, "original_max_position_embeddings", &original));
   if (!low || !high || !original) {
-    return Status::InvalidArgument(
-        "config.json: llama3 rope_scaling needs 'low_freq_factor', 'high_freq_factor' and "
-        "'original_max_position_embeddings'");
+    return Status::InvalidArgument("config.json: llama3 " + key +
+                                   " needs 'low_freq_factor', 'high_freq_factor' and "
+                                   "'original_max_position_embeddings'");
   }
   out->low_freq_factor = *low;
   out->high_freq_factor = *high;
@@ -236,6 +243,10 @@ Status ParseOptionalFields(const json& j, ModelConfig* c) {
   PD_RETURN_IF_ERROR(ReadDouble(j, "rms_norm_eps", &eps));
   PD_RETURN_IF_ERROR(ReadDouble(j, "rope_theta", &theta));
   c->rms_norm_eps = eps.value_or(1e-6);
+  auto params = j.find("rope_parameters");
+  if (!theta && params != j.end() && params->is_object()) {
+    PD_RETURN_IF_ERROR(ReadDouble(*params, "rope_theta", &theta));
+  }
   c->rope_theta = theta.value_or(10000.0);
   PD_RETURN_IF_ERROR(ParseRopeScaling(j, &c->rope_scaling));
   std::optional<bool> tie;
@@ -260,8 +271,13 @@ Status ParseOptionalFields(const json& j, ModelConfig* c) {
   PD_RETURN_IF_ERROR(ReadInt(j, "bos_token_id", &bos));
   c->bos_token_id = bos;
   PD_RETURN_IF_ERROR(ReadTokenIds(j, "eos_token_id", &c->eos_token_ids));
-  auto dt = j.find("torch_dtype");
-  if (dt != j.end() && dt->is_string()) c->torch_dtype = dt->get<std::string>();
+  for (const char* key : {"torch_dtype", "dtype"}) {  // newer transformers write "dtype"
+    auto dt = j.find(key);
+    if (dt != j.end() && dt->is_string()) {
+      c->torch_dtype = dt->get<std::string>();
+      break;
+    }
+  }
   return Status::Ok();
 }
 

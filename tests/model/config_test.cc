@@ -104,6 +104,26 @@ TEST(ConfigTest, ParsesLinearRopeScalingWithLegacyTypeKey) {
   EXPECT_DOUBLE_EQ(c->rope_scaling.factor, 2.0);
 }
 
+TEST(ConfigTest, ReadsNewerRopeParametersAndDtypeKeys) {
+  nlohmann::json j = nlohmann::json::parse(kLlama3);
+  j.erase("rope_scaling");
+  j.erase("rope_theta");
+  j.erase("torch_dtype");
+  j["dtype"] = "float16";
+  j["rope_parameters"] = {{"rope_type", "llama3"},   {"rope_theta", 250000.0},
+                          {"factor", 16.0},          {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  ModelConfig c = ParseOk(j.dump());
+  EXPECT_DOUBLE_EQ(c.rope_theta, 250000.0);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 16.0);
+  EXPECT_EQ(c.torch_dtype, "float16");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}};
+  c = ParseOk(j.dump());
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kNone);
+}
+
 TEST(ConfigTest, DefaultsKvHeadsToHeads) {
   Result<ModelConfig> c = ParseLlamaWith("num_key_value_heads", "");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
