@@ -1,0 +1,98 @@
+// The router's table of nodes: addresses, health and outstanding requests, and the choice of
+// the node for the next request (least outstanding among healthy nodes, ties round robin).
+// Pure bookkeeping, no I/O: the router's health checker and request handlers report what they
+// saw. NodePool is thread-safe; every method may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+
+namespace pdserve::server {
+
+// A node's HTTP address. `url` is the normalized form "http://host:port" used as its key.
+struct NodeAddress {
+  std::string host;
+  int port = 0;
+  std::string url;
+};
+
+// Accepts "http://host:port", "host:port" (and a trailing '/'); https and paths are refused.
+Result<NodeAddress> ParseNodeUrl(std::string_view text);
+
+struct NodePoolOptions {
+  // Consecutive failed health checks after which a node gets no traffic.
+  int failures_to_down = 3;
+  // A self-registered node that has not refreshed its registration for this long is dropped.
+  Duration registration_ttl = std::chrono::seconds(30);
+};
+
+// What /metrics and /health show of one node.
+struct NodeSnapshot {
+  std::string url;
+  bool healthy = false;
+  bool registered = false;  // added by POST /internal/register rather than --node
+  int outstanding = 0;
+  int64_t requests = 0;  // requests sent to it
+  int consecutive_failures = 0;
+};
+
+class NodePool {
+ public:
+  explicit NodePool(NodePoolOptions options = {});
+  NodePool(const NodePool&) = delete;
+  NodePool& operator=(const NodePool&) = delete;
+
+  // A node from the command line; it never expires. New nodes start unhealthy until their first
+  // successful health check, so no request is sent to a node still loading its model.
+  Status AddStatic(std::string_view url);
+  // Adds a self-registered node or refreshes its registration. Returns true if it was new.
+  Result<bool> Register(std::string_view url, TimePoint now = Clock::now());
+  // Drops self-registered nodes whose registration expired and that carry no request.
+  void ExpireRegistrations(TimePoint now = Clock::now());
+
+  // Picks the healthy node with the fewest outstanding requests, skipping the urls in
+  // `exclude` (nodes already tried for this request), and counts one more request on it.
+  // Every successful Acquire is paired with one Release.
+  std::optional<NodeAddress> Acquire(const std::vector<std::string>& exclude = {});
+  void Release(const std::string& url);
+
+  // Health check results. A success makes the node healthy at once; failures_to_down
+  // consecutive failures make it unhealthy.
+  // Both return true when the node's health changed (for the log).
+  bool ReportHealthy(const std::string& url);
+  bool ReportUnhealthy(const std::string& url);
+  // A request could not even connect: the node is marked down without waiting for the
+  // health checker (it comes back with the next successful check).
+  void ReportConnectFailure(const std::string& url);
+
+  std::vector<NodeAddress> Addresses() const;
+  std::vector<NodeSnapshot> Snapshot() const;
+  int HealthyCount() const;
+  int Size() const;
+
+ private:
+  struct Node {
+    NodeAddress address;
+    bool healthy = false;
+    bool registered = false;
+    TimePoint last_registration;
+    int outstanding = 0;
+    int64_t requests = 0;
+    int consecutive_failures = 0;
+  };
+  Node* FindLocked(const std::string& url);
+
+  const NodePoolOptions options_;
+  mutable std::mutex mu_;
+  std::vector<Node> nodes_;  // GUARDED_BY(mu_); order of addition
+  size_t next_ = 0;          // GUARDED_BY(mu_); round-robin start among ties
+};
+
+}  // namespace pdserve::server
