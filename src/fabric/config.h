@@ -45,6 +45,9 @@ struct FabricConfig {
   int receive_buffers = 16;
   // Deadline given to writes and sends that do not carry their own.
   std::chrono::milliseconds default_transfer_timeout{30000};
+  // How long a progress thread keeps polling (yielding the CPU between polls) after its last
+  // work before it starts sleeping. Longer: lower latency for bursts, more CPU when idle.
+  std::chrono::microseconds idle_spin{2000};
   // Longest sleep of an idle progress thread between CQ polls (libfabric progress is manual,
   // so this bounds how late an idle receiver notices an arrival).
   std::chrono::microseconds idle_poll_max{200};

@@ -25,9 +25,9 @@ constexpr uint64_t kMessageBufferKey = 0xfffff000u;
 constexpr size_t kSendSlots = 16;
 constexpr int kPostBudget = 64;  // posts per loop round before polling the CQ again
 constexpr int kCqBatch = 32;     // completions read per fi_cq_read call
-constexpr int kSpinRounds = 64;  // empty rounds before the thread starts sleeping
 constexpr auto kTickPeriod = std::chrono::milliseconds(1);
 constexpr auto kBusySleepCap = std::chrono::microseconds(20);
+constexpr int kBackoffDoublingsMax = 16;
 
 uint64_t MrAccess() {
   return FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
@@ -295,17 +295,7 @@ void Domain::Run(const Topology* topology, std::vector<int> cpus) {
       PD_LOG_WARN("fabric domain {}: progress thread left unpinned: {}", index_, s.ToString());
     }
   }
-  for (size_t slot = 0; slot < recv_ops_.size(); ++slot) {
-    while (true) {
-      Status s = PostReceive(slot);
-      if (s.ok()) break;
-      if (!s.in_progress()) {
-        PD_LOG_ERROR("fabric domain {}: cannot post receive buffer: {}", index_, s.ToString());
-        break;
-      }
-      PollCompletions();
-    }
-  }
+  for (size_t slot = 0; slot < recv_ops_.size(); ++slot) RepostReceive(slot);
   next_tick_ = Clock::now();
   while (true) {
     bool work = DrainCommands();
@@ -315,6 +305,7 @@ void Domain::Run(const Topology* topology, std::vector<int> cpus) {
     }
     work |= PostReady();
     work |= PollCompletions();
+    work |= RetryReceives();
     TimePoint now = Clock::now();
     if (now >= next_tick_) {
       SweepDeadlines(now);
@@ -322,6 +313,7 @@ void Domain::Run(const Topology* topology, std::vector<int> cpus) {
     }
     if (work) {
       idle_rounds_ = 0;
+      sleep_doublings_ = 0;
     } else {
       IdleWait(outstanding_ > 0 || !post_queue_.empty());
     }
@@ -457,11 +449,7 @@ void Domain::HandleCompletion(const fi_cq_data_entry& entry, fi_addr_t source) {
     auto* op = reinterpret_cast<OpContext*>(entry.op_context);
     const std::byte* data = message_memory_.get() + op->slot * slot_bytes_;
     events_->OnMessage(std::span<const std::byte>(data, entry.len));
-    if (Status s = PostReceive(op->slot); !s.ok()) {
-      // EAGAIN here is transient; the slot is retried on the next message-free moment would
-      // need extra state, so log it: one receive buffer fewer is not fatal.
-      PD_LOG_WARN("fabric domain {}: receive buffer not re-posted: {}", index_, s.ToString());
-    }
+    RepostReceive(op->slot);
     return;
   }
   if ((entry.flags & FI_REMOTE_CQ_DATA) != 0) {
@@ -496,7 +484,7 @@ void Domain::HandleError() {
     if (err.err != FI_ECANCELED) {
       PD_LOG_WARN("fabric domain {}: receive failed: {} ({})", index_, fi_strerror(err.err),
                   detail != nullptr ? detail : "");
-      (void)PostReceive(op->slot);
+      RepostReceive(op->slot);
     }
     return;
   }
@@ -572,14 +560,18 @@ void Domain::AbortAll(const Status& status) {
 }
 
 void Domain::IdleWait(bool busy) {
+  // Progress is manual: a receiver that sleeps stalls its senders (shm needs the receiver to
+  // move data). So after recent work the thread keeps polling, yielding the CPU to whatever
+  // else is runnable, for config_.idle_spin; only then does it back off into short sleeps.
+  const TimePoint now = Clock::now();
+  if (idle_rounds_ == 0) last_work_ = now;
   ++idle_rounds_;
-  if (idle_rounds_ < kSpinRounds) {
-    if (busy) sched_yield();  // let the peer process (same host) make progress
+  if (now - last_work_ < config_.idle_spin) {
+    sched_yield();
     return;
   }
-  // Exponential back-off up to a cap: short while operations are in flight, longer when the
-  // domain has nothing to do (an idle receiver still polls, as progress is manual).
-  const int doublings = std::min(idle_rounds_ - kSpinRounds, 16);
+  ++sleep_doublings_;
+  const int doublings = std::min(sleep_doublings_, kBackoffDoublingsMax);
   std::chrono::microseconds sleep{1 << doublings};
   sleep = std::min<std::chrono::microseconds>(sleep, busy ? kBusySleepCap : config_.idle_poll_max);
   std::unique_lock lock(mu_);
@@ -599,6 +591,23 @@ Status Domain::PostReceive(size_t slot) {
   if (rc == -FI_EAGAIN) return Status::InProgress();
   if (rc != 0) return FabricError("fi_recv", rc);
   return Status::Ok();
+}
+
+void Domain::RepostReceive(size_t slot) {
+  Status s = PostReceive(slot);
+  if (s.in_progress()) {
+    unposted_receives_.push_back(slot);  // provider busy: retried by the progress loop
+  } else if (!s.ok()) {
+    PD_LOG_ERROR("fabric domain {}: receive buffer lost: {}", index_, s.ToString());
+  }
+}
+
+bool Domain::RetryReceives() {
+  if (unposted_receives_.empty()) return false;
+  std::vector<size_t> slots;
+  slots.swap(unposted_receives_);
+  for (size_t slot : slots) RepostReceive(slot);
+  return unposted_receives_.size() < slots.size();
 }
 
 Domain::OpContext* Domain::AllocateOp() {

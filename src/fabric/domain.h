@@ -144,6 +144,8 @@ class Domain {
   void SweepDeadlines(TimePoint now);
   void IdleWait(bool busy);
   Status PostReceive(size_t slot);
+  void RepostReceive(size_t slot);
+  bool RetryReceives();
   OpContext* AllocateOp();
   void ReleaseOp(OpContext* op);
   void AbortAll(const Status& status);
@@ -180,6 +182,7 @@ class Domain {
   std::deque<OpContext> op_storage_;
   std::vector<OpContext*> free_ops_;
   std::vector<OpContext> recv_ops_;
+  std::vector<size_t> unposted_receives_;  // slots the provider refused (EAGAIN) for now
   struct PeerRoute {
     fi_addr_t target = FI_ADDR_UNSPEC;
     bool active = false;
@@ -188,7 +191,9 @@ class Domain {
   std::unordered_map<fi_addr_t, PeerId> source_to_peer_;  // AV address -> peer
   uint64_t outstanding_ = 0;
   TimePoint next_tick_{};
-  int idle_rounds_ = 0;
+  int idle_rounds_ = 0;      // empty loop rounds since the last work
+  int sleep_doublings_ = 0;  // back-off state once spinning has ended
+  TimePoint last_work_{};
 
   // Shared with submitters.
   std::mutex mu_;

@@ -202,8 +202,16 @@ Result<RegionId> TransferEngine::RegisterMemory(void* base, size_t length, Memor
   if (base == nullptr || length == 0) {
     return Status::InvalidArgument("cannot register an empty memory region");
   }
-  std::unique_lock lock(regions_mu_);
-  const RegionId id = next_region_++;
+  if (internal::Domain::OnProgressThread()) {
+    return Status::FailedPrecondition("RegisterMemory may not be called from a fabric callback");
+  }
+  RegionId id = 0;
+  {
+    std::unique_lock lock(regions_mu_);
+    id = next_region_++;
+  }
+  // No engine lock is held while waiting on progress threads: their callbacks may post, and
+  // posting takes the locks shared.
   Region region{static_cast<std::byte*>(base), length, {}};
   for (auto& domain : domains_) {
     auto keys = std::make_shared<internal::MemoryKeys>();
@@ -228,11 +236,15 @@ Result<RegionId> TransferEngine::RegisterMemory(void* base, size_t length, Memor
     }
     region.keys.push_back(*keys);
   }
+  std::unique_lock lock(regions_mu_);
   regions_.emplace(id, std::move(region));
   return id;
 }
 
 Status TransferEngine::DeregisterMemory(RegionId id) {
+  if (internal::Domain::OnProgressThread()) {
+    return Status::FailedPrecondition("DeregisterMemory may not be called from a fabric callback");
+  }
   {
     std::unique_lock lock(regions_mu_);
     if (regions_.erase(id) == 0) {
@@ -275,11 +287,21 @@ Result<PeerId> TransferEngine::AddPeer(const EngineAddress& address) {
                                                ProviderName(config_.provider)));
   }
   if (address.endpoints.empty()) return Status::InvalidArgument("peer address has no endpoints");
-  std::unique_lock lock(peers_mu_);
-  if (auto it = live_instances_.find(address.instance); it != live_instances_.end()) {
-    return it->second;
+  if (internal::Domain::OnProgressThread()) {
+    return Status::FailedPrecondition("AddPeer may not be called from a fabric callback");
   }
-  const PeerId id = next_peer_++;
+  // One AddPeer at a time, so that two adds of one instance cannot race in the domains.
+  std::lock_guard add_lock(add_peer_mu_);
+  PeerId id = kUnknownPeer;
+  {
+    std::unique_lock lock(peers_mu_);
+    if (auto it = live_instances_.find(address.instance); it != live_instances_.end()) {
+      return it->second;
+    }
+    id = next_peer_++;
+  }
+  // Domains learn the peer first, without holding peers_mu_ (progress-thread callbacks take
+  // it); only then does the engine accept posts to it.
   for (size_t d = 0; d < domains_.size(); ++d) {
     internal::Domain* domain = domains_[d].get();
     auto endpoints = address.endpoints;
@@ -288,22 +310,27 @@ Result<PeerId> TransferEngine::AddPeer(const EngineAddress& address) {
         [domain, id, endpoints, target] { return domain->AddPeer(id, endpoints, target); },
         Deadline::After(kControlTimeout));
     if (!s.ok()) {
-      for (size_t undo = 0; undo < d; ++undo) {
-        internal::Domain* u = domains_[undo].get();
-        (void)u->RunSync(
-            [u, id] {
-              u->RemovePeer(id, Status::Cancelled("peer add failed"));
-              return Status::Ok();
-            },
-            Deadline::After(kControlTimeout));
-      }
+      ForgetPeerInDomains(id, d);
       return s;
     }
   }
+  std::unique_lock lock(peers_mu_);
   peers_.emplace(id, Peer{address, false, Status::Ok()});
   live_instances_[address.instance] = id;
   removed_instances_.erase(address.instance);
   return id;
+}
+
+void TransferEngine::ForgetPeerInDomains(PeerId id, size_t count) {
+  for (size_t d = 0; d < count; ++d) {
+    internal::Domain* domain = domains_[d].get();
+    (void)domain->RunSync(
+        [domain, id] {
+          domain->RemovePeer(id, Status::Cancelled("peer add failed"));
+          return Status::Ok();
+        },
+        Deadline::After(kControlTimeout));
+  }
 }
 
 Status TransferEngine::RemovePeer(PeerId id) {

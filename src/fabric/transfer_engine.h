@@ -3,16 +3,18 @@
 // immediates, immediate-only writes, receiver-side immediate counters, and small two-sided
 // control messages on the same endpoints. See docs/fabric.md.
 //
-// Thread-safety: every public method may be called from any thread, except that RemovePeer
-// and the destructor must not be called from an engine callback (they wait for the progress
-// threads, on which callbacks run). Callbacks (completions, expectations, handlers) run on
-// progress threads: keep them short, never block in them; posting from them is fine.
+// Thread-safety: every public method may be called from any thread, except that AddPeer,
+// RemovePeer, RegisterMemory, DeregisterMemory and the destructor must not be called from an
+// engine callback (they wait for the progress threads, on which callbacks run; AddPeer and
+// RemovePeer refuse with FailedPrecondition). Callbacks (completions, expectations, handlers) run
+// on progress threads: keep them short, never block in them; posting from them is fine.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <shared_mutex>
 #include <span>
@@ -120,6 +122,8 @@ class TransferEngine {
   void HandleMessage(std::span<const std::byte> bytes);
   void HandlePeerError(PeerId peer, const Status& error);
   TimePoint HandleTick(int domain_index, TimePoint now);
+  // Removes peer `id` from the first `count` domains (undo of a partial AddPeer).
+  void ForgetPeerInDomains(PeerId id, size_t count);
 
   const FabricConfig config_;
   const EngineHandlers handlers_;
@@ -133,6 +137,7 @@ class TransferEngine {
   std::unordered_map<RegionId, Region> regions_;  // guarded by regions_mu_
   RegionId next_region_ = 1;                      // guarded by regions_mu_
 
+  std::mutex add_peer_mu_;  // serialises AddPeer; never taken on progress threads
   mutable std::shared_mutex peers_mu_;
   std::unordered_map<PeerId, Peer> peers_;               // guarded by peers_mu_
   std::unordered_map<uint64_t, PeerId> live_instances_;  // guarded by peers_mu_
