@@ -6,7 +6,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "common/check.h"
@@ -36,7 +38,12 @@ inline __mmask32 TailMask32(int remaining) {
 // One tile of y = x * w^T with BF16 inputs. Each accumulator holds 16 lanes of partial sums
 // along k, in the same order for every tile shape, so results are batch-invariant.
 template <int R, int T>
-void TileBF16(const uint16_t* x, const uint16_t* w, float* y, int n, int k, int r0, int t0) {
+struct TileBF16 {
+  static void Run(const uint16_t* x, const uint16_t* w, float* y, int n, int k, int r0, int t0);
+};
+template <int R, int T>
+void TileBF16<R, T>::Run(const uint16_t* x, const uint16_t* w, float* y, int n, int k, int r0,
+                         int t0) {
   __m512 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
@@ -68,7 +75,11 @@ void TileBF16(const uint16_t* x, const uint16_t* w, float* y, int n, int k, int 
 }
 
 template <int R, int T>
-void TileF32(const float* x, const float* w, float* y, int n, int k, int r0, int t0) {
+struct TileF32 {
+  static void Run(const float* x, const float* w, float* y, int n, int k, int r0, int t0);
+};
+template <int R, int T>
+void TileF32<R, T>::Run(const float* x, const float* w, float* y, int n, int k, int r0, int t0) {
   __m512 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
@@ -90,12 +101,22 @@ void TileF32(const float* x, const float* w, float* y, int n, int k, int r0, int
       y[static_cast<size_t>(t0 + t) * n + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
+template <typename Elem>
+using TileFn = void (*)(const Elem*, const Elem*, float*, int, int, int, int);
+
+// Tiles of every token count 1..kTokens, so that the weight rows of a block are read once per
+// token block whatever the batch size (a 2-token decode step must not read weights twice).
+template <typename Elem, template <int, int> class Tile, int R, size_t... T>
+constexpr std::array<TileFn<Elem>, kTokens + 1> TileTable(std::index_sequence<T...>) {
+  return {nullptr, &Tile<R, static_cast<int>(T) + 1>::Run...};
+}
+
 // Drives the tiles over the whole product: row blocks in parallel, token blocks in sequence.
-template <typename Elem, void (*Full)(const Elem*, const Elem*, float*, int, int, int, int),
-          void (*RowTail)(const Elem*, const Elem*, float*, int, int, int, int),
-          void (*TokenTail)(const Elem*, const Elem*, float*, int, int, int, int),
-          void (*Single)(const Elem*, const Elem*, float*, int, int, int, int)>
+template <typename Elem, template <int, int> class Tile>
 void MatMulDriver(const Elem* x, const Elem* w, float* y, int m, int n, int k) {
+  static constexpr auto kBlockTiles =
+      TileTable<Elem, Tile, kRows>(std::make_index_sequence<kTokens>());
+  static constexpr auto kRowTiles = TileTable<Elem, Tile, 1>(std::make_index_sequence<kTokens>());
   const int row_blocks = (n + kRows - 1) / kRows;
   // Small products run on one thread: waking the team costs more than it saves.
   const bool parallel = static_cast<int64_t>(std::min(m, kTokenBlock)) * n * k >= kParallelMacs;
@@ -104,15 +125,12 @@ void MatMulDriver(const Elem* x, const Elem* w, float* y, int m, int n, int k) {
 #pragma omp parallel for schedule(static) if (parallel)
     for (int b = 0; b < row_blocks; ++b) {
       const int r0 = b * kRows;
-      if (r0 + kRows <= n) {
-        int t = tb;
-        for (; t + kTokens <= t_end; t += kTokens) Full(x, w, y, n, k, r0, t);
-        for (; t < t_end; ++t) TokenTail(x, w, y, n, k, r0, t);
-      } else {
-        for (int r = r0; r < n; ++r) {
-          int t = tb;
-          for (; t + kTokens <= t_end; t += kTokens) RowTail(x, w, y, n, k, r, t);
-          for (; t < t_end; ++t) Single(x, w, y, n, k, r, t);
+      for (int t = tb; t < t_end; t += kTokens) {
+        const int tokens = std::min(kTokens, t_end - t);
+        if (r0 + kRows <= n) {
+          kBlockTiles[tokens](x, w, y, n, k, r0, t);
+        } else {
+          for (int r = r0; r < n; ++r) kRowTiles[tokens](x, w, y, n, k, r, t);
         }
       }
     }
@@ -229,13 +247,11 @@ void PagedAttentionImpl(std::span<const AttentionQuery> queries, const KvCache& 
 }  // namespace
 
 void MatMulBF16(const uint16_t* x, const uint16_t* w, float* y, int m, int n, int k) {
-  MatMulDriver<uint16_t, TileBF16<kRows, kTokens>, TileBF16<1, kTokens>, TileBF16<kRows, 1>,
-               TileBF16<1, 1>>(x, w, y, m, n, k);
+  MatMulDriver<uint16_t, TileBF16>(x, w, y, m, n, k);
 }
 
 void MatMulF32(const float* x, const float* w, float* y, int m, int n, int k) {
-  MatMulDriver<float, TileF32<kRows, kTokens>, TileF32<1, kTokens>, TileF32<kRows, 1>,
-               TileF32<1, 1>>(x, w, y, m, n, k);
+  MatMulDriver<float, TileF32>(x, w, y, m, n, k);
 }
 
 void ToBF16(const float* src, uint16_t* dst, size_t n) {
