@@ -163,6 +163,14 @@ Status Tokenizer::ApplyConfigs(const std::filesystem::path& dir) {
   return Status::Ok();
 }
 
+std::string Tokenizer::Decode(std::span<const int32_t> ids, bool skip_special) const {
+  std::string out;
+  for (int32_t id : ids) {
+    if (InRange(id) && !(skip_special && special_[id] != 0)) out += token_bytes_[id];
+  }
+  return out;
+}
+
 std::vector<int32_t> Tokenizer::WithSpecials(std::vector<int32_t> ids) const {
   if (add_bos_ && bos_id_) ids.insert(ids.begin(), *bos_id_);
   if (add_eos_ && !eos_ids_.empty()) ids.push_back(eos_ids_.front());

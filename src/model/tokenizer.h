@@ -32,13 +32,13 @@ class Tokenizer {
   // Concatenated text of the ids; skip_special drops special tokens (BOS/EOS/added specials).
   // Ids out of range are skipped. The result may end in a partial UTF-8 sequence only if the
   // ids do; see IncrementalDecoder for streaming.
-  virtual std::string Decode(std::span<const int32_t> ids, bool skip_special) const = 0;
+  virtual std::string Decode(std::span<const int32_t> ids, bool skip_special) const;
   // The raw bytes one id stands for (byte-level decoded; "" for out-of-range ids).
-  virtual std::string TokenBytes(int32_t id) const = 0;
-  virtual bool IsSpecial(int32_t id) const = 0;
+  std::string TokenBytes(int32_t id) const { return InRange(id) ? token_bytes_[id] : ""; }
+  bool IsSpecial(int32_t id) const { return InRange(id) && special_[id] != 0; }
   virtual std::optional<int32_t> TokenToId(std::string_view token) const = 0;
 
-  virtual int32_t vocab_size() const = 0;
+  int32_t vocab_size() const { return static_cast<int32_t>(token_bytes_.size()); }
   std::optional<int32_t> bos_id() const { return bos_id_; }
   const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
   const std::string& chat_template() const { return chat_template_; }
@@ -46,6 +46,11 @@ class Tokenizer {
   const std::string& eos_token() const { return eos_token_; }
 
  protected:
+  bool InRange(int32_t id) const { return id >= 0 && id < vocab_size(); }
+
+  // The raw bytes and the special flag of every id; filled by the implementation's loader.
+  std::vector<std::string> token_bytes_;
+  std::vector<uint8_t> special_;
   std::optional<int32_t> bos_id_;
   std::vector<int32_t> eos_ids_;
   std::string chat_template_;

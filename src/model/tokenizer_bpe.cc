@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/tokenizer_added_tokens.h"
 #include "model/tokenizer_byte_level.h"
 #include "model/tokenizer_nfc.h"
 #include "model/tokenizer_pretokenizer.h"
@@ -29,10 +30,6 @@ constexpr int64_t kMaxIdHoles = 4096;
 constexpr size_t kMaxCachedWordBytes = 64;
 constexpr size_t kMaxCacheEntries = 1 << 16;
 
-bool IsAsciiSpace(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
-}
-
 uint64_t PairKey(int32_t a, int32_t b) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
 }
@@ -52,13 +49,7 @@ Status Invalid(const std::string& path, const std::string& what) {
 class ByteLevelBpe final : public Tokenizer {
  public:
   std::vector<int32_t> Encode(std::string_view text, bool add_special) const override;
-  std::string Decode(std::span<const int32_t> ids, bool skip_special) const override;
-  std::string TokenBytes(int32_t id) const override {
-    return InRange(id) ? token_bytes_[id] : std::string();
-  }
-  bool IsSpecial(int32_t id) const override { return InRange(id) && special_[id] != 0; }
   std::optional<int32_t> TokenToId(std::string_view token) const override;
-  int32_t vocab_size() const override { return static_cast<int32_t>(token_bytes_.size()); }
 
   // Loading steps, in order; each validates its part of the file.
   Status LoadVocab(const json& model, const std::string& path);
@@ -70,31 +61,22 @@ class ByteLevelBpe final : public Tokenizer {
   Status FinishLoad(const std::string& path);
 
  private:
-  struct AddedToken {
-    std::string content;
-    int32_t id;
-    bool lstrip, rstrip;
-  };
   struct Merge {
     int32_t rank;
     int32_t merged;
   };
 
-  bool InRange(int32_t id) const { return id >= 0 && id < vocab_size(); }
-  // Finds the longest added token that starts at text[pos].
-  const AddedToken* MatchAdded(std::string_view text, size_t pos) const;
   // Encodes text that holds no added tokens (any bytes; invalid UTF-8 is kept as bytes).
   void EncodeSegment(std::string_view text, std::vector<int32_t>& ids) const;
   void EncodeWord(std::string_view word, std::vector<int32_t>& ids) const;
   void MergeWord(std::string_view word, std::vector<int32_t>& ids) const;
 
-  std::vector<std::string> token_bytes_;  // raw bytes of each id
-  std::vector<uint8_t> special_;
-  std::vector<int32_t> special_ids_;  // collected while loading, before special_ is sized
+  // Collected while loading, before the per-id tables are sized.
+  std::vector<AddedTokenMatcher::Token> added_;
+  std::vector<int32_t> special_ids_;
   std::unordered_map<std::string, int32_t> vocab_;     // byte-level form -> id
   std::unordered_map<std::string, int32_t> added_id_;  // added token content -> id
-  std::vector<AddedToken> added_;                      // longest first
-  std::array<std::vector<size_t>, 256> added_by_first_byte_;
+  AddedTokenMatcher added_matcher_;
   std::unordered_map<uint64_t, Merge> merges_;
   std::array<int32_t, 256> byte_ids_{};
   PreTokenizer pre_;
@@ -275,7 +257,7 @@ Status ByteLevelBpe::FinishLoad(const std::string& path) {
     std::optional<std::string> bytes = byte_level::Decode(token);
     token_bytes_[id] = bytes ? std::move(*bytes) : token;
   }
-  for (const AddedToken& t : added_) token_bytes_[t.id] = t.content;
+  for (const AddedTokenMatcher::Token& t : added_) token_bytes_[t.id] = t.content;
   for (int32_t id : special_ids_) special_[id] = 1;
   for (int b = 0; b < 256; ++b) {
     auto it = vocab_.find(byte_level::Encode(std::string(1, static_cast<char>(b))));
@@ -286,44 +268,16 @@ Status ByteLevelBpe::FinishLoad(const std::string& path) {
     }
     byte_ids_[b] = it->second;
   }
-  std::stable_sort(added_.begin(), added_.end(), [](const AddedToken& x, const AddedToken& y) {
-    return x.content.size() > y.content.size();
-  });
-  for (size_t i = 0; i < added_.size(); ++i) {
-    added_by_first_byte_[static_cast<unsigned char>(added_[i].content[0])].push_back(i);
-  }
+  added_matcher_ = AddedTokenMatcher(std::move(added_));
   return Status::Ok();
-}
-
-const ByteLevelBpe::AddedToken* ByteLevelBpe::MatchAdded(std::string_view text, size_t pos) const {
-  for (size_t i : added_by_first_byte_[static_cast<unsigned char>(text[pos])]) {
-    if (text.substr(pos).starts_with(added_[i].content)) return &added_[i];
-  }
-  return nullptr;
 }
 
 std::vector<int32_t> ByteLevelBpe::Encode(std::string_view text, bool add_special) const {
   std::vector<int32_t> ids;
-  size_t segment_start = 0;
-  for (size_t pos = 0; pos < text.size();) {
-    const AddedToken* added = MatchAdded(text, pos);
-    if (added == nullptr) {
-      ++pos;
-      continue;
-    }
-    size_t segment_end = pos;
-    if (added->lstrip) {
-      while (segment_end > segment_start && IsAsciiSpace(text[segment_end - 1])) --segment_end;
-    }
-    EncodeSegment(text.substr(segment_start, segment_end - segment_start), ids);
-    ids.push_back(added->id);
-    pos += added->content.size();
-    if (added->rstrip) {
-      while (pos < text.size() && IsAsciiSpace(text[pos])) ++pos;
-    }
-    segment_start = pos;
-  }
-  EncodeSegment(text.substr(segment_start), ids);
+  added_matcher_.Encode(
+      text,
+      [this](std::string_view plain, std::vector<int32_t>& out) { EncodeSegment(plain, out); },
+      ids);
   return add_special ? WithSpecials(std::move(ids)) : ids;
 }
 
@@ -425,15 +379,6 @@ void ByteLevelBpe::MergeWord(std::string_view word, std::vector<int32_t>& ids) c
     push(c.left);
   }
   for (int32_t i = n > 0 ? 0 : -1; i >= 0; i = symbols[i].next) ids.push_back(symbols[i].id);
-}
-
-std::string ByteLevelBpe::Decode(std::span<const int32_t> ids, bool skip_special) const {
-  std::string out;
-  for (int32_t id : ids) {
-    if (!InRange(id) || (skip_special && special_[id] != 0)) continue;
-    out += token_bytes_[id];
-  }
-  return out;
 }
 
 std::optional<int32_t> ByteLevelBpe::TokenToId(std::string_view token) const {

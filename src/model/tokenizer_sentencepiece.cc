@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/tokenizer_added_tokens.h"
 #include "model/tokenizer_utf8.h"
 
 namespace pdserve {
@@ -36,22 +37,14 @@ class SentencePieceTokenizer final : public Tokenizer {
 
   std::vector<int32_t> Encode(std::string_view text, bool add_special) const override;
   std::string Decode(std::span<const int32_t> ids, bool skip_special) const override;
-  std::string TokenBytes(int32_t id) const override {
-    return InRange(id) ? token_bytes_[id] : std::string();
-  }
-  bool IsSpecial(int32_t id) const override { return InRange(id) && special_[id] != 0; }
   std::optional<int32_t> TokenToId(std::string_view token) const override;
-  int32_t vocab_size() const override { return static_cast<int32_t>(token_bytes_.size()); }
 
  private:
-  bool InRange(int32_t id) const { return id >= 0 && id < vocab_size(); }
   void EncodePlain(std::string_view text, std::vector<int32_t>& ids) const;
 
   sentencepiece::SentencePieceProcessor sp_;
-  std::vector<std::string> token_bytes_;
-  std::vector<uint8_t> special_;
-  // Control and unknown pieces ("<s>", "</s>", "<unk>") written in the text, longest first.
-  std::vector<std::pair<std::string, int32_t>> special_pieces_;
+  // Control and unknown pieces ("<s>", "</s>", "<unk>") written in the text.
+  AddedTokenMatcher special_matcher_;
   // Whether the model prepends a space to the text (add_dummy_prefix); Decode then drops
   // the space the first piece starts with, as SentencePiece's own decoder does.
   bool dummy_prefix_ = false;
@@ -67,6 +60,7 @@ Status SentencePieceTokenizer::Init(const std::string& path) {
   if (n <= 0) return Status::InvalidArgument(path + ": SentencePiece model has no pieces");
   token_bytes_.resize(n);
   special_.assign(n, 0);
+  std::vector<AddedTokenMatcher::Token> specials;
   for (int id = 0; id < n; ++id) {
     const std::string& piece = sp_.IdToPiece(id);
     if (sp_.IsByte(id) && piece.size() == 6) {  // "<0xAB>"
@@ -75,13 +69,12 @@ Status SentencePieceTokenizer::Init(const std::string& path) {
     } else if (sp_.IsControl(id) || sp_.IsUnknown(id)) {
       token_bytes_[id] = piece;
       special_[id] = 1;
-      if (!piece.empty()) special_pieces_.emplace_back(piece, id);
+      specials.push_back({piece, id});
     } else {
       token_bytes_[id] = PieceToText(piece);
     }
   }
-  std::sort(special_pieces_.begin(), special_pieces_.end(),
-            [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  special_matcher_ = AddedTokenMatcher(std::move(specials));
   if (sp_.bos_id() >= 0) bos_id_ = sp_.bos_id();
   if (sp_.eos_id() >= 0) eos_ids_ = {sp_.eos_id()};
   add_bos_ = bos_id_.has_value();
@@ -103,35 +96,21 @@ void SentencePieceTokenizer::EncodePlain(std::string_view text, std::vector<int3
 
 std::vector<int32_t> SentencePieceTokenizer::Encode(std::string_view text, bool add_special) const {
   std::vector<int32_t> ids;
-  size_t segment_start = 0;
-  for (size_t pos = 0; pos < text.size();) {
-    auto match = std::find_if(special_pieces_.begin(), special_pieces_.end(),
-                              [&](const auto& p) { return text.substr(pos).starts_with(p.first); });
-    if (match == special_pieces_.end()) {
-      ++pos;
-      continue;
-    }
-    EncodePlain(text.substr(segment_start, pos - segment_start), ids);
-    ids.push_back(match->second);
-    pos += match->first.size();
-    segment_start = pos;
-  }
-  EncodePlain(text.substr(segment_start), ids);
+  special_matcher_.Encode(
+      text, [this](std::string_view plain, std::vector<int32_t>& out) { EncodePlain(plain, out); },
+      ids);
   return add_special ? WithSpecials(std::move(ids)) : ids;
 }
 
 std::string SentencePieceTokenizer::Decode(std::span<const int32_t> ids, bool skip_special) const {
-  std::string out;
-  bool first_piece = true;
-  for (int32_t id : ids) {
-    if (!InRange(id) || (skip_special && special_[id] != 0)) continue;
-    std::string_view bytes = token_bytes_[id];
-    if (first_piece && special_[id] == 0 && dummy_prefix_ && out.empty() &&
-        bytes.starts_with(' ')) {
-      bytes.remove_prefix(1);
-    }
-    if (special_[id] == 0) first_piece = false;
-    out += bytes;
+  std::string out = Tokenizer::Decode(ids, skip_special);
+  // Like SentencePiece's own decoder: the space that add_dummy_prefix put before the text
+  // is dropped, when the text starts with an ordinary piece.
+  auto first = std::find_if(ids.begin(), ids.end(), [&](int32_t id) {
+    return InRange(id) && !(skip_special && special_[id] != 0);
+  });
+  if (dummy_prefix_ && first != ids.end() && special_[*first] == 0 && out.starts_with(' ')) {
+    out.erase(0, 1);
   }
   return out;
 }
