@@ -1,0 +1,143 @@
+// `pdserve serve`: one node of the serving cluster. Today --role colocated (prefill and
+// decode in one engine) behind the OpenAI-compatible HTTP API of server/node_server.h;
+// prefill/decode roles arrive with the KV messenger.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "cli/commands.h"
+#include "cli/model_flags.h"
+#include "common/logging.h"
+#include "server/node_registration.h"
+#include "server/node_server.h"
+
+namespace pdserve::cli {
+namespace {
+
+struct ServeFlags {
+  ModelFlags model;
+  std::string role = "colocated";
+  std::string listen = "127.0.0.1:8000";
+  std::string api_key;
+  std::string served_model_name;
+  std::string router;
+  int max_waiting = 256;
+  int http_threads = 160;
+  size_t max_body_mb = 4;
+  int request_timeout_s = 600;
+  uint64_t seed = 0;
+};
+
+// "host:port" -> parts; the port must be a number in [0, 65535].
+bool SplitHostPort(const std::string& s, std::string* host, int* port) {
+  const size_t colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  *host = s.substr(0, colon);
+  const std::string p = s.substr(colon + 1);
+  if (p.empty() || p.size() > 5 || p.find_first_not_of("0123456789") != std::string::npos) {
+    return false;
+  }
+  *port = std::stoi(p);
+  return *port <= 65535;
+}
+
+int RunServe(const ServeFlags& f) {
+  if (f.role != "colocated") {
+    return Fail("--role " + f.role +
+                " requires the KV messenger, not built yet; use --role colocated");
+  }
+  server::NodeServerOptions options;
+  if (!SplitHostPort(f.listen, &options.host, &options.port)) {
+    return Fail("--listen must be HOST:PORT, got '" + f.listen + "'");
+  }
+  options.api_key = f.api_key;
+  options.served_model_name = f.served_model_name.empty()
+                                  ? std::filesystem::path(f.model.model).filename().string()
+                                  : f.served_model_name;
+  if (options.served_model_name.empty()) options.served_model_name = f.model.model;
+  options.max_waiting = f.max_waiting;
+  options.http_threads = f.http_threads;
+  options.max_body_bytes = f.max_body_mb << 20;
+  options.request_timeout_s = f.request_timeout_s;
+
+  // SIGINT/SIGTERM are taken synchronously by this thread (sigwait below); every thread
+  // started from here inherits the mask. A gone client must not kill the process.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  server::NodeServer node(options);
+  if (Status s = node.Bind(); !s.ok()) return Fail(s.ToString());
+  node.Start();  // /health answers 503 while the model loads
+  PD_LOG_INFO("listening on http://{}:{} (loading {})", options.host, node.port(), f.model.model);
+
+  PD_ASSIGN_OR_RETURN_CLI(ModelDir dir, LoadFromFlags(f.model));
+  EngineOptions engine_options = EngineOptionsFromFlags(f.model);
+  engine_options.seed = f.seed;
+  server::ServedModel served;
+  served.max_model_len = dir.config.MaxContext();
+  served.tokenizer = std::move(dir.tokenizer);
+  PD_ASSIGN_OR_RETURN_CLI(served.engine, Engine::Create(std::move(dir.transformer),
+                                                        served.tokenizer.get(), engine_options));
+  if (Status s = node.SetModel(std::move(served)); !s.ok()) return Fail(s.ToString());
+  // A line scripts and tests can wait for.
+  std::printf("pdserve serve: ready on http://%s:%d model %s\n", options.host.c_str(), node.port(),
+              options.served_model_name.c_str());
+  std::fflush(stdout);
+
+  std::unique_ptr<server::NodeRegistration> registration;
+  if (!f.router.empty()) {
+    registration = std::make_unique<server::NodeRegistration>(
+        f.router, "http://" + options.host + ":" + std::to_string(node.port()));
+  }
+  int sig = 0;
+  sigwait(&signals, &sig);
+  PD_LOG_INFO("signal {}: stopping", sig);
+  registration.reset();
+  node.Stop();
+  return 0;
+}
+
+}  // namespace
+
+void AddServeCommand(CLI::App& app, int* exit_code) {
+  auto flags = std::make_shared<ServeFlags>();
+  CLI::App* cmd = app.add_subcommand("serve", "Serve a model over the OpenAI-compatible HTTP API");
+  AddModelFlags(cmd, &flags->model);
+  cmd->add_option("--role", flags->role, "colocated | prefill | decode")
+      ->check(CLI::IsMember({"colocated", "prefill", "decode"}))
+      ->capture_default_str();
+  cmd->add_option("--listen", flags->listen, "HOST:PORT to listen on (port 0: any free port)")
+      ->capture_default_str();
+  cmd->add_option("--api-key", flags->api_key, "Require 'Authorization: Bearer KEY'");
+  cmd->add_option("--served-model-name", flags->served_model_name,
+                  "Model name in the API (default: the model directory's name)");
+  cmd->add_option("--router", flags->router,
+                  "Router URL to register with (POST /internal/register every 5 s)");
+  cmd->add_option("--max-waiting", flags->max_waiting,
+                  "Requests awaiting a first token beyond which new ones get 503")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--http-threads", flags->http_threads, "HTTP worker threads")
+      ->check(CLI::Range(4, 4096))
+      ->capture_default_str();
+  cmd->add_option("--max-body-mb", flags->max_body_mb, "Largest request body in MiB")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd->add_option("--request-timeout", flags->request_timeout_s,
+                  "Seconds without output after which a request is cancelled")
+      ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
+  cmd->add_option("--seed", flags->seed, "Seed source for requests without a seed")
+      ->capture_default_str();
+  cmd->callback([flags, exit_code] { *exit_code = RunServe(*flags); });
+}
+
+}  // namespace pdserve::cli

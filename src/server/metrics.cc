@@ -1,0 +1,124 @@
+#include "server/metrics.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace pdserve::server {
+
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::Observe(double value) {
+  const size_t i = std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
+  ++counts_[i];
+  sum_ += value;
+  ++count_;
+}
+
+void Histogram::Render(const std::string& name, const std::string& help, std::string* out) const {
+  *out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cumulative += counts_[i];
+    *out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds_[i], cumulative);
+  }
+  cumulative += counts_.back();
+  *out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n", name, cumulative);
+  *out += fmt::format("{}_sum {}\n{}_count {}\n", name, sum_, name, count_);
+}
+
+namespace {
+
+// vLLM's bucket boundaries, so dashboards built for it read pdserve the same way.
+const std::vector<double> kTtftBounds = {0.001, 0.005, 0.01, 0.02,  0.04,  0.06,  0.08, 0.1,
+                                         0.25,  0.5,   0.75, 1.0,   2.5,   5.0,   7.5,  10.0,
+                                         20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
+const std::vector<double> kItlBounds = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                                        0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+const std::vector<double> kE2eBounds = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.5,
+                                        5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
+                                        60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+void Gauge(const std::string& name, const std::string& help, double value, std::string* out) {
+  *out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n{} {}\n", name, help, name, name, value);
+}
+
+}  // namespace
+
+ServerMetrics::ServerMetrics() : ttft_(kTtftBounds), itl_(kItlBounds), e2e_(kE2eBounds) {}
+
+void ServerMetrics::ObserveTimeToFirstToken(double s) {
+  std::lock_guard lock(mu_);
+  ttft_.Observe(s);
+}
+void ServerMetrics::ObserveInterTokenLatency(double s) {
+  std::lock_guard lock(mu_);
+  itl_.Observe(s);
+}
+void ServerMetrics::ObserveE2eLatency(double s) {
+  std::lock_guard lock(mu_);
+  e2e_.Observe(s);
+}
+void ServerMetrics::AddPromptTokens(int64_t n) {
+  std::lock_guard lock(mu_);
+  prompt_tokens_ += n;
+}
+void ServerMetrics::AddGenerationTokens(int64_t n) {
+  std::lock_guard lock(mu_);
+  generation_tokens_ += n;
+}
+void ServerMetrics::RequestSucceeded(const std::string& finish_reason) {
+  std::lock_guard lock(mu_);
+  ++success_[finish_reason];
+}
+void ServerMetrics::RequestFailed(int http_status) {
+  std::lock_guard lock(mu_);
+  ++errors_[http_status];
+}
+
+std::string ServerMetrics::Render(const EngineStats& stats) const {
+  std::string out;
+  Gauge("pdserve:num_requests_running", "Requests in the engine's running batch.", stats.running,
+        &out);
+  Gauge("pdserve:num_requests_waiting", "Requests queued in the engine, not yet running.",
+        stats.waiting, &out);
+  Gauge("pdserve:kv_cache_usage_perc", "Fraction of KV cache pages in use (0 to 1).",
+        stats.pages_total > 0 ? static_cast<double>(stats.pages_used) / stats.pages_total : 0.0,
+        &out);
+  out += fmt::format(
+      "# HELP pdserve:num_preemptions_total Sequences preempted for lack of KV pages.\n"
+      "# TYPE pdserve:num_preemptions_total counter\npdserve:num_preemptions_total {}\n",
+      stats.preemptions);
+  std::lock_guard lock(mu_);
+  out += fmt::format(
+      "# HELP pdserve:prompt_tokens_total Prompt tokens processed.\n"
+      "# TYPE pdserve:prompt_tokens_total counter\npdserve:prompt_tokens_total {}\n",
+      prompt_tokens_);
+  out += fmt::format(
+      "# HELP pdserve:generation_tokens_total Tokens generated.\n"
+      "# TYPE pdserve:generation_tokens_total counter\npdserve:generation_tokens_total {}\n",
+      generation_tokens_);
+  out +=
+      "# HELP pdserve:request_success_total Requests finished, by finish reason.\n"
+      "# TYPE pdserve:request_success_total counter\n";
+  for (const char* reason : {"stop", "length"}) {
+    auto it = success_.find(reason);
+    out += fmt::format("pdserve:request_success_total{{finished_reason=\"{}\"}} {}\n", reason,
+                       it == success_.end() ? 0 : it->second);
+  }
+  out +=
+      "# HELP pdserve:request_error_total Requests answered with an error, by HTTP status.\n"
+      "# TYPE pdserve:request_error_total counter\n";
+  for (const auto& [status, n] : errors_) {
+    out += fmt::format("pdserve:request_error_total{{status=\"{}\"}} {}\n", status, n);
+  }
+  ttft_.Render("pdserve:time_to_first_token_seconds", "Time to first token.", &out);
+  itl_.Render("pdserve:inter_token_latency_seconds", "Time between consecutive output tokens.",
+              &out);
+  e2e_.Render("pdserve:e2e_request_latency_seconds", "Request latency, arrival to last token.",
+              &out);
+  return out;
+}
+
+}  // namespace pdserve::server

@@ -1,0 +1,76 @@
+// NodeServer: the OpenAI-compatible HTTP front of one colocated node — /v1/completions,
+// /v1/chat/completions (stream and not), /v1/models, /health, /metrics, /tokenize and
+// /detokenize — over one Engine running on its own loop thread.
+//
+// Threading: Bind/Start/SetModel/Stop are called by the owner (serve's main thread); Stop is
+// also safe from any thread. HTTP handlers run on cpp-httplib's pool; each one tokenizes,
+// validates, submits, then waits (always with a deadline) on its request's OutputChannel,
+// which the engine's callbacks fill without blocking.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "common/status.h"
+#include "engine/engine.h"
+#include "model/tokenizer.h"
+#include "server/chat_prompt.h"
+#include "server/metrics.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace pdserve::server {
+
+struct NodeServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                // 0: any free port (read it back with port())
+  std::string api_key;            // non-empty: "Authorization: Bearer <key>" required
+  std::string served_model_name;  // the name /v1/models lists and requests must use
+  int max_waiting = 256;          // more requests than this awaiting a first token -> 503
+  size_t max_body_bytes = size_t{4} << 20;
+  int http_threads = 160;       // each streaming client holds one for its duration
+  int request_timeout_s = 600;  // a request with no output for this long is cancelled
+};
+
+// What the node serves, handed over once loaded.
+struct ServedModel {
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<Engine> engine;  // the server starts its loop thread
+  int max_model_len = 0;
+};
+
+class NodeServer {
+ public:
+  explicit NodeServer(NodeServerOptions options);
+  ~NodeServer();  // Stop()
+  NodeServer(const NodeServer&) = delete;
+  NodeServer& operator=(const NodeServer&) = delete;
+
+  // Binds host:port; errors name the address.
+  Status Bind();
+  int port() const { return bound_port_; }
+  // Serves on a background thread; until SetModel, /health answers 503 and the API 503.
+  void Start();
+  Status SetModel(ServedModel model);
+  // Stops accepting, cancels in-flight requests, waits for handlers. Idempotent.
+  void Stop();
+
+  // Handler bodies (public for the request-scoped helpers in node_server.cc).
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread listen_thread_;
+  int bound_port_ = 0;
+  std::atomic<bool> stopped_{false};
+};
+
+}  // namespace pdserve::server
