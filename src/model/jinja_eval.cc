@@ -122,6 +122,23 @@ const Value* CallArgs::Get(size_t index, std::string_view name) const {
   return nullptr;
 }
 
+const Value* Evaluator::Frame::Find(const std::string& name) const {
+  for (const auto& [k, v] : vars) {
+    if (k == name) return &v;
+  }
+  return nullptr;
+}
+
+void Evaluator::Frame::Set(const std::string& name, Value value) {
+  for (auto& [k, v] : vars) {
+    if (k == name) {
+      v = std::move(value);
+      return;
+    }
+  }
+  vars.emplace_back(name, std::move(value));
+}
+
 Status Evaluator::Tick(int64_t steps) {
   steps_ += steps;
   if (steps_ > limits_.max_steps) {
@@ -144,7 +161,7 @@ Result<std::string> Evaluator::Render(const Program& program, ValueDict context)
   steps_ = 0;
   call_depth_ = 0;
   frames_.emplace_back();
-  for (auto& [k, v] : context) frames_.back().vars[k] = std::move(v);
+  for (auto& [k, v] : context) frames_.back().Set(k, std::move(v));
   std::string out;
   Flow flow = Flow::kNormal;
   Status s = Exec(program.body, &out, &flow);
@@ -155,11 +172,9 @@ Result<std::string> Evaluator::Render(const Program& program, ValueDict context)
 
 Value Evaluator::Lookup(const std::string& name) const {
   for (size_t i = frames_.size(); i-- > 0;) {
-    auto it = frames_[i].vars.find(name);
-    if (it != frames_[i].vars.end()) return it->second;
+    if (const Value* v = frames_[i].Find(name)) return *v;
     if (frames_[i].barrier) {
-      auto root = frames_[0].vars.find(name);
-      if (root != frames_[0].vars.end()) return root->second;
+      if (const Value* root = frames_[0].Find(name)) return *root;
       break;
     }
   }
@@ -210,7 +225,7 @@ Status Evaluator::ExecStmt(const Stmt& stmt, std::string* out, Flow* flow) {
       c.kind = Callable::Kind::kMacro;
       c.name = stmt.targets[0];
       c.macro = &stmt;
-      frames_.back().vars[stmt.targets[0]] = Value::Function(std::move(c));
+      frames_.back().Set(stmt.targets[0], Value::Function(std::move(c)));
       return Status::Ok();
     }
     case Stmt::Kind::kBreak:
@@ -227,23 +242,25 @@ Status Evaluator::ExecStmt(const Stmt& stmt, std::string* out, Flow* flow) {
 
 Status Evaluator::BindTargets(const Stmt& stmt, const Value& item, Frame* frame) {
   if (stmt.targets.size() == 1) {
-    frame->vars[stmt.targets[0]] = item;
+    frame->Set(stmt.targets[0], item);
     return Status::Ok();
   }
   if (!item.is_list() || item.list().size() != stmt.targets.size()) {
     return Status::InvalidArgument("cannot unpack " + std::string(item.TypeName()) + " into " +
                                    std::to_string(stmt.targets.size()) + " loop variables");
   }
-  for (size_t i = 0; i < stmt.targets.size(); ++i) frame->vars[stmt.targets[i]] = item.list()[i];
+  for (size_t i = 0; i < stmt.targets.size(); ++i) frame->Set(stmt.targets[i], item.list()[i]);
   return Status::Ok();
 }
 
 Status Evaluator::ExecFor(const Stmt& stmt, std::string* out) {
   PD_ASSIGN_OR_RETURN(Value iterable, Eval(*stmt.expr));
-  ValueList items;
+  ValueList owned;  // items of a dict or string; a list is iterated in place
+  const ValueList* items_ptr = &owned;
+  ValueList& items = owned;
   switch (iterable.kind()) {
     case Value::Kind::kList:
-      items = iterable.list();
+      items_ptr = &iterable.list();
       break;
     case Value::Kind::kDict:
       for (const auto& [k, v] : iterable.dict()) items.push_back(Value::String(k));
@@ -264,18 +281,20 @@ Status Evaluator::ExecFor(const Stmt& stmt, std::string* out) {
   }
   if (stmt.filter) {
     ValueList kept;
-    for (Value& item : items) {
+    for (const Value& item : *items_ptr) {
       PD_RETURN_IF_ERROR(Tick());
       frames_.emplace_back();
       Status s = BindTargets(stmt, item, &frames_.back());
       Result<Value> keep = s.ok() ? Eval(*stmt.filter) : Result<Value>(s);
       frames_.pop_back();
       if (!keep.ok()) return keep.status();
-      if (keep->Truthy()) kept.push_back(std::move(item));
+      if (keep->Truthy()) kept.push_back(item);
     }
-    items = std::move(kept);
+    owned = std::move(kept);
+    items_ptr = &owned;
   }
-  const int64_t n = static_cast<int64_t>(items.size());
+  const ValueList& list = *items_ptr;
+  const int64_t n = static_cast<int64_t>(list.size());
   for (int64_t i = 0; i < n; ++i) {
     PD_RETURN_IF_ERROR(Tick());
     frames_.emplace_back();
@@ -288,11 +307,11 @@ Status Evaluator::ExecFor(const Stmt& stmt, std::string* out) {
         {"first", Value::Bool(i == 0)},
         {"last", Value::Bool(i == n - 1)},
         {"length", Value::Int(n)},
-        {"previtem", i > 0 ? items[i - 1] : Value::Undefined("previtem")},
-        {"nextitem", i + 1 < n ? items[i + 1] : Value::Undefined("nextitem")},
+        {"previtem", i > 0 ? list[i - 1] : Value::Undefined("previtem")},
+        {"nextitem", i + 1 < n ? list[i + 1] : Value::Undefined("nextitem")},
     };
-    frame.vars["loop"] = Value::Dict(std::move(loop));
-    Status s = BindTargets(stmt, items[i], &frame);
+    frame.Set("loop", Value::Dict(std::move(loop)));
+    Status s = BindTargets(stmt, list[i], &frame);
     Flow flow = Flow::kNormal;
     if (s.ok()) s = Exec(stmt.body, out, &flow);
     frames_.pop_back();
@@ -318,7 +337,7 @@ Status Evaluator::ExecSet(const Stmt& stmt, std::string* out) {
     PD_ASSIGN_OR_RETURN(value, Eval(*stmt.expr));
   }
   if (stmt.targets.size() == 1) {
-    frames_.back().vars[stmt.targets[0]] = std::move(value);
+    frames_.back().Set(stmt.targets[0], std::move(value));
     return Status::Ok();
   }
   Value ns = Lookup(stmt.targets[0]);
@@ -496,7 +515,7 @@ Result<Value> Evaluator::CallMacro(const Callable& macro, const CallArgs& args) 
       }
       v = std::move(d).value();
     }
-    frames_.back().vars[name] = std::move(v);
+    frames_.back().Set(name, std::move(v));
   }
   std::string out;
   Flow flow = Flow::kNormal;

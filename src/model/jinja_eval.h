@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -50,9 +50,13 @@ class Evaluator {
 
  private:
   enum class Flow : uint8_t { kNormal, kBreak, kContinue };
+  // A scope. Few names live in one, so a vector beats a hash map (loops create one per
+  // iteration).
   struct Frame {
-    std::unordered_map<std::string, Value> vars;
+    std::vector<std::pair<std::string, Value>> vars;
     bool barrier = false;  // a macro's frame: lookups skip to the root frame below it
+    const Value* Find(const std::string& name) const;
+    void Set(const std::string& name, Value value);
   };
 
   Status Exec(const StmtList& body, std::string* out, Flow* flow);

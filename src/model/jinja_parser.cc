@@ -404,20 +404,26 @@ class Parser {
     return ParseBinaryLevel({"**"}, [this] { return ParseUnary(); });
   }
 
-  Result<ExprPtr> ParseUnary() {
+  // As Jinja: a sign applies to the operand before filters, so `-3|abs` is abs(-3).
+  Result<ExprPtr> ParseUnary(bool with_filters = true) {
     DepthGuard guard(&depth_);
     if (guard.too_deep()) return ErrorAt(Peek(), "expression nested too deeply");
+    ExprPtr node;
     if (IsOp("-") || IsOp("+")) {
       const Token& at = Next();
-      PD_ASSIGN_OR_RETURN(ExprPtr operand, ParseUnary());
-      if (at.text == "+") return operand;
-      auto e = MakeExpr(Expr::Kind::kNeg, at);
-      e->args.push_back(std::move(operand));
-      return e;
+      PD_ASSIGN_OR_RETURN(ExprPtr operand, ParseUnary(false));
+      if (at.text == "+") {
+        node = std::move(operand);
+      } else {
+        node = MakeExpr(Expr::Kind::kNeg, at);
+        node->args.push_back(std::move(operand));
+      }
+    } else {
+      PD_ASSIGN_OR_RETURN(node, ParsePrimary());
     }
-    PD_ASSIGN_OR_RETURN(ExprPtr primary, ParsePrimary());
-    PD_ASSIGN_OR_RETURN(primary, ParsePostfix(std::move(primary)));
-    return ParseFiltersAndTests(std::move(primary));
+    PD_ASSIGN_OR_RETURN(node, ParsePostfix(std::move(node)));
+    if (!with_filters) return node;
+    return ParseFiltersAndTests(std::move(node));
   }
 
   Result<ExprPtr> ParsePrimary() {
