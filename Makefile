@@ -6,7 +6,7 @@ TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 FORMAT_FILES = $(shell git ls-files '*.h' '*.cc' '*.cpp' 2>/dev/null)
-DEFAULT_MODEL ?= $(BUILD)/models/tiny
+UP_FLAGS ?=
 
 .PHONY: deps build release test test-asan test-tsan format format-check up clean
 
@@ -39,9 +39,10 @@ test-tsan: deps
 	cmake --build $(TSAN_BUILD) -j $(JOBS)
 	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -L threaded --timeout 1200
 
+# Router + nodes on this machine with the embedded tiny model (or UP_FLAGS="--model DIR ...");
+# Ctrl-C stops everything.
 up: build
-	@test -d $(DEFAULT_MODEL) || $(BUILD)/src/cli/pdserve make-model --preset tiny --out $(DEFAULT_MODEL)
-	$(BUILD)/src/cli/pdserve generate --model $(DEFAULT_MODEL) --prompt "Once upon a time" --max-tokens 32
+	$(BUILD)/src/cli/pdserve up $(UP_FLAGS)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

@@ -10,6 +10,8 @@ namespace pdserve::cli {
 void AddGenerateCommand(CLI::App& app, int* exit_code);
 void AddTokenizeCommand(CLI::App& app, int* exit_code);
 void AddMakeModelCommand(CLI::App& app, int* exit_code);
+void AddRouterCommand(CLI::App& app, int* exit_code);
+void AddUpCommand(CLI::App& app, int* exit_code);
 void AddServeCommand(CLI::App& app, int* exit_code);
 // `pdserve bench ...` has sub-subcommands; `bench` is the group they attach to.
 void AddBenchEngineCommand(CLI::App& bench, int* exit_code);

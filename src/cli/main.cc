@@ -17,6 +17,8 @@ int main(int argc, char** argv) {
   pdserve::cli::AddBenchEngineCommand(*bench, &exit_code);
   pdserve::cli::AddTokenizeCommand(app, &exit_code);
   pdserve::cli::AddMakeModelCommand(app, &exit_code);
+  pdserve::cli::AddRouterCommand(app, &exit_code);
+  pdserve::cli::AddUpCommand(app, &exit_code);
   pdserve::cli::AddServeCommand(app, &exit_code);
   try {
     app.parse(argc, argv);

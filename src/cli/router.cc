@@ -1,0 +1,77 @@
+// `pdserve router`: the OpenAI-compatible front that spreads requests over nodes
+// (server/router.h). Runs until SIGINT/SIGTERM.
+#include <csignal>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/model_flags.h"
+#include "cli/router_process.h"
+#include "common/logging.h"
+#include "server/router.h"
+
+namespace pdserve::cli {
+namespace {
+
+struct RouterFlags {
+  std::string listen = "127.0.0.1:8000";
+  std::vector<std::string> nodes;
+  std::string api_key;
+  int max_body_mb = 8;
+  int http_threads = 256;
+  int max_attempts = 3;
+  int health_interval_ms = 1000;
+  int failures_to_down = 3;
+};
+
+int RunRouter(const RouterFlags& f) {
+  server::RouterOptions options;
+  PD_ASSIGN_OR_RETURN_CLI(HostPort listen, ParseHostPort(f.listen));
+  options.host = listen.host;
+  options.port = listen.port;
+  options.nodes = f.nodes;
+  options.api_key = f.api_key;
+  options.max_body_bytes = static_cast<size_t>(f.max_body_mb) << 20;
+  options.http_threads = f.http_threads;
+  options.max_attempts = f.max_attempts;
+  options.health_interval = std::chrono::milliseconds(f.health_interval_ms);
+  options.pool.failures_to_down = f.failures_to_down;
+  // Signals are blocked before any thread starts, so only the sigwait below receives them.
+  TerminationSignals signals;
+  PD_ASSIGN_OR_RETURN_CLI(auto router, server::Router::Create(options));
+  if (Status s = router->Start(); !s.ok()) return Fail(s.ToString());
+  const int signal = signals.Wait();
+  PD_LOG_INFO("router: signal {} received, stopping", signal);
+  router->Stop();
+  return 0;
+}
+
+}  // namespace
+
+void AddRouterCommand(CLI::App& app, int* exit_code) {
+  auto flags = std::make_shared<RouterFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "router", "OpenAI-compatible front: spreads requests over nodes, relays streams");
+  cmd->add_option("--listen", flags->listen, "HOST:PORT to serve on")->capture_default_str();
+  cmd->add_option("--node", flags->nodes, "Node URL (http://host:port); repeat for several");
+  cmd->add_option("--api-key", flags->api_key, "Require Authorization: Bearer KEY");
+  cmd->add_option("--max-body-mb", flags->max_body_mb, "Largest request body")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd->add_option("--http-threads", flags->http_threads, "HTTP threads (caps open streams)")
+      ->check(CLI::Range(2, 4096))
+      ->capture_default_str();
+  cmd->add_option("--max-attempts", flags->max_attempts, "Nodes tried per request")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  cmd->add_option("--health-interval-ms", flags->health_interval_ms, "Health check period")
+      ->check(CLI::Range(50, 60000))
+      ->capture_default_str();
+  cmd->add_option("--failures-to-down", flags->failures_to_down,
+                  "Failed health checks before a node gets no traffic")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  cmd->callback([flags, exit_code] { *exit_code = RunRouter(*flags); });
+}
+
+}  // namespace pdserve::cli
