@@ -112,26 +112,25 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& model_dir)
 }
 
 Status Tokenizer::ApplyConfigs(const std::filesystem::path& dir) {
-  std::optional<int32_t>& bos = bos_id_;
-  std::vector<int32_t>& eos = eos_ids_;
   const std::filesystem::path config_path = dir / "tokenizer_config.json";
   PD_ASSIGN_OR_RETURN(json config, ReadOptionalObject(config_path));
   const std::string where = config_path.string();
   const int32_t vocab = vocab_size();
   if (config.is_object()) {
     if (auto text = TokenText(config.value("bos_token", json()))) {
-      if (auto id = TokenToId(*text)) bos = *id;
+      if (auto id = TokenToId(*text)) bos_id_ = *id;
     }
     if (auto text = TokenText(config.value("eos_token", json()))) {
-      if (auto id = TokenToId(*text)) eos = {*id};
+      if (auto id = TokenToId(*text)) eos_ids_ = {*id};
     }
     if (config.contains("bos_token_id") && !config["bos_token_id"].is_null()) {
       PD_ASSIGN_OR_RETURN(auto ids,
                           IdList(config["bos_token_id"], where + ": bos_token_id", vocab));
-      if (ids.size() == 1) bos = ids[0];
+      if (ids.size() == 1) bos_id_ = ids[0];
     }
     if (config.contains("eos_token_id") && !config["eos_token_id"].is_null()) {
-      PD_ASSIGN_OR_RETURN(eos, IdList(config["eos_token_id"], where + ": eos_token_id", vocab));
+      PD_ASSIGN_OR_RETURN(eos_ids_,
+                          IdList(config["eos_token_id"], where + ": eos_token_id", vocab));
     }
     if (config.contains("add_bos_token") && config["add_bos_token"].is_boolean()) {
       add_bos_ = config["add_bos_token"].get<bool>();
@@ -148,13 +147,14 @@ Status Tokenizer::ApplyConfigs(const std::filesystem::path& dir) {
     PD_ASSIGN_OR_RETURN(auto ids,
                         IdList(gen["eos_token_id"], gen_path.string() + ": eos_token_id", vocab));
     for (int32_t id : ids) {
-      if (std::find(eos.begin(), eos.end(), id) == eos.end()) eos.push_back(id);
+      if (std::find(eos_ids_.begin(), eos_ids_.end(), id) == eos_ids_.end()) eos_ids_.push_back(id);
     }
   }
-  if (!bos && gen.is_object() && gen.contains("bos_token_id") && gen["bos_token_id"].is_number()) {
+  if (!bos_id_ && gen.is_object() && gen.contains("bos_token_id") &&
+      gen["bos_token_id"].is_number()) {
     PD_ASSIGN_OR_RETURN(auto ids,
                         IdList(gen["bos_token_id"], gen_path.string() + ": bos_token_id", vocab));
-    bos = ids[0];
+    bos_id_ = ids[0];
   }
   if (!bos_id_) add_bos_ = false;
   if (eos_ids_.empty()) add_eos_ = false;

@@ -1,5 +1,15 @@
 // Tokenizer: text <-> token ids for a model directory. Two implementations:
-// SentencePiece (tokenizer.model) and byte-level BPE (Hugging Face tokenizer.json).
+// - Byte-level BPE from a Hugging Face tokenizer.json (GPT-2, Llama-3, Qwen2 families): BPE
+//   vocab + merges ("a b" or ["a", "b"]), ignore_merges; normalizer none, NFC or a Sequence
+//   of NFC (full NFC from Unicode 14 tables); pre_tokenizer Split (Regex or String,
+//   Isolated), ByteLevel (GPT-2 pattern when use_regex, add_prefix_space), Digits, nested in
+//   Sequences, regexes run by PCRE2 with UTF+UCP; added tokens (special or not, lstrip/rstrip)
+//   matched in the raw text, longest first; BOS/EOS from a TemplateProcessing post-processor.
+//   Anything else (other models, normalizers, pre-tokenizers, byte_fallback BPE) is refused
+//   with kUnimplemented, and Load then uses tokenizer.model if there is one.
+// - SentencePiece (tokenizer.model) through libsentencepiece.
+// Invalid UTF-8 in the text: BPE encodes the bytes themselves (exact round trip);
+// SentencePiece sees U+FFFD instead.
 // Immutable after Load: Encode/Decode are safe from any thread concurrently.
 #pragma once
 
@@ -21,7 +31,8 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
 
   // Loads DIR/tokenizer.json if present, else DIR/tokenizer.model, plus
-  // DIR/tokenizer_config.json (bos/eos, add_bos_token, chat_template) where present.
+  // DIR/tokenizer_config.json (bos/eos, add_bos_token, chat_template) and the eos ids of
+  // DIR/generation_config.json where present.
   // Errors name the file and what is wrong; never crashes on a malformed file.
   static Result<std::unique_ptr<Tokenizer>> Load(const std::string& model_dir);
 
