@@ -1,5 +1,6 @@
 #include "fabric/transfer_engine.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <mutex>
