@@ -3,6 +3,7 @@
 #include <chrono>
 #include <utility>
 
+#include "common/check.h"
 #include "model/jinja_ast.h"
 #include "model/jinja_eval.h"
 #include "model/jinja_parser.h"
@@ -27,6 +28,24 @@ Result<ChatTemplate> ChatTemplate::Parse(std::string source) {
   if (!program.ok()) {
     return Status::InvalidArgument("chat template " + program.status().message());
   }
+  return ChatTemplate(std::move(program).value());
+}
+
+const char ChatTemplate::kFallbackSource[] =
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ message.role }}: "
+    "{% if message.content is string %}{{ message.content }}"
+    "{% else %}{{ message.content | selectattr('type', 'equalto', 'text') | map(attribute='text')"
+    " | join('') }}{% endif %}"
+    // trim_blocks would eat a newline written right after a tag.
+    "{{ '\\n\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}";
+
+ChatTemplate ChatTemplate::Fallback() {
+  auto program = jinja::ParseProgram(kFallbackSource);
+  PD_CHECK(program.ok());  // a constant; a failure is a bug in this file
   return ChatTemplate(std::move(program).value());
 }
 

@@ -50,6 +50,12 @@ class ChatTemplate {
   Result<std::string> Render(const nlohmann::json& messages,
                              const ChatRenderOptions& options) const;
 
+  // For a model without a `chat_template`: bos_token, then every message as
+  // "<role>: <content>\n\n" (content parts of type text are concatenated), then "assistant:"
+  // when add_generation_prompt. Plain text, so any tokenizer can encode it; no special tokens.
+  static ChatTemplate Fallback();
+  static const char kFallbackSource[];
+
   const std::string& source() const;
 
  private:

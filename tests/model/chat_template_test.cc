@@ -50,6 +50,20 @@ TEST(ChatTemplateTest, ChatMlConversation) {
   EXPECT_EQ(RenderOk(source, messages, no_prompt), "<|im_start|>user\nHi<|im_end|>\n");
 }
 
+TEST(ChatTemplateTest, FallbackIsPlainText) {
+  nlohmann::json messages = {{{"role", "system"}, {"content", "Be brief."}},
+                             {{"role", "user"},
+                              {"content",
+                               {{{"type", "text"}, {"text", "Hi "}},
+                                {{"type", "image_url"}},
+                                {{"type", "text"}, {"text", "there"}}}}}};
+  ChatRenderOptions options;
+  options.bos_token = "<s>";
+  auto out = ChatTemplate::Fallback().Render(messages, options);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(*out, "<s>system: Be brief.\n\nuser: Hi there\n\nassistant:");
+}
+
 TEST(ChatTemplateTest, SyntaxErrorNamesLineAndColumn) {
   auto tmpl = ChatTemplate::Parse("hello\n{% if x %}\n{{ 1 + }}\n{% endif %}");
   ASSERT_FALSE(tmpl.ok());
