@@ -168,6 +168,35 @@ TEST(ChatTemplateLlama3Test, StrftimeNowFollowsTheClock) {
   EXPECT_NE(out.find("Today Date: 01 Jan 1970\n"), std::string::npos) << out;
 }
 
+TEST(ChatTemplateLlama3Test, Llama31BuiltinToolsUsePythonTagAndEom) {
+  ChatTemplate tmpl = LoadFixture("llama3_1.jinja");
+  ChatRenderOptions o = LlamaOptions();
+  o.now_unix_seconds = 0;  // Llama 3.1 does not read the clock: its default date is fixed
+  o.extra = {{"builtin_tools", {"brave_search", "code_interpreter", "wolfram_alpha"}}};
+  json messages = json::array(
+      {{{"role", "system"}, {"content", "S"}},
+       {{"role", "user"}, {"content", "Search X"}},
+       {{"role", "assistant"},
+        {"tool_calls",
+         json::array(
+             {{{"function", {{"name", "brave_search"}, {"arguments", {{"query", "X"}}}}}}})}},
+       {{"role", "ipython"}, {"content", "result"}}});
+  EXPECT_EQ(Render(tmpl, messages, o),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+            "Environment: ipython\nTools: brave_search, wolfram_alpha\n\n"
+            "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\nS<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nSearch X<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n"
+            "<|python_tag|>brave_search.call(query=\"X\")<|eom_id|>"
+            "<|start_header_id|>ipython<|end_header_id|>\n\n\"result\"<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  // Without built-in tools it renders like Llama 3.2 with the fixed date.
+  ChatRenderOptions plain = LlamaOptions();
+  plain.now_unix_seconds = 0;
+  EXPECT_EQ(Render(tmpl, Conversation(), plain),
+            Render(LoadFixture("llama3_2.jinja"), Conversation(), LlamaOptions()));
+}
+
 TEST(ChatTemplateQwen25Test, SystemUserAssistantUser) {
   ChatTemplate tmpl = LoadFixture("qwen2_5.jinja");
   EXPECT_EQ(Render(tmpl, Conversation(), {}),

@@ -17,7 +17,7 @@ namespace {
 
 using nlohmann::json;
 
-const char* const kFixtures[] = {"llama3_2.jinja", "qwen2_5.jinja", "qwen3.jinja",
+const char* const kFixtures[] = {"llama3_1.jinja", "llama3_2.jinja", "qwen2_5.jinja", "qwen3.jinja",
                                  "mistral_v0_3.jinja"};
 
 std::string ReadFixture(const std::string& name) {
