@@ -246,6 +246,7 @@ void Router::HandleForward(const httplib::Request& req, httplib::Response& res) 
   if (outcome.attempts == 0 || (failed && res.status == 502 && pool_.HealthyCount() == 0)) {
     ++no_healthy_node_;
     SetUnavailable(res, "no healthy node to serve the request", "no_healthy_node");
+    failed = true;
   }
   outcome.status = res.status;
   outcome.bytes = res.body.size();
