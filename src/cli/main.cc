@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   // Each command file adds its registration call here (see commands.h).
   pdserve::cli::AddBenchEngineCommand(*bench, &exit_code);
+  pdserve::cli::AddBenchFabricCommand(*bench, &exit_code);
   pdserve::cli::AddTokenizeCommand(app, &exit_code);
   pdserve::cli::AddMakeModelCommand(app, &exit_code);
   pdserve::cli::AddRouterCommand(app, &exit_code);
