@@ -57,6 +57,7 @@ struct Expr {
   };
   Kind kind = Kind::kLiteral;
   int line = 0, col = 0;
+  int depth = 1;  // height of the subtree, bounded by the parser
   Value literal;
   std::string name;
   bool negated = false;

@@ -148,6 +148,14 @@ Status Evaluator::Tick(int64_t steps) {
   return Status::Ok();
 }
 
+Status Evaluator::CheckDepth(const Value& value) const {
+  if (value.depth() > limits_.max_value_depth) {
+    return Status::InvalidArgument("lists/dicts nested deeper than " +
+                                   std::to_string(limits_.max_value_depth));
+  }
+  return Status::Ok();
+}
+
 Status Evaluator::CheckSize(size_t bytes) const {
   if (bytes > limits_.max_output_bytes) {
     return Status::InvalidArgument("template output exceeds " +
@@ -585,7 +593,9 @@ Result<Value> Evaluator::Eval(const Expr& e) {
     case Expr::Kind::kList:
     case Expr::Kind::kTuple: {
       PD_ASSIGN_OR_RETURN(CallArgs items, EvalArgs(e, 0));
-      return Value::List(std::move(items.positional));
+      Value list = Value::List(std::move(items.positional));
+      PD_RETURN_IF_ERROR(CheckDepth(list));
+      return list;
     }
     case Expr::Kind::kDict: {
       ValueDict dict;
@@ -602,7 +612,9 @@ Result<Value> Evaluator::Eval(const Expr& e) {
         }
         if (!replaced) dict.emplace_back(key.as_string(), std::move(value));
       }
-      return Value::Dict(std::move(dict));
+      Value value = Value::Dict(std::move(dict));
+      PD_RETURN_IF_ERROR(CheckDepth(value));
+      return value;
     }
   }
   return Value::Undefined();

@@ -21,6 +21,7 @@ struct RenderLimits {
   size_t max_output_bytes = size_t{8} << 20;  // also bounds every string a template builds
   int64_t max_steps = 1'000'000;              // loop iterations + macro calls + filter items
   int max_call_depth = 64;                    // nested macro calls
+  uint32_t max_value_depth = 256;             // nesting of lists and dicts a template builds
 };
 
 // Arguments of a call, filter or test (the filtered/tested value itself excluded).
@@ -43,6 +44,7 @@ class Evaluator {
   // For the built-in filters, tests and functions.
   Status Tick(int64_t steps = 1);
   Status CheckSize(size_t bytes) const;
+  Status CheckDepth(const Value& value) const;
   int64_t now_unix_seconds() const { return now_unix_seconds_; }
   Result<Value> Call(const Value& callee, const CallArgs& args);
   Result<Value> GetAttr(const Value& object, const std::string& name);

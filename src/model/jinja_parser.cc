@@ -1,5 +1,6 @@
 #include "model/jinja_parser.h"
 
+#include <algorithm>
 #include <initializer_list>
 #include <string_view>
 #include <utility>
@@ -293,7 +294,7 @@ class Parser {
       PD_ASSIGN_OR_RETURN(ExprPtr item, ParseExpression(true));
       tuple->args.push_back(std::move(item));
     }
-    return tuple;
+    return Sealed(std::move(tuple));
   }
 
   Result<ExprPtr> ParseExpression(bool allow_conditional) {
@@ -311,14 +312,31 @@ class Parser {
       PD_ASSIGN_OR_RETURN(otherwise, ParseExpression(true));
     }
     cond->args.push_back(std::move(otherwise));
-    return cond;
+    return Sealed(std::move(cond));
   }
 
-  ExprPtr Binary(Expr::Kind kind, const Token& at, std::string op, ExprPtr a, ExprPtr b) {
+  Result<ExprPtr> Binary(Expr::Kind kind, const Token& at, std::string op, ExprPtr a, ExprPtr b) {
     auto e = MakeExpr(kind, at);
     e->name = std::move(op);
     e->args.push_back(std::move(a));
     e->args.push_back(std::move(b));
+    return Sealed(std::move(e));
+  }
+
+  // Records the depth of a node whose children are complete. Iteratively built chains
+  // ("a + a + ...", "x.y.y.y...") would otherwise make trees deep enough to overflow the stack
+  // when evaluated or destroyed.
+  Result<ExprPtr> Sealed(ExprPtr e) {
+    int depth = 0;
+    for (const ExprPtr& arg : e->args) {
+      if (arg) depth = std::max(depth, arg->depth);
+    }
+    for (const auto& [name, value] : e->kwargs) depth = std::max(depth, value->depth);
+    e->depth = depth + 1;
+    if (e->depth > kMaxExprDepth) {
+      return Status::InvalidArgument("line " + std::to_string(e->line) + " col " +
+                                     std::to_string(e->col) + ": expression nested too deeply");
+    }
     return e;
   }
 
@@ -327,7 +345,8 @@ class Parser {
     while (IsName("or")) {
       const Token& at = Next();
       PD_ASSIGN_OR_RETURN(ExprPtr right, ParseAnd());
-      left = Binary(Expr::Kind::kOr, at, "or", std::move(left), std::move(right));
+      PD_ASSIGN_OR_RETURN(left,
+                          Binary(Expr::Kind::kOr, at, "or", std::move(left), std::move(right)));
     }
     return left;
   }
@@ -337,7 +356,8 @@ class Parser {
     while (IsName("and")) {
       const Token& at = Next();
       PD_ASSIGN_OR_RETURN(ExprPtr right, ParseNot());
-      left = Binary(Expr::Kind::kAnd, at, "and", std::move(left), std::move(right));
+      PD_ASSIGN_OR_RETURN(left,
+                          Binary(Expr::Kind::kAnd, at, "and", std::move(left), std::move(right)));
     }
     return left;
   }
@@ -350,7 +370,7 @@ class Parser {
     auto e = MakeExpr(Expr::Kind::kNot, at);
     PD_ASSIGN_OR_RETURN(ExprPtr operand, ParseNot());
     e->args.push_back(std::move(operand));
-    return e;
+    return Sealed(std::move(e));
   }
 
   Result<ExprPtr> ParseCompare() {
@@ -372,7 +392,8 @@ class Parser {
         return left;
       }
       PD_ASSIGN_OR_RETURN(ExprPtr right, ParseMath1());
-      left = Binary(Expr::Kind::kBinary, at, op, std::move(left), std::move(right));
+      PD_ASSIGN_OR_RETURN(left,
+                          Binary(Expr::Kind::kBinary, at, op, std::move(left), std::move(right)));
     }
   }
 
@@ -387,7 +408,8 @@ class Parser {
       if (!match) return left;
       std::string op = Next().text;
       PD_ASSIGN_OR_RETURN(ExprPtr right, next());
-      left = Binary(Expr::Kind::kBinary, at, op, std::move(left), std::move(right));
+      PD_ASSIGN_OR_RETURN(left,
+                          Binary(Expr::Kind::kBinary, at, op, std::move(left), std::move(right)));
     }
   }
 
@@ -417,6 +439,7 @@ class Parser {
       } else {
         node = MakeExpr(Expr::Kind::kNeg, at);
         node->args.push_back(std::move(operand));
+        PD_ASSIGN_OR_RETURN(node, Sealed(std::move(node)));
       }
     } else {
       PD_ASSIGN_OR_RETURN(node, ParsePrimary());
@@ -485,7 +508,7 @@ class Parser {
       tuple->args.push_back(std::move(item));
     }
     PD_RETURN_IF_ERROR(ExpectOp(")"));
-    return tuple;
+    return Sealed(std::move(tuple));
   }
 
   Result<ExprPtr> ParseList() {
@@ -499,7 +522,7 @@ class Parser {
         break;
       }
     }
-    return list;
+    return Sealed(std::move(list));
   }
 
   Result<ExprPtr> ParseDict() {
@@ -516,7 +539,7 @@ class Parser {
         break;
       }
     }
-    return dict;
+    return Sealed(std::move(dict));
   }
 
   Result<ExprPtr> ParsePostfix(ExprPtr value) {
@@ -534,14 +557,14 @@ class Parser {
           PD_ASSIGN_OR_RETURN(e->name, ExpectName());
           e->args.push_back(std::move(value));
         }
-        value = std::move(e);
+        PD_ASSIGN_OR_RETURN(value, Sealed(std::move(e)));
       } else if (IsOp("[")) {
         PD_ASSIGN_OR_RETURN(value, ParseSubscript(std::move(value)));
       } else if (IsOp("(")) {
         auto call = MakeExpr(Expr::Kind::kCall, at);
         call->args.push_back(std::move(value));
         PD_RETURN_IF_ERROR(ParseArgs(call.get()));
-        value = std::move(call);
+        PD_ASSIGN_OR_RETURN(value, Sealed(std::move(call)));
       } else {
         return value;
       }
@@ -559,7 +582,7 @@ class Parser {
       auto e = MakeExpr(Expr::Kind::kItem, at);
       e->args.push_back(std::move(value));
       e->args.push_back(std::move(start));
-      return e;
+      return Sealed(std::move(e));
     }
     PD_RETURN_IF_ERROR(ExpectOp(":"));
     if (!IsOp(":") && !IsOp("]")) {
@@ -574,7 +597,7 @@ class Parser {
     e->args.push_back(std::move(start));
     e->args.push_back(std::move(stop));
     e->args.push_back(std::move(step));
-    return e;
+    return Sealed(std::move(e));
   }
 
   // `(a, b, key=value)` appended to e->args / e->kwargs.
@@ -604,7 +627,7 @@ class Parser {
         PD_ASSIGN_OR_RETURN(f->name, ExpectName());
         f->args.push_back(std::move(value));
         if (IsOp("(")) PD_RETURN_IF_ERROR(ParseArgs(f.get()));
-        value = std::move(f);
+        PD_ASSIGN_OR_RETURN(value, Sealed(std::move(f)));
       } else if (AcceptName("is")) {
         auto t = MakeExpr(Expr::Kind::kTest, at);
         t->negated = AcceptName("not");
@@ -616,7 +639,7 @@ class Parser {
           PD_ASSIGN_OR_RETURN(ExprPtr arg, ParsePrimary());
           t->args.push_back(std::move(arg));
         }
-        value = std::move(t);
+        PD_ASSIGN_OR_RETURN(value, Sealed(std::move(t)));
       } else {
         return value;
       }

@@ -18,6 +18,8 @@ namespace pdserve::jinja {
 
 // Deepest nesting of expressions or blocks the parser accepts.
 inline constexpr int kMaxParseDepth = 128;
+// Deepest expression tree (chains of operators, attributes, filters count too).
+inline constexpr int kMaxExprDepth = 256;
 
 // Errors: InvalidArgument "line L col C: ...".
 Result<std::shared_ptr<const Program>> ParseProgram(std::string source);

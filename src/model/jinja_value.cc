@@ -1,5 +1,6 @@
 #include "model/jinja_value.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -8,12 +9,14 @@ namespace pdserve::jinja {
 
 Value Value::List(ValueList items) {
   Value v(Kind::kList);
+  for (const Value& item : items) v.depth_ = std::max(v.depth_, item.depth_ + 1);
   v.list_ = std::make_shared<const ValueList>(std::move(items));
   return v;
 }
 
 Value Value::Dict(ValueDict items) {
   Value v(Kind::kDict);
+  for (const auto& [key, item] : items) v.depth_ = std::max(v.depth_, item.depth_ + 1);
   v.dict_ = std::make_shared<ValueDict>(std::move(items));
   return v;
 }
@@ -305,8 +308,10 @@ Status Value::AppendJson(std::string* out, int indent, int level) const {
       newline(level);
       *out += ']';
       return Status::Ok();
-    case Kind::kDict:
     case Kind::kNamespace:
+      // Like Python: a namespace is not JSON serializable (and may contain itself).
+      return Status::InvalidArgument("tojson: a namespace is not JSON serializable");
+    case Kind::kDict:
       if (dict_->empty()) {
         *out += "{}";
         return Status::Ok();

@@ -105,6 +105,9 @@ class Value {
   const ValueDict& dict() const { return *dict_; }
   ValueDict& mutable_namespace() const { return *dict_; }
   const Callable& callable() const { return *callable_; }
+  // Nesting depth of lists and dicts (0 for scalars and namespaces, whose contents printing and
+  // tojson do not recurse into); bounded by the evaluator so recursion stays shallow.
+  uint32_t depth() const { return depth_; }
 
   // Dict/namespace member or nullptr.
   const Value* Find(std::string_view key) const;
@@ -131,6 +134,7 @@ class Value {
   Status AppendJson(std::string* out, int indent, int level) const;
 
   Kind kind_ = Kind::kUndefined;
+  uint32_t depth_ = 0;
   int64_t int_ = 0;
   double float_ = 0;
   std::string str_;

@@ -300,6 +300,24 @@ TEST(ChatTemplateTest, RunawayTemplatesHitLimits) {
   std::string nots;
   for (int i = 0; i < 100000; ++i) nots += "not ";
   EXPECT_ERROR_HAS(ChatTemplate::Parse("{{ " + nots + "x }}").status(), "nested too deeply");
+  std::string chain = "{{ 1";
+  for (int i = 0; i < 100000; ++i) chain += " + 1";
+  EXPECT_ERROR_HAS(ChatTemplate::Parse(chain + " }}").status(), "nested too deeply");
+  std::string attrs = "{{ x", filters = "{{ x";
+  for (int i = 0; i < 100000; ++i) {
+    attrs += ".y";
+    filters += " | trim";
+  }
+  EXPECT_ERROR_HAS(ChatTemplate::Parse(attrs + " }}").status(), "nested too deeply");
+  EXPECT_ERROR_HAS(ChatTemplate::Parse(filters + " }}").status(), "nested too deeply");
+  // Values a template nests at run time are bounded too; a namespace holding itself is fine.
+  EXPECT_ERROR_HAS(RenderError("{% set ns = namespace(x=[]) %}{% for i in range(100000) %}"
+                               "{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}"),
+                   "nested deeper");
+  EXPECT_EQ(RenderOk("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns.me.me }}"),
+            "<Namespace>");
+  EXPECT_ERROR_HAS(RenderError("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns | tojson }}"),
+                   "not JSON serializable");
   std::string ifs;
   for (int i = 0; i < 10000; ++i) ifs += "{% if x %}";
   EXPECT_ERROR_HAS(ChatTemplate::Parse(ifs).status(), "nested too deeply");
