@@ -8,7 +8,7 @@ GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 FORMAT_FILES = $(shell git ls-files '*.h' '*.cc' '*.cpp' 2>/dev/null)
 UP_FLAGS ?=
 
-.PHONY: deps build release test test-asan test-tsan format format-check up clean
+.PHONY: deps build release test test-asan test-tsan format format-check fuzz up clean
 
 deps:
 	@scripts/install-deps.sh
@@ -25,7 +25,7 @@ format:
 format-check:
 	@clang-format --dry-run --Werror $(FORMAT_FILES) && echo "format-check: clean"
 
-test: build format-check
+test: build format-check fuzz
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
 
 test-asan: deps
@@ -38,6 +38,22 @@ test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPDSERVE_SANITIZE=thread
 	cmake --build $(TSAN_BUILD) -j $(JOBS)
 	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -L threaded --timeout 1200
+
+# libFuzzer over request parsing (g++ has no libFuzzer: clang++ builds just the parser, its
+# error type, SamplingParams and Status), run for FUZZ_SECONDS over the committed seed corpus.
+FUZZ_SECONDS ?= 20
+FUZZ_BIN := $(BUILD)/fuzz/fuzz_request_parser
+FUZZ_SOURCES := tests/server/fuzz_request_parser.cc src/server/openai_request.cc \
+  src/server/api_error.cc src/engine/sampling_params.cc src/common/status.cc
+fuzz: $(FUZZ_BIN)
+	@mkdir -p $(BUILD)/fuzz/corpus
+	$(FUZZ_BIN) -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -timeout=5 -rss_limit_mb=2048 \
+	  -print_final_stats=1 $(BUILD)/fuzz/corpus tests/server/fuzz_corpus
+
+$(FUZZ_BIN): $(FUZZ_SOURCES) $(wildcard src/server/*.h src/engine/sampling_params.h src/common/*.h)
+	@mkdir -p $(dir $@)
+	clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	  -Isrc $(FUZZ_SOURCES) -lfmt -o $@
 
 # Router + nodes on this machine with the embedded tiny model (or UP_FLAGS="--model DIR ...");
 # Ctrl-C stops everything.

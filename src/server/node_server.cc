@@ -1,6 +1,9 @@
 #include "server/node_server.h"
 
+#include <dirent.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <chrono>
@@ -66,6 +69,34 @@ ApiError ErrorForHttpStatus(int status) {
       if (status >= 500) return ApiError{status, "internal_error", "internal_error", "error", ""};
       return ApiError{status, "invalid_request_error", "bad_request", "bad request", ""};
   }
+}
+
+// cpp-httplib (Debian's 0.11 build) listens with a backlog of 5, so a burst of clients (64
+// streams opened at once, a router's retries) overflows the accept queue and some see their
+// connection reset. Linux lets listen() on a listening socket change its backlog; httplib does
+// not expose its socket, so find it: the listening TCP socket bound to `port`.
+void RaiseListenBacklog(int port, int backlog) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return;
+  while (dirent* e = readdir(dir)) {
+    const int fd = std::atoi(e->d_name);
+    if (fd <= 2 || fd == dirfd(dir)) continue;
+    int listening = 0;
+    socklen_t len = sizeof(listening);
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
+    sockaddr_storage addr{};
+    socklen_t alen = sizeof(addr);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) continue;
+    int bound = -1;
+    if (addr.ss_family == AF_INET) bound = ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+    if (addr.ss_family == AF_INET6) {
+      bound = ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+    }
+    if (bound == port && ::listen(fd, backlog) == 0) {
+      PD_LOG_DEBUG("listen backlog of port {} raised to {}", port, backlog);
+    }
+  }
+  closedir(dir);
 }
 
 }  // namespace
@@ -560,6 +591,7 @@ Status NodeServer::Bind() {
     }
     bound_port_ = o.port;
   }
+  RaiseListenBacklog(bound_port_, 1024);
   return Status::Ok();
 }
 

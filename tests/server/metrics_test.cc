@@ -1,0 +1,49 @@
+// Unit tests of the Prometheus exposition (server/metrics.h).
+#include "server/metrics.h"
+
+#include <gtest/gtest.h>
+
+namespace pdserve::server {
+namespace {
+
+TEST(MetricsTest, HistogramIsCumulative) {
+  Histogram h({0.1, 1.0});
+  h.Observe(0.05);
+  h.Observe(0.5);
+  h.Observe(5.0);
+  std::string out;
+  h.Render("x", "help", &out);
+  EXPECT_NE(out.find("x_bucket{le=\"0.1\"} 1\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("x_bucket{le=\"1\"} 2\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("x_bucket{le=\"+Inf\"} 3\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("x_count 3\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("# TYPE x histogram\n"), std::string::npos) << out;
+}
+
+TEST(MetricsTest, RenderHasGaugesCountersAndHistograms) {
+  ServerMetrics m;
+  m.ObserveTimeToFirstToken(0.2);
+  m.AddPromptTokens(5);
+  m.AddGenerationTokens(7);
+  m.RequestSucceeded("stop");
+  m.RequestFailed(400);
+  EngineStats stats;
+  stats.running = 2;
+  stats.waiting = 1;
+  stats.pages_used = 1;
+  stats.pages_total = 4;
+  const std::string out = m.Render(stats);
+  EXPECT_NE(out.find("pdserve:num_requests_running 2\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("pdserve:num_requests_waiting 1\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("pdserve:kv_cache_usage_perc 0.25\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("pdserve:prompt_tokens_total 5\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("pdserve:generation_tokens_total 7\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("pdserve:request_success_total{finished_reason=\"stop\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(out.find("pdserve:request_error_total{status=\"400\"} 1\n"), std::string::npos);
+  EXPECT_NE(out.find("pdserve:time_to_first_token_seconds_count 1\n"), std::string::npos);
+  EXPECT_NE(out.find("pdserve:e2e_request_latency_seconds_count 0\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pdserve::server

@@ -1,0 +1,70 @@
+// Test helpers that run the real `pdserve` binary: a synthetic model directory made with
+// `pdserve make-model`, a `pdserve serve` child process on a free port, `pdserve generate
+// --json` as the reference, and an SSE reader. For tests only; each object is used from the
+// test's main thread except Post/Stream helpers, which are safe from any thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include <httplib.h>
+
+#include <nlohmann/json.hpp>
+
+namespace pdserve::testing {
+
+// DIR of the "tiny" synthetic model (seed 1), written once under the build tree; safe when
+// several test processes ask at once.
+std::string TinyModelDir();
+
+// Runs `pdserve <args>` to completion (deadline 120 s) and returns its stdout; the exit code
+// goes to *exit_code.
+std::string RunPdserve(const std::vector<std::string>& args, int* exit_code);
+
+class NodeProcess {
+ public:
+  // Starts `pdserve serve --listen 127.0.0.1:0 --model DIR <extra>` and waits (30 s) for its
+  // "ready on" line. On failure, ok() is false and error() says why.
+  NodeProcess(const std::string& model_dir, const std::vector<std::string>& extra_args);
+  ~NodeProcess();  // SIGKILL if still running
+  NodeProcess(const NodeProcess&) = delete;
+  NodeProcess& operator=(const NodeProcess&) = delete;
+
+  bool ok() const { return port_ > 0; }
+  const std::string& error() const { return error_; }
+  int port() const { return port_; }
+  pid_t pid() const { return pid_; }
+  httplib::Client Client() const;
+  // Sends SIGTERM and waits up to timeout_ms; returns the exit status, or -1 on timeout.
+  int Terminate(int timeout_ms);
+
+ private:
+  pid_t pid_ = -1;
+  int stdout_fd_ = -1;
+  int port_ = 0;
+  std::string error_;
+};
+
+// One streamed response: the JSON of every "data:" event before [DONE], and whether [DONE]
+// came last.
+struct SseStream {
+  int status = 0;
+  std::string content_type;
+  std::vector<nlohmann::json> events;
+  bool done = false;
+  std::string raw;
+  std::string error;  // the client's error when the exchange failed
+};
+
+// POSTs body to path and reads the SSE stream to its end. stop_after_events > 0 closes the
+// connection after that many events (a client that goes away mid-stream).
+SseStream PostStream(int port, const std::string& path, const nlohmann::json& body,
+                     int stop_after_events = 0, const httplib::Headers& headers = {});
+
+// The metric value of the first line starting with `name` (name plus labels, space, value);
+// -1 if absent.
+double MetricValue(const std::string& metrics_text, const std::string& name);
+
+}  // namespace pdserve::testing

@@ -1,0 +1,137 @@
+// Unit tests of request parsing and validation (server/openai_request.h): no HTTP, no model.
+#include "server/openai_request.h"
+
+#include "server/chat_prompt.h"
+
+#include <gtest/gtest.h>
+
+namespace pdserve::server {
+namespace {
+
+ParseLimits Limits() {
+  ParseLimits l;
+  l.vocab_size = 512;
+  return l;
+}
+
+TEST(OpenAiRequestTest, CompletionFieldsMapToSamplingParams) {
+  auto r = ParseCompletionRequest(
+      R"({"model": "m", "prompt": "hi", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9,
+          "top_k": 40, "seed": -3, "stop": ["a", "b"], "stream": true,
+          "stream_options": {"include_usage": true}, "logprobs": 2, "unknown_field": {"x": 1}})",
+      Limits());
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const GenerationRequest& g = r.value();
+  EXPECT_EQ(g.model, "m");
+  EXPECT_EQ(g.prompt_text, "hi");
+  EXPECT_FALSE(g.prompt_is_ids);
+  EXPECT_EQ(g.params.max_tokens, 7);
+  EXPECT_TRUE(g.max_tokens_set);
+  EXPECT_FLOAT_EQ(g.params.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(g.params.top_p, 0.9f);
+  EXPECT_EQ(g.params.top_k, 40);
+  ASSERT_TRUE(g.params.seed.has_value());
+  EXPECT_EQ(*g.params.seed, static_cast<uint64_t>(int64_t{-3}));
+  EXPECT_EQ(g.params.stop, (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(g.stream);
+  EXPECT_TRUE(g.include_usage);
+  EXPECT_TRUE(g.logprobs);
+  EXPECT_EQ(g.params.logprobs, 2);
+}
+
+TEST(OpenAiRequestTest, PromptForms) {
+  auto ids = ParseCompletionRequest(R"({"prompt": [1, 2, 3]})", Limits());
+  ASSERT_TRUE(ids.ok());
+  EXPECT_TRUE(ids.value().prompt_is_ids);
+  EXPECT_EQ(ids.value().prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  auto nested = ParseCompletionRequest(R"({"prompt": [[4, 5]]})", Limits());
+  ASSERT_TRUE(nested.ok());
+  EXPECT_EQ(nested.value().prompt_ids, (std::vector<int32_t>{4, 5}));
+  auto one = ParseCompletionRequest(R"({"prompt": ["text"], "stop": "x"})", Limits());
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one.value().prompt_text, "text");
+  EXPECT_EQ(one.value().params.stop, (std::vector<std::string>{"x"}));
+  EXPECT_FALSE(one.value().max_tokens_set);
+}
+
+TEST(OpenAiRequestTest, NullMeansUnset) {
+  auto r = ParseCompletionRequest(
+      R"({"prompt": "a", "max_tokens": null, "temperature": null, "stop": null, "n": null})",
+      Limits());
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_FALSE(r.value().max_tokens_set);
+  EXPECT_FLOAT_EQ(r.value().params.temperature, 1.0f);
+}
+
+TEST(OpenAiRequestTest, ChatNormalisesContentParts) {
+  auto r = ParseChatRequest(
+      R"({"messages": [{"role": "system", "content": "s"},
+                       {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                    {"type": "text", "text": "b"}]},
+                       {"role": "assistant", "content": null}],
+          "max_completion_tokens": 3, "logprobs": true, "top_logprobs": 4})",
+      Limits());
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const GenerationRequest& g = r.value();
+  EXPECT_EQ(g.kind, ApiKind::kChat);
+  ASSERT_EQ(g.messages.size(), 3u);
+  EXPECT_EQ(g.messages[1]["content"], "ab");
+  EXPECT_EQ(g.messages[2]["content"], "");
+  EXPECT_EQ(g.params.max_tokens, 3);
+  EXPECT_TRUE(g.logprobs);
+  EXPECT_EQ(g.params.logprobs, 4);
+}
+
+TEST(OpenAiRequestTest, ErrorsNameTheField) {
+  auto r = ParseCompletionRequest(R"({"prompt": "a", "temperature": "hot"})", Limits());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().http_status, 400);
+  EXPECT_EQ(r.error().param, "temperature");
+  EXPECT_NE(r.error().message.find("temperature"), std::string::npos);
+  auto big =
+      ParseCompletionRequest(R"({"prompt": "a", "max_tokens": 18446744073709551615})", Limits());
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.error().param, "max_tokens");
+  auto stop_ids = ParseCompletionRequest(R"({"prompt": "a", "stop_token_ids": [600]})", Limits());
+  ASSERT_FALSE(stop_ids.ok());
+  auto utf8 = ParseCompletionRequest("{\"prompt\": \"\xff\xfe\"}", Limits());
+  EXPECT_FALSE(utf8.ok());  // invalid UTF-8 in JSON text is malformed JSON
+  EXPECT_NE(utf8.error().ToJson().find("invalid_json"), std::string::npos);
+}
+
+TEST(OpenAiRequestTest, TokenizeAndDetokenize) {
+  auto t = ParseTokenizeRequest(R"({"prompt": "hello", "add_special_tokens": false})", Limits());
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t.value().prompt, "hello");
+  EXPECT_EQ(t.value().add_special_tokens, false);
+  auto chat = ParseTokenizeRequest(R"({"messages": [{"role": "user", "content": "x"}]})", Limits());
+  ASSERT_TRUE(chat.ok());
+  EXPECT_TRUE(chat.value().is_chat);
+  EXPECT_FALSE(chat.value().add_special_tokens.has_value());
+  auto d = ParseDetokenizeRequest(R"({"tokens": [1, 2]})", Limits());
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d.value(), (std::vector<int32_t>{1, 2}));
+  EXPECT_FALSE(ParseDetokenizeRequest(R"({"tokens": [1, 512]})", Limits()).ok());
+}
+
+TEST(OpenAiRequestTest, ErrorJsonHasTheOpenAiShape) {
+  ApiError e = BadRequest("bad 'x'", "x");
+  const auto j = nlohmann::json::parse(e.ToJson());
+  EXPECT_EQ(j["error"]["message"], "bad 'x'");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["code"], "invalid_value");
+  EXPECT_EQ(j["error"]["param"], "x");
+  EXPECT_EQ(ApiErrorFromStatus(Status::OutOfRange("long")).http_status, 413);
+  EXPECT_EQ(ApiErrorFromStatus(Status::ResourceExhausted("full")).http_status, 503);
+  EXPECT_EQ(ApiErrorFromStatus(Status::Internal("bug")).http_status, 500);
+}
+
+TEST(ChatPromptTest, PlainFallbackFormat) {
+  const auto msgs = nlohmann::json::parse(
+      R"([{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}])");
+  EXPECT_EQ(RenderPlainChat(msgs, true), "system: s\nuser: hi\nassistant: ");
+  EXPECT_EQ(RenderPlainChat(msgs, false), "system: s\nuser: hi\n");
+}
+
+}  // namespace
+}  // namespace pdserve::server
