@@ -5,6 +5,7 @@
 // runs on the progress thread. Events go out through DomainEvents, also on that thread.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -136,6 +137,8 @@ class Domain {
   // Posts the batch's next operation: 1 posted, 0 provider busy (EAGAIN), -1 batch ended.
   int PostOne(Batch& batch);
   bool PollCompletions();
+  // One fi_cq_read; returns the entries handled (an error entry counts as one).
+  int ReadCompletions();
   void HandleCompletion(const struct fi_cq_data_entry& entry, fi_addr_t source);
   void HandleError();
   void OpFinished(OpContext* op, const Status& status);
@@ -198,9 +201,11 @@ class Domain {
   // Shared with submitters.
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<Command> commands_;  // guarded by mu_
-  bool stop_ = false;              // guarded by mu_
-  bool sleeping_ = false;          // guarded by mu_
+  std::vector<Command> commands_;          // guarded by mu_
+  bool stop_ = false;                      // guarded by mu_
+  bool sleeping_ = false;                  // guarded by mu_
+  std::atomic<bool> has_commands_{false};  // commands_ may be non-empty
+  std::atomic<bool> stopping_{false};      // mirrors stop_ for the lock-free loop check
   std::thread thread_;
 };
 
