@@ -129,6 +129,7 @@ Result<std::unique_ptr<TransferEngine>> TransferEngine::Create(const FabricConfi
   PD_RETURN_IF_ERROR(ValidateConfig(config));
   std::unique_ptr<TransferEngine> engine(new TransferEngine(config, std::move(handlers)));
   PD_RETURN_IF_ERROR(engine->OpenDomains());
+  engine->timer_ = std::thread(&TransferEngine::RunTimer, engine.get());
   return engine;
 }
 
@@ -181,6 +182,12 @@ Status TransferEngine::OpenDomains() {
 }
 
 TransferEngine::~TransferEngine() {
+  {
+    std::lock_guard lock(timer_mu_);
+    timer_stop_ = true;
+  }
+  timer_cv_.notify_all();
+  if (timer_.joinable()) timer_.join();
   domains_.clear();  // each aborts its transfers (Cancelled) and joins its thread
   std::vector<ImmediateCounters::Fired> fired;
   counters_.CancelAll(Status::Cancelled("fabric engine is shutting down"), &fired);
@@ -519,7 +526,7 @@ Status TransferEngine::Send(PeerId peer_id, std::span<const std::byte> payload,
 Status TransferEngine::Expect(uint32_t imm, uint32_t count, Deadline deadline,
                               ImmediateCounters::Callback callback) {
   PD_RETURN_IF_ERROR(counters_.Expect(imm, count, deadline, std::move(callback)));
-  domains_[0]->Wake();  // domain 0 runs due expectations on its tick
+  KickTimer();  // it may be ready already, or due earlier than the timer's next wake-up
   return Status::Ok();
 }
 
@@ -583,12 +590,32 @@ void TransferEngine::HandlePeerError(PeerId id, const Status& error) {
   if (handlers_.on_peer_error) handlers_.on_peer_error(id, error);
 }
 
-TimePoint TransferEngine::HandleTick(int domain_index, TimePoint now) {
-  if (domain_index != 0) return TimePoint::max();
-  std::vector<ImmediateCounters::Fired> fired;
-  TimePoint next = counters_.TakeDue(now, &fired);
-  for (auto& f : fired) f.Run();
-  return next;
+TimePoint TransferEngine::HandleTick(int, TimePoint) {
+  return TimePoint::max();  // expectation deadlines live on the timer thread
+}
+
+void TransferEngine::KickTimer() {
+  {
+    std::lock_guard lock(timer_mu_);
+    timer_kick_ = true;
+  }
+  timer_cv_.notify_one();
+}
+
+void TransferEngine::RunTimer() {
+  // Bounded sleeps even without a deadline pending, so nothing relies on a missed wake-up.
+  constexpr auto kMaxSleep = std::chrono::milliseconds(100);
+  std::unique_lock lock(timer_mu_);
+  while (!timer_stop_) {
+    timer_kick_ = false;
+    lock.unlock();
+    std::vector<ImmediateCounters::Fired> fired;
+    const TimePoint now = Clock::now();
+    const TimePoint next = std::min(counters_.TakeDue(now, &fired), now + kMaxSleep);
+    for (auto& f : fired) f.Run();
+    lock.lock();
+    timer_cv_.wait_until(lock, next, [&] { return timer_stop_ || timer_kick_; });
+  }
 }
 
 }  // namespace pdserve::fabric

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -18,6 +19,7 @@
 #include <optional>
 #include <shared_mutex>
 #include <span>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -99,8 +101,10 @@ class TransferEngine {
   Status Send(PeerId peer, std::span<const std::byte> payload, Completion completion,
               std::optional<Deadline> deadline = std::nullopt);
 
-  // Receiver side; see ImmediateCounters for the semantics. Callbacks run on a progress
-  // thread, never inside Expect.
+  // Receiver side; see ImmediateCounters for the semantics. Callbacks run on the progress
+  // thread that counted the last arrival, or on the engine's timer thread (deadline passed,
+  // or already satisfied when registered); never inside Expect. The timer thread does not
+  // depend on any provider call returning, so a deadline fires even if a provider hangs.
   Status Expect(uint32_t imm, uint32_t count, Deadline deadline,
                 ImmediateCounters::Callback callback);
   bool RemoveExpectation(uint32_t imm);
@@ -122,6 +126,8 @@ class TransferEngine {
   void HandleMessage(std::span<const std::byte> bytes);
   void HandlePeerError(PeerId peer, const Status& error);
   TimePoint HandleTick(int domain_index, TimePoint now);
+  void RunTimer();
+  void KickTimer();
   // Removes peer `id` from the first `count` domains (undo of a partial AddPeer).
   void ForgetPeerInDomains(PeerId id, size_t count);
 
@@ -132,6 +138,13 @@ class TransferEngine {
   std::unique_ptr<internal::EngineEvents> events_;
   ImmediateCounters counters_;
   std::vector<std::unique_ptr<internal::Domain>> domains_;
+
+  // Fires expectations whose deadline passed (and those ready at Expect).
+  std::mutex timer_mu_;
+  std::condition_variable timer_cv_;
+  bool timer_stop_ = false;  // guarded by timer_mu_
+  bool timer_kick_ = false;  // guarded by timer_mu_
+  std::thread timer_;
 
   mutable std::shared_mutex regions_mu_;
   std::unordered_map<RegionId, Region> regions_;  // guarded by regions_mu_
