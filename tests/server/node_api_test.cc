@@ -3,6 +3,7 @@
 // /v1/models, /health, /metrics and chat.
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -341,6 +342,35 @@ TEST(NodeApiKeyTest, KeyRequiredWhenSet) {
   auto health = client.Get("/health");  // probes need no key
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
+}
+
+TEST(NodeOverloadTest, TooManyWaitingGets503WithRetryAfter) {
+  // One request may wait for its first token; a long prompt prefilled 4 tokens per step keeps
+  // the first one waiting while the second arrives.
+  NodeProcess node(TinyModelDir(), {"--max-waiting", "1", "--max-batch-tokens", "4"});
+  ASSERT_TRUE(node.ok()) << node.error();
+  json slow = {{"prompt", std::vector<int>(4000, 65)}, {"max_tokens", 1}};
+  // The first client gives up after a second; the server is killed at the end of the test.
+  std::thread first([&] {
+    auto c = node.Client();
+    c.set_read_timeout(1, 0);
+    c.Post("/v1/completions", slow.dump(), "application/json");
+  });
+  auto client = node.Client();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  bool running = false;
+  while (!running && std::chrono::steady_clock::now() < deadline) {
+    auto m = client.Get("/metrics");
+    running = m && MetricValue(m->body, "pdserve:num_requests_running") >= 1;
+  }
+  ASSERT_TRUE(running);
+  auto second =
+      client.Post("/v1/completions", R"({"prompt": "Hi", "max_tokens": 1})", "application/json");
+  ASSERT_TRUE(second);
+  first.join();
+  EXPECT_EQ(second->status, 503) << second->body;
+  EXPECT_EQ(second->get_header_value("Retry-After"), "1");
+  EXPECT_EQ(json::parse(second->body)["error"]["code"], "server_overloaded");
 }
 
 TEST(NodeRoleTest, DisaggregatedRolesFailClearly) {
