@@ -25,8 +25,8 @@ bool WaitUntil(Pred pred, int64_t ms = 20000) {
 }
 
 struct Side {
+  std::vector<std::byte> memory;  // declared first: outlives the engine that registered it
   std::unique_ptr<TransferEngine> engine;
-  std::vector<std::byte> memory;
   RegionId region = 0;
   MemoryDescriptor descriptor;
 };

@@ -66,8 +66,10 @@ class FaultTest : public ::testing::TestWithParam<Provider> {
   SharedFile peer_file_{kPages * kPage};
   PeerProcess peer_;
   StartedPeer remote_;
-  std::unique_ptr<TransferEngine> engine_;
+  // Before engine_, so that it outlives it: after RemovePeer the provider may still read
+  // source memory of cancelled writes until the engine closes its endpoints.
   std::vector<std::byte> local_;
+  std::unique_ptr<TransferEngine> engine_;
   RegionId region_ = 0;
   PeerId peer_id_ = 0;
   std::atomic<int> messages_{0};

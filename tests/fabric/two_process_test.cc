@@ -96,9 +96,9 @@ class TwoProcessTest : public ::testing::TestWithParam<Provider> {
   SharedFile receiver_file_{kDstOffset + kDstPages * kDstStride};
   PeerProcess peer_;
   StartedPeer remote_;
+  std::vector<std::byte> source_;  // outlives engine_ (registered memory)
   std::unique_ptr<TransferEngine> engine_;
   PeerId peer_id_ = 0;
-  std::vector<std::byte> source_;
   RegionId region_ = 0;
   std::mutex mu_;
   std::vector<std::pair<PeerId, std::string>> messages_;  // guarded by mu_
