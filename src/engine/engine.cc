@@ -236,10 +236,7 @@ bool Engine::Step() {
   TryAllocateRemote();
   std::vector<ScheduledChunk> plan = scheduler_.Schedule();
   if (plan.empty()) {
-    std::lock_guard lock(mu_);
-    stats_.running = static_cast<int>(scheduler_.running().size());
-    stats_.waiting = static_cast<int>(scheduler_.waiting().size() + remote_pending_.size());
-    stats_.pages_used = pool_.used();
+    PublishStats();
     return false;
   }
   const uint64_t step = steps_.fetch_add(1, std::memory_order_relaxed) + 1;
@@ -275,13 +272,20 @@ bool Engine::Step() {
       FinishPrefillOnly(seq);
     }
   }
+  PublishStats();
+  return true;
+}
+
+void Engine::PublishStats() {
+  int awaiting_kv = 0;
+  for (const auto& [id, seq] : live_) awaiting_kv += seq->state == SequenceState::kAwaitingKv;
   std::lock_guard lock(mu_);
   stats_.running = static_cast<int>(scheduler_.running().size());
   stats_.waiting = static_cast<int>(scheduler_.waiting().size() + remote_pending_.size());
+  stats_.awaiting_kv = awaiting_kv;
   stats_.pages_used = pool_.used();
   stats_.preemptions = scheduler_.preemptions();
-  stats_.steps = static_cast<int64_t>(step);
-  return true;
+  stats_.steps = static_cast<int64_t>(steps_.load(std::memory_order_relaxed));
 }
 
 void Engine::ProcessLogits(std::span<const ScheduledChunk> plan, const std::vector<float>& logits) {

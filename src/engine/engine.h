@@ -128,6 +128,8 @@ class Engine {
   void FinishPrefillOnly(Sequence* seq);
   void Fail(Sequence* seq, Status status);
   void CancelAll();
+  // Publishes a snapshot of the loop-thread state for stats() (any thread).
+  void PublishStats();
 
   std::unique_ptr<Transformer> model_;
   const Tokenizer* tokenizer_;

@@ -202,6 +202,7 @@ TEST(EngineTest, PrefillOnlyPlusRemoteAdmissionEqualsColocated) {
     d.engine().Step();
     ASSERT_FALSE(d_pages.empty());
     EXPECT_TRUE(got.empty());  // not admitted yet: nothing runs
+    EXPECT_EQ(d.engine().stats().awaiting_kv, 1);
 
     std::vector<PageId> p_pages;
     EngineRequest preq;
