@@ -264,7 +264,8 @@ bool Engine::Step() {
     return true;
   }
   for (const ScheduledChunk& c : plan) c.seq->num_computed += c.count;
-  ProcessLogits(plan, logits_);
+  // Prefill-only chunks never want logits. Finish them before ProcessLogits, which may finish
+  // (and free) other sequences of the plan, after which no plan entry may be dereferenced.
   for (const ScheduledChunk& c : plan) {
     Sequence* seq = c.seq;
     if (seq->state == SequenceState::kRunning && seq->request.kind == RequestKind::kPrefillOnly &&
@@ -272,6 +273,7 @@ bool Engine::Step() {
       FinishPrefillOnly(seq);
     }
   }
+  ProcessLogits(plan, logits_);
   PublishStats();
   return true;
 }
