@@ -145,7 +145,8 @@ TEST_F(NodeTest, ConcurrentStreamingClientsAllMatchTheSingleRun) {
   constexpr int kClients = 64;
   std::vector<Reference> results(kClients);
   std::vector<int> statuses(kClients, 0);
-  std::vector<bool> done(kClients, false);
+  std::vector<char> done(kClients,
+                         0);  // not vector<bool>: clients write their own slot concurrently
   std::vector<std::thread> threads;
   for (int i = 0; i < kClients; ++i) {
     threads.emplace_back([&, i] {
