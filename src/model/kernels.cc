@@ -35,6 +35,48 @@ inline __mmask32 TailMask32(int remaining) {
                          : static_cast<__mmask32>((1u << remaining) - 1);
 }
 
+// Writes the horizontal sums of a tile's accumulators, acc[r][t] -> y[t0 + t][r0 + r]. The
+// accumulators are reduced 16 at a time by a transposing tree (four shuffle-and-add rounds
+// for 16 sums instead of four rounds per sum). Every sum is formed in the same order whatever
+// the tile shape or its neighbours in the tree: lane i + lane i+8, then +4, +2, +1, the same
+// tree as _mm512_reduce_add_ps, which keeps the products batch-invariant.
+template <int R, int T>
+inline void StoreTile(const __m512 (&acc)[R][T], float* y, int n, int r0, int t0) {
+  constexpr int kCount = R * T;
+  for (int g = 0; g < kCount; g += 16) {
+    const int live = std::min(16, kCount - g);
+    __m512 v[16];
+    for (int i = 0; i < 16; ++i) {
+      const int idx = g + i;
+      v[i] = i < live ? acc[idx % R][idx / R] : _mm512_setzero_ps();
+    }
+    // Round 1: lane i + lane i+8; accumulators 2j and 2j+1 share a vector (256 bits each).
+    for (int j = 0; j < 8; ++j) {
+      v[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+    // Round 2: +4; vector m holds accumulators 4m..4m+3, one per 128-bit quarter.
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                           _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    }
+    // Round 3: +2, within each quarter.
+    for (int j = 0; j < 2; ++j) {
+      v[j] = _mm512_add_ps(_mm512_shuffle_ps(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm512_shuffle_ps(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+    // Round 4: +1. Lane 4q + j now holds the sum of accumulator 4j + q.
+    const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                      _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, sums);
+    for (int i = 0; i < live; ++i) {
+      const int idx = g + i;
+      y[static_cast<size_t>(t0 + idx / R) * n + r0 + idx % R] = lanes[4 * (i % 4) + i / 4];
+    }
+  }
+}
+
 // One tile of y = x * w^T with BF16 inputs. Each accumulator holds 16 lanes of partial sums
 // along k, in the same order for every tile shape, so results are batch-invariant.
 template <int R, int T>
@@ -52,9 +94,13 @@ void TileBF16<R, T>::Run(const uint16_t* x, const uint16_t* w, float* y, int n, 
   for (int r = 0; r < R; ++r) wr[r] = w + static_cast<size_t>(r0 + r) * k;
   for (int t = 0; t < T; ++t) xt[t] = x + static_cast<size_t>(t0 + t) * k;
   int kk = 0;
+  const size_t ahead = static_cast<size_t>(R) * k;
   for (; kk + 32 <= k; kk += 32) {
     __m512bh wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = (__m512bh)_mm512_loadu_si512(wr[r] + kk);
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(wr[r] + kk + ahead), _MM_HINT_T0);
+      wv[r] = (__m512bh)_mm512_loadu_si512(wr[r] + kk);
+    }
     for (int t = 0; t < T; ++t) {
       __m512bh xv = (__m512bh)_mm512_loadu_si512(xt[t] + kk);
       for (int r = 0; r < R; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], xv, wv[r]);
@@ -69,9 +115,7 @@ void TileBF16<R, T>::Run(const uint16_t* x, const uint16_t* w, float* y, int n, 
       for (int r = 0; r < R; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], xv, wv[r]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t)
-      y[static_cast<size_t>(t0 + t) * n + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+  StoreTile<R, T>(acc, y, n, r0, t0);
 }
 
 template <int R, int T>
@@ -96,9 +140,7 @@ void TileF32<R, T>::Run(const float* x, const float* w, float* y, int n, int k, 
       for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(xv, wv[r], acc[r][t]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t)
-      y[static_cast<size_t>(t0 + t) * n + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+  StoreTile<R, T>(acc, y, n, r0, t0);
 }
 
 template <typename Elem>
