@@ -35,11 +35,35 @@ inline __mmask32 TailMask32(int remaining) {
                          : static_cast<__mmask32>((1u << remaining) - 1);
 }
 
-// Writes the horizontal sums of a tile's accumulators, acc[r][t] -> y[t0 + t][r0 + r]. The
-// accumulators are reduced 16 at a time by a transposing tree (four shuffle-and-add rounds
-// for 16 sums instead of four rounds per sum). Every sum is formed in the same order whatever
-// the tile shape or its neighbours in the tree: lane i + lane i+8, then +4, +2, +1, the same
-// tree as _mm512_reduce_add_ps, which keeps the products batch-invariant.
+// Horizontal sums of 16 vectors at once: lane i of the result is the sum of the lanes of v[i].
+// A transposing tree (four shuffle-and-add rounds for all 16 sums instead of four rounds per
+// sum). Each sum is formed in the same order whatever its neighbours: lane i + lane i+8, then
+// +4, +2, +1, the tree of _mm512_reduce_add_ps. Callers rely on that for batch invariance:
+// a value does not depend on which other sums shared the call. Clobbers v.
+inline __m512 HorizontalSums16(__m512 (&v)[16]) {
+  // Round 1: lane i + lane i+8; v[2j] and v[2j+1] share a vector (256 bits each).
+  for (int j = 0; j < 8; ++j) {
+    v[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // Round 2: +4; vector m holds sums 4m..4m+3, one per 128-bit quarter.
+  for (int j = 0; j < 4; ++j) {
+    v[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  // Round 3: +2, within each quarter.
+  for (int j = 0; j < 2; ++j) {
+    v[j] = _mm512_add_ps(_mm512_shuffle_ps(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // Round 4: +1. Lane 4q + j now holds the sum of v[4j + q]; a permutation restores order.
+  const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, sums);
+}
+
+// Writes the horizontal sums of a tile's accumulators, acc[r][t] -> y[t0 + t][r0 + r].
 template <int R, int T>
 inline void StoreTile(const __m512 (&acc)[R][T], float* y, int n, int r0, int t0) {
   constexpr int kCount = R * T;
@@ -50,29 +74,11 @@ inline void StoreTile(const __m512 (&acc)[R][T], float* y, int n, int r0, int t0
       const int idx = g + i;
       v[i] = i < live ? acc[idx % R][idx / R] : _mm512_setzero_ps();
     }
-    // Round 1: lane i + lane i+8; accumulators 2j and 2j+1 share a vector (256 bits each).
-    for (int j = 0; j < 8; ++j) {
-      v[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                           _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    }
-    // Round 2: +4; vector m holds accumulators 4m..4m+3, one per 128-bit quarter.
-    for (int j = 0; j < 4; ++j) {
-      v[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                           _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-    }
-    // Round 3: +2, within each quarter.
-    for (int j = 0; j < 2; ++j) {
-      v[j] = _mm512_add_ps(_mm512_shuffle_ps(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                           _mm512_shuffle_ps(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    }
-    // Round 4: +1. Lane 4q + j now holds the sum of accumulator 4j + q.
-    const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                      _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, sums);
+    alignas(64) float sums[16];
+    _mm512_store_ps(sums, HorizontalSums16(v));
     for (int i = 0; i < live; ++i) {
       const int idx = g + i;
-      y[static_cast<size_t>(t0 + idx / R) * n + r0 + idx % R] = lanes[4 * (i % 4) + i / 4];
+      y[static_cast<size_t>(t0 + idx / R) * n + r0 + idx % R] = sums[i];
     }
   }
 }
@@ -224,22 +230,54 @@ void AttendOne(const AttentionQuery& query, int head, const KvCache& cache, int 
     qv[c] = _mm512_maskz_loadu_ps(TailMask16(hd - 16 * c), q + 16 * c);
 
   scores.resize(static_cast<size_t>(ctx));
-  auto row_of = [&](int64_t pos, bool is_v) {
-    const auto* block =
-        reinterpret_cast<const KvElem*>(cache.Block(layer, query.pages[pos / page_tokens], is_v));
-    return block + (static_cast<size_t>(kv_head) * page_tokens + pos % page_tokens) * hd;
-  };
-  float max_score = -INFINITY;
-  for (int64_t pos = 0; pos < ctx; ++pos) {
-    const KvElem* k = row_of(pos, false);
-    __m512 acc = _mm512_setzero_ps();
-    for (int c = 0; c < chunks; ++c) {
-      acc = _mm512_fmadd_ps(qv[c], LoadKv(k + 16 * c, TailMask16(hd - 16 * c)), acc);
+  // Walks the K or V rows of positions 0, 1, 2, ... of this KV head through the block table
+  // (no division per position).
+  struct RowCursor {
+    const KvCache& cache;
+    const PageId* pages;
+    int layer, page_tokens, hd;
+    bool is_v;
+    size_t head_offset;
+    int64_t page = 0;
+    int slot = 0;
+    const KvElem* row = nullptr;
+    void Start() {
+      row = reinterpret_cast<const KvElem*>(cache.Block(layer, pages[page], is_v)) + head_offset;
     }
-    float s = _mm512_reduce_add_ps(acc) * scale;
-    scores[pos] = s;
-    max_score = std::max(max_score, s);
+    void Next() {
+      if (++slot < page_tokens) {
+        row += hd;
+        return;
+      }
+      slot = 0;
+      ++page;
+      Start();
+    }
+  };
+  const size_t head_offset = static_cast<size_t>(kv_head) * page_tokens * hd;
+  // Scores 16 positions at a time; each dot product is summed in a fixed order (head_dim
+  // chunks in sequence, then the lane tree), so it does not depend on its 15 neighbours.
+  const __m512 vscale = _mm512_set1_ps(scale);
+  __m512 vmax_scores = _mm512_set1_ps(-INFINITY);
+  RowCursor keys{cache, query.pages, layer, page_tokens, hd, false, head_offset};
+  keys.Start();
+  for (int64_t pos0 = 0; pos0 < ctx; pos0 += 16) {
+    const int live = static_cast<int>(std::min<int64_t>(16, ctx - pos0));
+    __m512 acc[16];
+    for (int i = 0; i < 16; ++i) {
+      acc[i] = _mm512_setzero_ps();
+      if (i >= live) continue;
+      for (int c = 0; c < chunks; ++c) {
+        acc[i] = _mm512_fmadd_ps(qv[c], LoadKv(keys.row + 16 * c, TailMask16(hd - 16 * c)), acc[i]);
+      }
+      if (pos0 + i + 1 < ctx) keys.Next();
+    }
+    const __mmask16 mask = TailMask16(live);
+    const __m512 s = _mm512_mul_ps(HorizontalSums16(acc), vscale);
+    _mm512_mask_storeu_ps(&scores[pos0], mask, s);
+    vmax_scores = _mm512_mask_max_ps(vmax_scores, mask, vmax_scores, s);
   }
+  const float max_score = _mm512_reduce_max_ps(vmax_scores);
   // Softmax numerators and their sum, 16 positions at a time.
   const __m512 vmax = _mm512_set1_ps(max_score);
   __m512 vsum = _mm512_setzero_ps();
@@ -253,12 +291,14 @@ void AttendOne(const AttentionQuery& query, int head, const KvCache& cache, int 
   const float inv_sum = 1.0f / _mm512_reduce_add_ps(vsum);
   __m512 out[kMaxHeadChunks];
   for (int c = 0; c < chunks; ++c) out[c] = _mm512_setzero_ps();
+  RowCursor values{cache, query.pages, layer, page_tokens, hd, true, head_offset};
+  values.Start();
   for (int64_t pos = 0; pos < ctx; ++pos) {
-    const KvElem* v = row_of(pos, true);
     const __m512 p = _mm512_set1_ps(scores[pos]);
     for (int c = 0; c < chunks; ++c) {
-      out[c] = _mm512_fmadd_ps(p, LoadKv(v + 16 * c, TailMask16(hd - 16 * c)), out[c]);
+      out[c] = _mm512_fmadd_ps(p, LoadKv(values.row + 16 * c, TailMask16(hd - 16 * c)), out[c]);
     }
+    if (pos + 1 < ctx) values.Next();
   }
   float* dst = query.out + static_cast<size_t>(head) * hd;
   const __m512 vinv = _mm512_set1_ps(inv_sum);
