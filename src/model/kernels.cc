@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -83,47 +85,6 @@ inline void StoreTile(const __m512 (&acc)[R][T], float* y, int n, int r0, int t0
   }
 }
 
-// One tile of y = x * w^T with BF16 inputs. Each accumulator holds 16 lanes of partial sums
-// along k, in the same order for every tile shape, so results are batch-invariant.
-template <int R, int T>
-struct TileBF16 {
-  static void Run(const uint16_t* x, const uint16_t* w, float* y, int n, int k, int r0, int t0);
-};
-template <int R, int T>
-void TileBF16<R, T>::Run(const uint16_t* x, const uint16_t* w, float* y, int n, int k, int r0,
-                         int t0) {
-  __m512 acc[R][T];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-  const uint16_t* wr[R];
-  const uint16_t* xt[T];
-  for (int r = 0; r < R; ++r) wr[r] = w + static_cast<size_t>(r0 + r) * k;
-  for (int t = 0; t < T; ++t) xt[t] = x + static_cast<size_t>(t0 + t) * k;
-  int kk = 0;
-  const size_t ahead = static_cast<size_t>(R) * k;
-  for (; kk + 32 <= k; kk += 32) {
-    __m512bh wv[R];
-    for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(wr[r] + kk + ahead), _MM_HINT_T0);
-      wv[r] = (__m512bh)_mm512_loadu_si512(wr[r] + kk);
-    }
-    for (int t = 0; t < T; ++t) {
-      __m512bh xv = (__m512bh)_mm512_loadu_si512(xt[t] + kk);
-      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], xv, wv[r]);
-    }
-  }
-  if (kk < k) {
-    __mmask32 mask = TailMask32(k - kk);
-    __m512bh wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(mask, wr[r] + kk);
-    for (int t = 0; t < T; ++t) {
-      __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, xt[t] + kk);
-      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], xv, wv[r]);
-    }
-  }
-  StoreTile<R, T>(acc, y, n, r0, t0);
-}
-
 template <int R, int T>
 struct TileF32 {
   static void Run(const float* x, const float* w, float* y, int n, int k, int r0, int t0);
@@ -185,6 +146,86 @@ void MatMulDriver(const Elem* x, const Elem* w, float* y, int m, int n, int k) {
   }
 }
 
+// ---- BF16 products over packed weights ----
+//
+// Packed layout (PackBF16): 64-column blocks; within a block, for every pair p of the k
+// dimension, 4 groups of 16 columns, each group 16 x 2 BF16 values W[c][2p], W[c][2p+1] side
+// by side: exactly the operand vdpbf16ps multiplies a broadcast pair of x values with. Each
+// output lane then accumulates its own dot product over the pairs in order, with no horizontal
+// sums; its value depends only on its row of x and column of W (batch-invariant by
+// construction), and a block streams from memory as one contiguous run.
+constexpr int kGroupCols = 16;
+constexpr int kBlockGroups = 4;
+constexpr int kBlockCols = kGroupCols * kBlockGroups;
+constexpr int kPairElems = 2 * kBlockCols;  // BF16 values of one k pair in one block
+// Software prefetch distance, in k pairs, along a block's contiguous stream (4 KB ahead).
+constexpr int kPrefetchPairs = 16;
+
+inline int Pairs(int k) { return (k + 1) / 2; }
+inline int ColBlocks(int n) { return (n + kBlockCols - 1) / kBlockCols; }
+
+// One tile: G groups of 16 columns of one block x T rows of x.
+template <int G, int T>
+struct TilePacked {
+  static void Run(const uint16_t* x, const uint16_t* block, float* y, int n, int k, int c0, int t0);
+};
+template <int G, int T>
+void TilePacked<G, T>::Run(const uint16_t* x, const uint16_t* block, float* y, int n, int k, int c0,
+                           int t0) {
+  __m512 acc[G][T];
+  for (int g = 0; g < G; ++g)
+    for (int t = 0; t < T; ++t) acc[g][t] = _mm512_setzero_ps();
+  const uint16_t* xt[T];
+  for (int t = 0; t < T; ++t) xt[t] = x + static_cast<size_t>(t0 + t) * k;
+  // One k pair: the broadcast pair x[t][2p], x[t][2p+1] of every row times 4 x 16 columns.
+  auto step = [&](int p, auto pair_bits) {
+    const uint16_t* wp = block + static_cast<size_t>(p) * kPairElems;
+    // The block's stream is contiguous: fetch its lines well ahead of use (the hardware
+    // prefetchers stop at every 4 KB page).
+    for (int g = 0; g < G; ++g) {
+      _mm_prefetch(reinterpret_cast<const char*>(wp + kPrefetchPairs * kPairElems + 32 * g),
+                   _MM_HINT_T0);
+    }
+    __m512bh wv[G];
+    for (int g = 0; g < G; ++g) wv[g] = (__m512bh)_mm512_loadu_si512(wp + 32 * g);
+    for (int t = 0; t < T; ++t) {
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair_bits(xt[t], p)));
+      for (int g = 0; g < G; ++g) acc[g][t] = _mm512_dpbf16_ps(acc[g][t], xv, wv[g]);
+    }
+  };
+  const int full_pairs = k / 2;
+  for (int p = 0; p < full_pairs; ++p) {
+    step(p, [](const uint16_t* row, int q) {
+      uint32_t bits;
+      std::memcpy(&bits, row + 2 * q, sizeof(bits));
+      return bits;
+    });
+  }
+  if (k % 2 != 0) {  // the last pair holds one value; its partner is zero
+    step(full_pairs, [](const uint16_t* row, int q) { return uint32_t{row[2 * q]}; });
+  }
+  for (int t = 0; t < T; ++t) {
+    float* yr = y + static_cast<size_t>(t0 + t) * n + c0;
+    for (int g = 0; g < G; ++g) {
+      _mm512_mask_storeu_ps(yr + kGroupCols * g, TailMask16(n - c0 - kGroupCols * g), acc[g][t]);
+    }
+  }
+}
+
+using PackedTileFn = void (*)(const uint16_t*, const uint16_t*, float*, int, int, int, int);
+
+template <int G, size_t... T>
+constexpr std::array<PackedTileFn, kTokens + 1> PackedTiles(std::index_sequence<T...>) {
+  return {nullptr, &TilePacked<G, static_cast<int>(T) + 1>::Run...};
+}
+
+template <size_t... G>
+constexpr std::array<std::array<PackedTileFn, kTokens + 1>, kBlockGroups + 1> PackedTileTable(
+    std::index_sequence<G...>) {
+  return {std::array<PackedTileFn, kTokens + 1>{},
+          PackedTiles<static_cast<int>(G) + 1>(std::make_index_sequence<kTokens>())...};
+}
+
 // e^x for 16 lanes: range reduction to r in [-ln2/2, ln2/2], degree-7 Taylor polynomial
 // (relative error < 1e-8 before float rounding), scaled by 2^n. Lane-wise, so deterministic.
 inline __m512 Exp512(__m512 x) {
@@ -206,130 +247,167 @@ inline __m512 Exp512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// Loads 16 (masked) KV elements as floats.
-inline __m512 LoadKv(const float* p, __mmask16 mask) { return _mm512_maskz_loadu_ps(mask, p); }
-inline __m512 LoadKv(const uint16_t* p, __mmask16 mask) {
-  __m256i raw = _mm256_maskz_loadu_epi16(mask, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
 constexpr int kMaxHeadChunks = 16;  // head_dim <= 256
 
+// Copies the K (or V) rows of positions [0, ctx) of one KV head out of the sequence's pages
+// into dst [ctx][head_dim] as floats. Within a page the rows of one head are contiguous, so
+// this is one run per page. The query heads of a GQA group then share the copy.
 template <typename KvElem>
-void AttendOne(const AttentionQuery& query, int head, const KvCache& cache, int layer, int group,
-               float scale, std::vector<float>& scores) {
+void GatherRows(const AttentionQuery& query, const KvCache& cache, int layer, int kv_head,
+                bool is_v, float* dst) {
   const KvLayout& layout = cache.layout();
-  const int hd = layout.head_dim;
-  const int page_tokens = layout.page_tokens;
-  const int kv_head = head / group;
-  const float* q = query.q + static_cast<size_t>(head) * hd;
-  const int64_t ctx = query.context_len;
+  const size_t head_offset = static_cast<size_t>(kv_head) * layout.page_tokens * layout.head_dim;
+  for (int64_t pos = 0, page = 0; pos < query.context_len; pos += layout.page_tokens, ++page) {
+    const auto* src =
+        reinterpret_cast<const KvElem*>(cache.Block(layer, query.pages[page], is_v)) + head_offset;
+    const int64_t count =
+        std::min<int64_t>(layout.page_tokens, query.context_len - pos) * layout.head_dim;
+    float* out = dst + pos * layout.head_dim;
+    if constexpr (std::is_same_v<KvElem, float>) {
+      std::copy(src, src + count, out);
+    } else {
+      for (int64_t i = 0; i < count; i += 16) {
+        const __mmask16 mask = TailMask16(static_cast<int>(std::min<int64_t>(16, count - i)));
+        const __m256i raw = _mm256_maskz_loadu_epi16(mask, src + i);
+        _mm512_mask_storeu_ps(
+            out + i, mask, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16)));
+      }
+    }
+  }
+}
+
+// One query head over contiguous K and V rows [ctx][hd]: softmax(q . K^T * scale) . V.
+void AttendHead(const float* q, const float* keys, const float* values, int64_t ctx, int hd,
+                float scale, float* out, std::vector<float>& scores) {
   const int chunks = (hd + 15) / 16;
   __m512 qv[kMaxHeadChunks];
-  for (int c = 0; c < chunks; ++c)
+  for (int c = 0; c < chunks; ++c) {
     qv[c] = _mm512_maskz_loadu_ps(TailMask16(hd - 16 * c), q + 16 * c);
-
+  }
   scores.resize(static_cast<size_t>(ctx));
-  // Walks the K or V rows of positions 0, 1, 2, ... of this KV head through the block table
-  // (no division per position).
-  struct RowCursor {
-    const KvCache& cache;
-    const PageId* pages;
-    int layer, page_tokens, hd;
-    bool is_v;
-    size_t head_offset;
-    int64_t page = 0;
-    int slot = 0;
-    const KvElem* row = nullptr;
-    void Start() {
-      row = reinterpret_cast<const KvElem*>(cache.Block(layer, pages[page], is_v)) + head_offset;
-    }
-    void Next() {
-      if (++slot < page_tokens) {
-        row += hd;
-        return;
-      }
-      slot = 0;
-      ++page;
-      Start();
-    }
-  };
-  const size_t head_offset = static_cast<size_t>(kv_head) * page_tokens * hd;
   // Scores 16 positions at a time; each dot product is summed in a fixed order (head_dim
   // chunks in sequence, then the lane tree), so it does not depend on its 15 neighbours.
   const __m512 vscale = _mm512_set1_ps(scale);
   __m512 vmax_scores = _mm512_set1_ps(-INFINITY);
-  RowCursor keys{cache, query.pages, layer, page_tokens, hd, false, head_offset};
-  keys.Start();
   for (int64_t pos0 = 0; pos0 < ctx; pos0 += 16) {
     const int live = static_cast<int>(std::min<int64_t>(16, ctx - pos0));
     __m512 acc[16];
     for (int i = 0; i < 16; ++i) {
       acc[i] = _mm512_setzero_ps();
       if (i >= live) continue;
+      const float* k = keys + (pos0 + i) * hd;
       for (int c = 0; c < chunks; ++c) {
-        acc[i] = _mm512_fmadd_ps(qv[c], LoadKv(keys.row + 16 * c, TailMask16(hd - 16 * c)), acc[i]);
+        acc[i] = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(TailMask16(hd - 16 * c), k + 16 * c),
+                                 acc[i]);
       }
-      if (pos0 + i + 1 < ctx) keys.Next();
     }
     const __mmask16 mask = TailMask16(live);
     const __m512 s = _mm512_mul_ps(HorizontalSums16(acc), vscale);
     _mm512_mask_storeu_ps(&scores[pos0], mask, s);
     vmax_scores = _mm512_mask_max_ps(vmax_scores, mask, vmax_scores, s);
   }
-  const float max_score = _mm512_reduce_max_ps(vmax_scores);
   // Softmax numerators and their sum, 16 positions at a time.
-  const __m512 vmax = _mm512_set1_ps(max_score);
+  const __m512 vmax = _mm512_set1_ps(_mm512_reduce_max_ps(vmax_scores));
   __m512 vsum = _mm512_setzero_ps();
   for (int64_t pos = 0; pos < ctx; pos += 16) {
-    __mmask16 mask = TailMask16(static_cast<int>(std::min<int64_t>(16, ctx - pos)));
+    const __mmask16 mask = TailMask16(static_cast<int>(std::min<int64_t>(16, ctx - pos)));
     __m512 e = Exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, &scores[pos]), vmax));
     e = _mm512_maskz_mov_ps(mask, e);
     _mm512_mask_storeu_ps(&scores[pos], mask, e);
     vsum = _mm512_add_ps(vsum, e);
   }
   const float inv_sum = 1.0f / _mm512_reduce_add_ps(vsum);
-  __m512 out[kMaxHeadChunks];
-  for (int c = 0; c < chunks; ++c) out[c] = _mm512_setzero_ps();
-  RowCursor values{cache, query.pages, layer, page_tokens, hd, true, head_offset};
-  values.Start();
+  __m512 acc[kMaxHeadChunks];
+  for (int c = 0; c < chunks; ++c) acc[c] = _mm512_setzero_ps();
   for (int64_t pos = 0; pos < ctx; ++pos) {
     const __m512 p = _mm512_set1_ps(scores[pos]);
+    const float* v = values + pos * hd;
     for (int c = 0; c < chunks; ++c) {
-      out[c] = _mm512_fmadd_ps(p, LoadKv(values.row + 16 * c, TailMask16(hd - 16 * c)), out[c]);
+      acc[c] =
+          _mm512_fmadd_ps(p, _mm512_maskz_loadu_ps(TailMask16(hd - 16 * c), v + 16 * c), acc[c]);
     }
-    if (pos + 1 < ctx) values.Next();
   }
-  float* dst = query.out + static_cast<size_t>(head) * hd;
   const __m512 vinv = _mm512_set1_ps(inv_sum);
   for (int c = 0; c < chunks; ++c) {
-    _mm512_mask_storeu_ps(dst + 16 * c, TailMask16(hd - 16 * c), _mm512_mul_ps(out[c], vinv));
+    _mm512_mask_storeu_ps(out + 16 * c, TailMask16(hd - 16 * c), _mm512_mul_ps(acc[c], vinv));
   }
 }
 
 template <typename KvElem>
 void PagedAttentionImpl(std::span<const AttentionQuery> queries, const KvCache& cache, int layer,
                         int num_heads, float scale) {
-  const int group = num_heads / cache.layout().num_kv_heads;
-  const int64_t work = static_cast<int64_t>(queries.size()) * num_heads;
+  const KvLayout& layout = cache.layout();
+  const int kv_heads = layout.num_kv_heads;
+  const int group = num_heads / kv_heads;
+  const int hd = layout.head_dim;
+  const int64_t work = static_cast<int64_t>(queries.size()) * kv_heads;
   int64_t macs = 0;
   for (const AttentionQuery& q : queries) macs += q.context_len;
-  macs *= static_cast<int64_t>(num_heads) * 2 * cache.layout().head_dim;
+  macs *= static_cast<int64_t>(num_heads) * 2 * hd;
 #pragma omp parallel if (macs >= kParallelMacs)
   {
-    std::vector<float> scores;
-#pragma omp for schedule(dynamic, 4)
+    // Per thread, kept across calls: K and V rows of one (query, KV head) and the scores.
+    thread_local std::vector<float> keys, values, scores;
+#pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < work; ++i) {
-      AttendOne<KvElem>(queries[i / num_heads], static_cast<int>(i % num_heads), cache, layer,
-                        group, scale, scores);
+      const AttentionQuery& query = queries[i / kv_heads];
+      const int kv_head = static_cast<int>(i % kv_heads);
+      const size_t rows = static_cast<size_t>(query.context_len) * hd;
+      if (keys.size() < rows) {
+        keys.resize(rows);
+        values.resize(rows);
+      }
+      GatherRows<KvElem>(query, cache, layer, kv_head, false, keys.data());
+      GatherRows<KvElem>(query, cache, layer, kv_head, true, values.data());
+      for (int h = kv_head * group; h < (kv_head + 1) * group; ++h) {
+        AttendHead(query.q + static_cast<size_t>(h) * hd, keys.data(), values.data(),
+                   query.context_len, hd, scale, query.out + static_cast<size_t>(h) * hd, scores);
+      }
     }
   }
 }
 
 }  // namespace
 
-void MatMulBF16(const uint16_t* x, const uint16_t* w, float* y, int m, int n, int k) {
-  MatMulDriver<uint16_t, TileBF16>(x, w, y, m, n, k);
+size_t PackedBF16Elements(int n, int k) {
+  return static_cast<size_t>(ColBlocks(n)) * Pairs(k) * kPairElems;
+}
+
+void PackBF16(const uint16_t* w, int n, int k, uint16_t* packed) {
+  const int pairs = Pairs(k);
+  std::fill(packed, packed + PackedBF16Elements(n, k), uint16_t{0});
+  for (int c = 0; c < n; ++c) {
+    uint16_t* dst =
+        packed + static_cast<size_t>(c / kBlockCols) * pairs * kPairElems + 2 * (c % kBlockCols);
+    const uint16_t* src = w + static_cast<size_t>(c) * k;
+    for (int i = 0; i < k; ++i) dst[static_cast<size_t>(i / 2) * kPairElems + i % 2] = src[i];
+  }
+}
+
+void UnpackRowBF16(const uint16_t* packed, int n, int k, int row, float* out) {
+  PD_CHECK(row >= 0 && row < n);
+  const uint16_t* src = packed + static_cast<size_t>(row / kBlockCols) * Pairs(k) * kPairElems +
+                        2 * (row % kBlockCols);
+  for (int i = 0; i < k; ++i)
+    out[i] = BF16ToF32(src[static_cast<size_t>(i / 2) * kPairElems + i % 2]);
+}
+
+void MatMulBF16(const uint16_t* x, const uint16_t* packed_w, float* y, int m, int n, int k) {
+  static constexpr auto kTiles = PackedTileTable(std::make_index_sequence<kBlockGroups>());
+  const int blocks = ColBlocks(n);
+  const size_t block_elems = static_cast<size_t>(Pairs(k)) * kPairElems;
+  const bool parallel = static_cast<int64_t>(std::min(m, kTokenBlock)) * n * k >= kParallelMacs;
+  for (int tb = 0; tb < m; tb += kTokenBlock) {
+    const int t_end = std::min(m, tb + kTokenBlock);
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int b = 0; b < blocks; ++b) {
+      const int c0 = b * kBlockCols;
+      const int groups = std::min(kBlockGroups, (n - c0 + kGroupCols - 1) / kGroupCols);
+      for (int t = tb; t < t_end; t += kTokens) {
+        kTiles[groups][std::min(kTokens, t_end - t)](x, packed_w + b * block_elems, y, n, k, c0, t);
+      }
+    }
+  }
 }
 
 void MatMulF32(const float* x, const float* w, float* y, int m, int n, int k) {

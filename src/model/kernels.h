@@ -2,8 +2,9 @@
 //
 // Every kernel is *batch-invariant*: the value computed for one row (token) depends only on
 // that row's inputs, never on how many other rows share the call or where a chunk starts. Each
-// output element is accumulated in a fixed order (16/32 lanes along the reduction dimension,
-// then a fixed lane reduction), whatever tile it falls in. This is what makes disaggregated and
+// output element is accumulated in a fixed order whatever tile it falls in (BF16: one lane
+// per output over the k pairs in sequence; F32 and attention scores: 16 lanes along the
+// reduction dimension, then a fixed lane tree). This is what makes disaggregated and
 // colocated serving produce bit-identical tokens (DESIGN.md §6) and why the matrix products are
 // our own AVX-512 kernels rather than oneDNN's, whose reduction order depends on the batch size.
 //
@@ -19,9 +20,17 @@
 
 namespace pdserve::kernels {
 
-// y[m][n] = sum_k x[m][k] * w[n][k]. w is [N][K] row-major (Hugging Face layout).
-// BF16 variant: x is BF16 too (activations are rounded to BF16 before a BF16 product).
-void MatMulBF16(const uint16_t* x, const uint16_t* w, float* y, int m, int n, int k);
+// BF16 weight matrices are repacked once, at load, into the operand layout of the BF16 product
+// (64-column blocks, k in pairs; see kernels.cc). PackedBF16Elements is the packed size in
+// BF16 values; PackBF16 packs w [n][k] (row-major, Hugging Face layout); UnpackRowBF16 reads
+// row `row` of the original matrix back as floats (an embedding lookup in a tied lm_head).
+size_t PackedBF16Elements(int n, int k);
+void PackBF16(const uint16_t* w, int n, int k, uint16_t* packed);
+void UnpackRowBF16(const uint16_t* packed, int n, int k, int row, float* out);
+
+// y[m][n] = sum_k x[m][k] * w[n][k]. BF16: x is BF16 too (activations are rounded to BF16
+// before a BF16 product) and w is packed by PackBF16. F32: w is [n][k] row-major.
+void MatMulBF16(const uint16_t* x, const uint16_t* packed_w, float* y, int m, int n, int k);
 void MatMulF32(const float* x, const float* w, float* y, int m, int n, int k);
 
 // Rounds n floats to BF16 (nearest even).

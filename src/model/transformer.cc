@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <numbers>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -13,12 +14,14 @@
 
 namespace pdserve {
 
-// Per layer, the projections that read the same input are fused into one matrix so one pass
-// over the activations feeds them all: q|k|v and gate|up.
-struct Transformer::FusedLayer {
-  Tensor qkv;       // [(heads + 2 * kv_heads) * head_dim, hidden]
+// Per layer, the matrices in kernel form. Projections that read the same input are fused into
+// one matrix so one pass over the activations feeds them all: q|k|v and gate|up.
+struct Transformer::LayerMatrices {
+  Matrix qkv;       // [(heads + 2 * kv_heads) * head_dim, hidden]
   Tensor qkv_bias;  // F32, empty without bias
-  Tensor gate_up;   // [2 * intermediate, hidden]
+  Matrix o_proj;    // [hidden, heads * head_dim]
+  Matrix gate_up;   // [2 * intermediate, hidden]
+  Matrix down;      // [hidden, intermediate]
 };
 
 namespace {
@@ -85,23 +88,38 @@ Result<std::unique_ptr<Transformer>> Transformer::Create(ModelConfig config, Mod
   return std::unique_ptr<Transformer>(new Transformer(std::move(config), std::move(weights), kv));
 }
 
+Transformer::Matrix Transformer::ToMatrix(Tensor w) {
+  Matrix m;
+  m.n = static_cast<int>(w.dim(0));
+  m.k = static_cast<int>(w.dim(1));
+  if (w.dtype() == DType::kF32) {
+    m.data = std::move(w);
+    return m;
+  }
+  m.data = Tensor::Uninitialized(DType::kBF16,
+                                 {static_cast<int64_t>(kernels::PackedBF16Elements(m.n, m.k))});
+  kernels::PackBF16(w.as<uint16_t>(), m.n, m.k, m.data.as<uint16_t>());
+  return m;  // the unpacked original is freed here
+}
+
 Transformer::Transformer(ModelConfig config, ModelWeights weights, KvDType kv_dtype)
     : config_(std::move(config)), weights_(std::move(weights)), kv_dtype_(kv_dtype) {
   inv_freq_ = RopeInverseFrequencies(config_);
   layers_.resize(weights_.layers.size());
+  // The originals are released as they are converted, to keep one copy in memory.
   for (size_t i = 0; i < layers_.size(); ++i) {
     LayerWeights& w = weights_.layers[i];
-    FusedLayer& f = layers_[i];
-    f.qkv = ConcatRows({&w.q_proj, &w.k_proj, &w.v_proj});
+    LayerMatrices& f = layers_[i];
+    f.qkv = ToMatrix(ConcatRows({&w.q_proj, &w.k_proj, &w.v_proj}));
     if (!w.q_bias.empty()) f.qkv_bias = ConcatRows({&w.q_bias, &w.k_bias, &w.v_bias});
-    f.gate_up = ConcatRows({&w.gate_proj, &w.up_proj});
-    // The originals are no longer needed; free them now to keep one copy in memory.
-    w.q_proj = Tensor();
-    w.k_proj = Tensor();
-    w.v_proj = Tensor();
-    w.gate_proj = Tensor();
-    w.up_proj = Tensor();
+    f.o_proj = ToMatrix(std::move(w.o_proj));
+    f.gate_up = ToMatrix(ConcatRows({&w.gate_proj, &w.up_proj}));
+    f.down = ToMatrix(std::move(w.down_proj));
+    for (Tensor* t : {&w.q_proj, &w.k_proj, &w.v_proj, &w.gate_proj, &w.up_proj}) *t = Tensor();
   }
+  // A tied embedding lives on only inside the output matrix (EmbedRow reads it from there).
+  lm_head_ = ToMatrix(weights_.lm_head.empty() ? std::exchange(weights_.embed, Tensor())
+                                               : std::exchange(weights_.lm_head, Tensor()));
 }
 
 Transformer::~Transformer() = default;
@@ -116,23 +134,37 @@ KvLayout Transformer::MakeKvLayout(int num_pages, int page_tokens) const {
 }
 
 size_t Transformer::WeightBytes() const {
-  size_t bytes = weights_.output_matrix().nbytes();
-  for (const FusedLayer& f : layers_) bytes += f.qkv.nbytes() + f.gate_up.nbytes();
-  for (const LayerWeights& w : weights_.layers) bytes += w.o_proj.nbytes() + w.down_proj.nbytes();
+  size_t bytes = lm_head_.data.nbytes();
+  for (const LayerMatrices& f : layers_) {
+    bytes += f.qkv.data.nbytes() + f.o_proj.data.nbytes() + f.gate_up.data.nbytes() +
+             f.down.data.nbytes();
+  }
   return bytes;
 }
 
-void Transformer::Linear(const float* x, int m, const Tensor& w, float* y) {
-  const int n = static_cast<int>(w.dim(0));
-  const int k = static_cast<int>(w.dim(1));
-  if (w.dtype() == DType::kF32) {
-    kernels::MatMulF32(x, w.as<float>(), y, m, n, k);
+void Transformer::Linear(const float* x, int m, const Matrix& w, float* y) {
+  if (w.data.dtype() == DType::kF32) {
+    kernels::MatMulF32(x, w.data.as<float>(), y, m, w.n, w.k);
     return;
   }
-  const size_t count = static_cast<size_t>(m) * k;
+  const size_t count = static_cast<size_t>(m) * w.k;
   if (x_bf16_.size() < count) x_bf16_.resize(count);
   kernels::ToBF16(x, x_bf16_.data(), count);
-  kernels::MatMulBF16(x_bf16_.data(), w.as<uint16_t>(), y, m, n, k);
+  kernels::MatMulBF16(x_bf16_.data(), w.data.as<uint16_t>(), y, m, w.n, w.k);
+}
+
+void Transformer::EmbedRow(int32_t token, float* out) const {
+  const int hidden = config_.hidden_size;
+  if (!weights_.embed.empty()) {
+    const Tensor& e = weights_.embed;
+    const size_t offset = static_cast<size_t>(token) * hidden * DTypeSize(e.dtype());
+    ConvertToF32(e.dtype(), static_cast<const uint8_t*>(e.data()) + offset, out, hidden);
+  } else if (lm_head_.data.dtype() == DType::kF32) {
+    const float* row = lm_head_.data.as<float>() + static_cast<size_t>(token) * hidden;
+    std::copy(row, row + hidden, out);
+  } else {
+    kernels::UnpackRowBF16(lm_head_.data.as<uint16_t>(), lm_head_.n, lm_head_.k, token, out);
+  }
 }
 
 Status Transformer::Validate(std::span<const SequenceChunk> chunks, const KvCache& cache) const {
@@ -185,10 +217,7 @@ Status Transformer::Forward(std::span<const SequenceChunk> chunks, KvCache& cach
     for (size_t i = 0; i < c.tokens.size(); ++i, ++row) {
       positions_[row] = c.start + static_cast<int64_t>(i);
       token_chunk_[row] = ci;
-      const Tensor& e = weights_.embed;
-      const size_t offset = static_cast<size_t>(c.tokens[i]) * hidden * DTypeSize(e.dtype());
-      ConvertToF32(e.dtype(), static_cast<const uint8_t*>(e.data()) + offset,
-                   &x_[static_cast<size_t>(row) * hidden], hidden);
+      EmbedRow(c.tokens[i], &x_[static_cast<size_t>(row) * hidden]);
       for (int j = 0; j < half; ++j) {
         const double angle = static_cast<double>(positions_[row]) * inv_freq_[j];
         cos_[static_cast<size_t>(row) * half + j] = static_cast<float>(std::cos(angle));
@@ -220,14 +249,14 @@ Status Transformer::Forward(std::span<const SequenceChunk> chunks, KvCache& cach
     kernels::RmsNorm(h_.data(), weights_.final_norm.as<float>(), h_.data(), m, hidden,
                      static_cast<float>(config_.rms_norm_eps));
     logits->resize(static_cast<size_t>(m) * config_.vocab_size);
-    if (m > 0) Linear(h_.data(), m, weights_.output_matrix(), logits->data());
+    if (m > 0) Linear(h_.data(), m, lm_head_, logits->data());
   }
   return Status::Ok();
 }
 
 void Transformer::AttentionBlock(int layer, std::span<const SequenceChunk> chunks, KvCache& cache) {
   const LayerWeights& w = weights_.layers[layer];
-  const FusedLayer& f = layers_[layer];
+  const LayerMatrices& f = layers_[layer];
   const int total = static_cast<int>(positions_.size());
   const int hidden = config_.hidden_size;
   const int hd = config_.head_dim;
@@ -277,13 +306,13 @@ void Transformer::AttentionBlock(int layer, std::span<const SequenceChunk> chunk
                           1.0f / std::sqrt(static_cast<float>(hd)));
 
   tmp_.resize(x_.size());
-  Linear(attn_.data(), total, w.o_proj, tmp_.data());
+  Linear(attn_.data(), total, f.o_proj, tmp_.data());
   for (size_t i = 0; i < x_.size(); ++i) x_[i] += tmp_[i];
 }
 
 void Transformer::MlpBlock(int layer) {
   const LayerWeights& w = weights_.layers[layer];
-  const FusedLayer& f = layers_[layer];
+  const LayerMatrices& f = layers_[layer];
   const int total = static_cast<int>(positions_.size());
   const int hidden = config_.hidden_size;
   const int inter = config_.intermediate_size;
@@ -298,7 +327,7 @@ void Transformer::MlpBlock(int layer) {
     const float* g = &gate_up_[static_cast<size_t>(t) * 2 * inter];
     kernels::SiluMul(g, g + inter, &act_[static_cast<size_t>(t) * inter], inter);
   }
-  Linear(act_.data(), total, w.down_proj, tmp_.data());
+  Linear(act_.data(), total, f.down, tmp_.data());
   for (size_t i = 0; i < x_.size(); ++i) x_[i] += tmp_[i];
 }
 

@@ -63,17 +63,28 @@ class Transformer {
                  LayerObserver* observer = nullptr);
 
  private:
-  struct FusedLayer;
+  // A weight matrix [n][k] as the kernels take it: BF16 packed by kernels::PackBF16, or F32
+  // row-major.
+  struct Matrix {
+    Tensor data;
+    int n = 0;
+    int k = 0;
+  };
+  struct LayerMatrices;
+  static Matrix ToMatrix(Tensor w);
   Transformer(ModelConfig config, ModelWeights weights, KvDType kv_dtype);
   Status Validate(std::span<const SequenceChunk> chunks, const KvCache& cache) const;
-  // y[m][out] = x[m][in] * w^T, in the weight's dtype.
-  void Linear(const float* x, int m, const Tensor& w, float* y);
+  // y[m][n] = x[m][k] * w^T, in the weight's dtype.
+  void Linear(const float* x, int m, const Matrix& w, float* y);
+  // The embedding of `token` as floats (from the output matrix when the two are tied).
+  void EmbedRow(int32_t token, float* out) const;
   void AttentionBlock(int layer, std::span<const SequenceChunk> chunks, KvCache& cache);
   void MlpBlock(int layer);
 
   ModelConfig config_;
   ModelWeights weights_;
-  std::vector<FusedLayer> layers_;
+  std::vector<LayerMatrices> layers_;
+  Matrix lm_head_;
   KvDType kv_dtype_;
   std::vector<double> inv_freq_;  // RoPE inverse frequencies (with rope scaling applied)
 
