@@ -37,7 +37,8 @@ test-asan: deps
 test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPDSERVE_SANITIZE=thread
 	cmake --build $(TSAN_BUILD) -j $(JOBS)
-	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -L threaded --timeout 1200
+	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" \
+	  ctest --output-on-failure -j $(JOBS) -L threaded --timeout 1200
 
 # libFuzzer over request parsing (g++ has no libFuzzer: clang++ builds just the parser, its
 # error type, SamplingParams and Status), run for FUZZ_SECONDS over the committed seed corpus.

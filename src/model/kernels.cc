@@ -19,9 +19,9 @@
 namespace pdserve::kernels {
 namespace {
 
-// Tile shape of the matrix products: kRows weight rows x kTokens activation rows, one
-// accumulator each (24 of the 32 zmm registers). kTokenBlock rows of x are processed per pass
-// so they stay in L2 while every weight row streams past them.
+// Tile shape of the matrix products: kTokens activation rows x kRows weight rows (F32) or
+// 4 x 16 packed columns (BF16), one accumulator each (24 of the 32 zmm registers). kTokenBlock
+// rows of x are processed per pass so they stay in L2 while every weight block streams past.
 constexpr int kRows = 4;
 constexpr int kTokens = 6;
 constexpr int kTokenBlock = 16 * kTokens;

@@ -1,5 +1,5 @@
-// Test helpers for the engine: synthetic model directories (written once, shared by test
-// processes) and a fixture that runs greedy requests to completion.
+// Test helpers for the engine: a fixture that runs greedy requests to completion (synthetic
+// model directories come from testing/test_models.h).
 #pragma once
 
 #include <memory>
@@ -9,12 +9,9 @@
 #include "engine/engine.h"
 #include "model/dtype.h"
 #include "model/model_dir.h"
+#include "testing/test_models.h"
 
 namespace pdserve::testing {
-
-// Path of a synthetic model of `preset` in `dtype` (seed 1), written on first use under the
-// build tree. Safe when several test processes ask at once (write to a temp dir, then rename).
-std::string SyntheticModelDir(const std::string& preset, DType dtype);
 
 struct FixtureOptions {
   int page_tokens = 16;

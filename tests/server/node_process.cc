@@ -9,7 +9,6 @@
 
 #include <chrono>
 #include <cstring>
-#include <filesystem>
 #include <thread>
 
 #include "testing/test_paths.h"
@@ -73,20 +72,6 @@ int WaitExit(pid_t pid, Clock::time_point deadline) {
 }
 
 }  // namespace
-
-std::string TinyModelDir() {
-  namespace fs = std::filesystem;
-  const std::string dir = BinaryPath("test-models/server-tiny");
-  if (fs::exists(dir + "/config.json")) return dir;
-  fs::create_directories(BinaryPath("test-models"));
-  const std::string tmp = dir + ".tmp." + std::to_string(getpid());
-  int code = 0;
-  RunPdserve({"make-model", "--preset", "tiny", "--out", tmp, "--seed", "1"}, &code);
-  std::error_code ec;
-  fs::rename(tmp, dir, ec);  // fails harmlessly if another process got there first
-  if (ec) fs::remove_all(tmp);
-  return dir;
-}
 
 std::string RunPdserve(const std::vector<std::string>& args, int* exit_code) {
   int fd = -1;

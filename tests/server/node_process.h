@@ -1,7 +1,7 @@
-// Test helpers that run the real `pdserve` binary: a synthetic model directory made with
-// `pdserve make-model`, a `pdserve serve` child process on a free port, `pdserve generate
-// --json` as the reference, and an SSE reader. For tests only; each object is used from the
-// test's main thread except Post/Stream helpers, which are safe from any thread.
+// Test helpers that run the real `pdserve` binary: a `pdserve serve` child process on a free
+// port, `pdserve generate --json` as the reference, and an SSE reader (the model directory comes
+// from testing/test_models.h). For tests only; each object is used from the test's main thread
+// except Post/Stream helpers, which are safe from any thread.
 #pragma once
 
 #include <sys/types.h>
@@ -13,11 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
-namespace pdserve::testing {
+#include "testing/test_models.h"
 
-// DIR of the "tiny" synthetic model (seed 1), written once under the build tree; safe when
-// several test processes ask at once.
-std::string TinyModelDir();
+namespace pdserve::testing {
 
 // Runs `pdserve <args>` to completion (deadline 120 s) and returns its stdout; the exit code
 // goes to *exit_code.

@@ -12,13 +12,11 @@
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <sstream>
 #include <thread>
 
 #include <httplib.h>
 
-#include "model/synthetic.h"
 #include "testing/test_paths.h"
 
 namespace pdserve::testing {
@@ -86,17 +84,6 @@ std::optional<int> Subprocess::Wait(Deadline deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return std::nullopt;
-}
-
-std::string TinyModelDir() {
-  static std::once_flag once;
-  static std::string dir;
-  std::call_once(once, [] {
-    dir = MakeTempDir("pdserve-router-tiny");
-    Status s = WriteSyntheticModel("tiny", dir, /*seed=*/0);
-    if (!s.ok()) dir.clear();
-  });
-  return dir;
 }
 
 int FreePort() {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "testing/test_models.h"
 
 namespace pdserve::testing {
 
@@ -36,8 +37,6 @@ class Subprocess {
   bool reaped_ = false;
 };
 
-// The "tiny" synthetic model, written once per test process into a temporary directory.
-std::string TinyModelDir();
 int FreePort();
 // True once GET http://127.0.0.1:port/health answers 200 before the deadline.
 bool WaitHealthy(int port, Deadline deadline);
