@@ -277,10 +277,14 @@ void GatherRows(const AttentionQuery& query, const KvCache& cache, int layer, in
 }
 
 // One query head over contiguous K and V rows [ctx][hd]: softmax(q . K^T * scale) . V.
+// `Chunks` = ceil(hd / 16) is a template argument so that the per-chunk accumulators stay in
+// registers (with a run-time count the compiler keeps them on the stack).
+template <int Chunks>
 void AttendHead(const float* q, const float* keys, const float* values, int64_t ctx, int hd,
                 float scale, float* out, std::vector<float>& scores) {
-  const int chunks = (hd + 15) / 16;
-  __m512 qv[kMaxHeadChunks];
+  constexpr int chunks = Chunks;
+  __m512 qv[Chunks];
+#pragma GCC unroll 16
   for (int c = 0; c < chunks; ++c) {
     qv[c] = _mm512_maskz_loadu_ps(TailMask16(hd - 16 * c), q + 16 * c);
   }
@@ -296,6 +300,7 @@ void AttendHead(const float* q, const float* keys, const float* values, int64_t 
       acc[i] = _mm512_setzero_ps();
       if (i >= live) continue;
       const float* k = keys + (pos0 + i) * hd;
+#pragma GCC unroll 16
       for (int c = 0; c < chunks; ++c) {
         acc[i] = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(TailMask16(hd - 16 * c), k + 16 * c),
                                  acc[i]);
@@ -317,20 +322,30 @@ void AttendHead(const float* q, const float* keys, const float* values, int64_t 
     vsum = _mm512_add_ps(vsum, e);
   }
   const float inv_sum = 1.0f / _mm512_reduce_add_ps(vsum);
-  __m512 acc[kMaxHeadChunks];
+  __m512 acc[Chunks];
+#pragma GCC unroll 16
   for (int c = 0; c < chunks; ++c) acc[c] = _mm512_setzero_ps();
   for (int64_t pos = 0; pos < ctx; ++pos) {
     const __m512 p = _mm512_set1_ps(scores[pos]);
     const float* v = values + pos * hd;
+#pragma GCC unroll 16
     for (int c = 0; c < chunks; ++c) {
       acc[c] =
           _mm512_fmadd_ps(p, _mm512_maskz_loadu_ps(TailMask16(hd - 16 * c), v + 16 * c), acc[c]);
     }
   }
   const __m512 vinv = _mm512_set1_ps(inv_sum);
+#pragma GCC unroll 16
   for (int c = 0; c < chunks; ++c) {
     _mm512_mask_storeu_ps(out + 16 * c, TailMask16(hd - 16 * c), _mm512_mul_ps(acc[c], vinv));
   }
+}
+
+using AttendHeadFn = void (*)(const float*, const float*, const float*, int64_t, int, float, float*,
+                              std::vector<float>&);
+template <size_t... C>
+constexpr std::array<AttendHeadFn, kMaxHeadChunks + 1> AttendHeadTable(std::index_sequence<C...>) {
+  return {nullptr, &AttendHead<static_cast<int>(C) + 1>...};
 }
 
 template <typename KvElem>
@@ -340,6 +355,8 @@ void PagedAttentionImpl(std::span<const AttentionQuery> queries, const KvCache& 
   const int kv_heads = layout.num_kv_heads;
   const int group = num_heads / kv_heads;
   const int hd = layout.head_dim;
+  static constexpr auto kAttendHead = AttendHeadTable(std::make_index_sequence<kMaxHeadChunks>());
+  const AttendHeadFn attend = kAttendHead[(hd + 15) / 16];
   const int64_t work = static_cast<int64_t>(queries.size()) * kv_heads;
   int64_t macs = 0;
   for (const AttentionQuery& q : queries) macs += q.context_len;
@@ -360,8 +377,8 @@ void PagedAttentionImpl(std::span<const AttentionQuery> queries, const KvCache& 
       GatherRows<KvElem>(query, cache, layer, kv_head, false, keys.data());
       GatherRows<KvElem>(query, cache, layer, kv_head, true, values.data());
       for (int h = kv_head * group; h < (kv_head + 1) * group; ++h) {
-        AttendHead(query.q + static_cast<size_t>(h) * hd, keys.data(), values.data(),
-                   query.context_len, hd, scale, query.out + static_cast<size_t>(h) * hd, scores);
+        attend(query.q + static_cast<size_t>(h) * hd, keys.data(), values.data(), query.context_len,
+               hd, scale, query.out + static_cast<size_t>(h) * hd, scores);
       }
     }
   }
