@@ -1,6 +1,7 @@
 // `pdserve bench engine`: prefill and decode throughput of the forward pass, each beside the
 // ceiling measured in the same run (oneDNN bf16 GEMM rate for prefill; memory bandwidth over
-// the bytes of weights read per step for decode) and the ratio to it.
+// the bytes of weights read per step for decode) and the ratio to it. Each figure is measured
+// --repeats times, every time right after its own ceiling; the medians are printed.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -42,9 +43,9 @@ double Median(std::vector<double> v) {
 }
 
 // Runs `batch` sequences that each already hold `context` tokens through `steps` decode
-// steps; returns the median seconds per step over `repeats` runs.
+// steps; returns the seconds per step.
 Result<double> DecodeSecondsPerStep(Transformer& model, KvCache& cache, int batch, int context,
-                                    int steps, int repeats) {
+                                    int steps) {
   const int page_tokens = cache.layout().page_tokens;
   const int pages_per_seq = (context + steps + page_tokens - 1) / page_tokens;
   std::vector<std::vector<PageId>> tables(batch);
@@ -54,23 +55,31 @@ Result<double> DecodeSecondsPerStep(Transformer& model, KvCache& cache, int batc
   // The KV content does not change the work: the cache is left as the prefill run wrote it.
   std::vector<int32_t> token(batch, 1);
   std::vector<float> logits;
-  std::vector<double> per_step;
-  for (int r = 0; r < repeats; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    for (int s = 0; s < steps; ++s) {
-      std::vector<SequenceChunk> chunks;
-      for (int b = 0; b < batch; ++b) {
-        chunks.push_back({.tokens = std::span<const int32_t>(&token[b], 1),
-                          .start = context + s,
-                          .pages = tables[b],
-                          .want_logits = true});
-      }
-      PD_RETURN_IF_ERROR(model.Forward(chunks, cache, &logits));
+  const auto start = std::chrono::steady_clock::now();
+  for (int s = 0; s < steps; ++s) {
+    std::vector<SequenceChunk> chunks;
+    for (int b = 0; b < batch; ++b) {
+      chunks.push_back({.tokens = std::span<const int32_t>(&token[b], 1),
+                        .start = context + s,
+                        .pages = tables[b],
+                        .want_logits = true});
     }
-    per_step.push_back(Seconds(start) / steps);
+    PD_RETURN_IF_ERROR(model.Forward(chunks, cache, &logits));
   }
-  return Median(per_step);
+  return Seconds(start) / steps;
 }
+
+// One row of the table: per round, a ceiling measured right before the figure it bounds, so
+// that the host's load drifting between the two does not skew the ratio. Medians are printed.
+struct Row {
+  std::vector<double> tokens_per_s, achieved, ceiling_tps, ratio;
+  void Add(double tps, double achieved_rate, double ceiling) {
+    tokens_per_s.push_back(tps);
+    achieved.push_back(achieved_rate);
+    ceiling_tps.push_back(ceiling);
+    ratio.push_back(tps / ceiling);
+  }
+};
 
 int RunBenchEngine(BenchEngineFlags& f) {
   std::vector<int> batches;
@@ -103,52 +112,73 @@ int RunBenchEngine(BenchEngineFlags& f) {
   std::vector<PageId> table(pages_per_seq);
   for (int p = 0; p < pages_per_seq; ++p) table[p] = p;
   std::vector<float> logits;
-  std::vector<double> prefill_s;
-  for (int r = 0; r < f.repeats + 1; ++r) {
-    SequenceChunk chunk{.tokens = prompt, .start = 0, .pages = table, .want_logits = true};
+  const SequenceChunk chunk{.tokens = prompt, .start = 0, .pages = table, .want_logits = true};
+  auto prefill_seconds = [&]() -> Result<double> {
     const auto start = std::chrono::steady_clock::now();
-    if (Status s = model.Forward(std::span(&chunk, 1), *cache, &logits); !s.ok()) {
-      return Fail(s.ToString());
-    }
-    if (r > 0) prefill_s.push_back(Seconds(start));  // the first run warms up
-  }
-  const double t_prefill = Median(prefill_s);
+    PD_RETURN_IF_ERROR(model.Forward(std::span(&chunk, 1), *cache, &logits));
+    return Seconds(start);
+  };
+  if (auto warm = prefill_seconds(); !warm.ok()) return Fail(warm.status().ToString());
+
   const double macs = LayerMacsPerToken(c);
   const double attn_macs = 2.0 * c.num_layers * c.num_heads * c.head_dim *
                            (static_cast<double>(f.prompt_len) * (f.prompt_len + 1) / 2);
   const double prefill_flops =
       2.0 * (macs * f.prompt_len + attn_macs + static_cast<double>(c.vocab_size) * c.hidden_size);
-
-  // Ceilings, measured now on the same cores.
-  const int threads = f.model.threads;
-  auto gemm =
-      MeasureBf16GemmFlops(f.prompt_len, 2 * c.intermediate_size, c.hidden_size, threads, 1.0);
-  if (!gemm.ok()) return Fail(gemm.status().ToString());
-  auto bandwidth = MeasureMemoryBandwidth(size_t{1} << 30, threads, 1.0);
-  if (!bandwidth.ok()) return Fail(bandwidth.status().ToString());
+  const double decode_flops_per_token =
+      2.0 * (macs + static_cast<double>(c.vocab_size) * c.hidden_size);
   const double weight_bytes = static_cast<double>(model.WeightBytes());
+  const int threads = f.model.threads;
+  constexpr double kCeilingSeconds = 0.3;  // best run over this long, per round
+  auto gemm_rate = [&] {
+    return MeasureBf16GemmFlops(f.prompt_len, 2 * c.intermediate_size, c.hidden_size, threads,
+                                kCeilingSeconds);
+  };
+
+  Row prefill;
+  std::vector<double> gemm_rates, bandwidths;
+  for (int r = 0; r < f.repeats; ++r) {
+    PD_ASSIGN_OR_RETURN_CLI(double gemm, gemm_rate());
+    PD_ASSIGN_OR_RETURN_CLI(double t, prefill_seconds());
+    gemm_rates.push_back(gemm);
+    prefill.Add(f.prompt_len / t, prefill_flops / t / 1e9, gemm / (prefill_flops / f.prompt_len));
+  }
+  std::vector<Row> decode(batches.size());
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const int b = batches[i];
+    for (int r = 0; r < f.repeats; ++r) {
+      PD_ASSIGN_OR_RETURN_CLI(double bandwidth,
+                              MeasureMemoryBandwidth(size_t{1} << 30, threads, kCeilingSeconds));
+      PD_ASSIGN_OR_RETURN_CLI(double gemm, gemm_rate());
+      PD_ASSIGN_OR_RETURN_CLI(double step,
+                              DecodeSecondsPerStep(model, *cache, b, f.prompt_len, f.decode_steps));
+      bandwidths.push_back(bandwidth);
+      gemm_rates.push_back(gemm);
+      // Weights are read once per step whatever the batch; past the bandwidth bound the GEMM
+      // rate bounds instead.
+      const double ceiling = std::min(b * bandwidth / weight_bytes, gemm / decode_flops_per_token);
+      decode[i].Add(b / step, weight_bytes / step / 1e9, ceiling);
+    }
+  }
 
   std::printf("model %s: %d layers, hidden %d, %.0f MB of weights read per decode step\n",
               dir.path.c_str(), c.num_layers, c.hidden_size, weight_bytes / 1e6);
-  std::printf("ceilings: oneDNN bf16 GEMM %.1f GFLOP/s (m=%d n=%d k=%d); memory read %.1f GB/s\n\n",
-              *gemm / 1e9, f.prompt_len, 2 * c.intermediate_size, c.hidden_size, *bandwidth / 1e9);
+  std::printf(
+      "ceilings (median of the per-round measurements): oneDNN bf16 GEMM %.1f GFLOP/s "
+      "(m=%d n=%d k=%d); memory read %.1f GB/s\n",
+      Median(gemm_rates) / 1e9, f.prompt_len, 2 * c.intermediate_size, c.hidden_size,
+      Median(bandwidths) / 1e9);
+  std::printf("medians of %d rounds, each ratio against the ceiling measured in its round\n\n",
+              f.repeats);
   std::printf("| phase | batch | tokens/s | GFLOP/s or GB/s | ceiling tokens/s | ratio |\n");
   std::printf("|---|---|---|---|---|---|\n");
-  const double prefill_tps = f.prompt_len / t_prefill;
-  const double prefill_ceiling_tps = *gemm / (prefill_flops / f.prompt_len);
   std::printf("| prefill %d | 1 | %.1f | %.1f GFLOP/s | %.1f | %.0f%% |\n", f.prompt_len,
-              prefill_tps, prefill_flops / t_prefill / 1e9, prefill_ceiling_tps,
-              100 * prefill_tps / prefill_ceiling_tps);
-  for (int b : batches) {
-    auto step = DecodeSecondsPerStep(model, *cache, b, f.prompt_len, f.decode_steps, f.repeats);
-    if (!step.ok()) return Fail(step.status().ToString());
-    const double tps = b / *step;
-    // Weights are read once per step whatever the batch; past the bandwidth bound the GEMM
-    // rate bounds instead.
-    const double flops_per_token = 2.0 * (macs + static_cast<double>(c.vocab_size) * c.hidden_size);
-    const double ceiling = std::min(b * *bandwidth / weight_bytes, *gemm / flops_per_token);
-    std::printf("| decode ctx %d | %d | %.1f | %.1f GB/s | %.1f | %.0f%% |\n", f.prompt_len, b, tps,
-                weight_bytes / *step / 1e9, ceiling, 100 * tps / ceiling);
+              Median(prefill.tokens_per_s), Median(prefill.achieved), Median(prefill.ceiling_tps),
+              100 * Median(prefill.ratio));
+  for (size_t i = 0; i < batches.size(); ++i) {
+    std::printf("| decode ctx %d | %d | %.1f | %.1f GB/s | %.1f | %.0f%% |\n", f.prompt_len,
+                batches[i], Median(decode[i].tokens_per_s), Median(decode[i].achieved),
+                Median(decode[i].ceiling_tps), 100 * Median(decode[i].ratio));
   }
   return 0;
 }
@@ -167,7 +197,8 @@ void AddBenchEngineCommand(CLI::App& bench, int* exit_code) {
   cmd->add_option("--decode-steps", flags->decode_steps, "Decode steps per measurement")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
-  cmd->add_option("--repeats", flags->repeats, "Measurements per figure (median reported)")
+  cmd->add_option("--repeats", flags->repeats,
+                  "Rounds per figure, each with its own ceiling (medians reported)")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   cmd->callback([flags, exit_code] { *exit_code = RunBenchEngine(*flags); });
