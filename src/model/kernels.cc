@@ -296,10 +296,12 @@ void AttendHead(const float* q, const float* keys, const float* values, int64_t 
   for (int64_t pos0 = 0; pos0 < ctx; pos0 += 16) {
     const int live = static_cast<int>(std::min<int64_t>(16, ctx - pos0));
     __m512 acc[16];
+    // A fixed trip count keeps the 16 accumulators in registers; lanes past the context
+    // re-read the last row and are masked out below.
+#pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) {
       acc[i] = _mm512_setzero_ps();
-      if (i >= live) continue;
-      const float* k = keys + (pos0 + i) * hd;
+      const float* k = keys + std::min<int64_t>(pos0 + i, ctx - 1) * hd;
 #pragma GCC unroll 16
       for (int c = 0; c < chunks; ++c) {
         acc[i] = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(TailMask16(hd - 16 * c), k + 16 * c),
