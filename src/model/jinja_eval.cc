@@ -164,6 +164,10 @@ Status Evaluator::CheckSize(size_t bytes) const {
   return Status::Ok();
 }
 
+Evaluator::~Evaluator() {
+  for (const Value& ns : assigned_namespaces_) ns.mutable_namespace().clear();
+}
+
 Result<std::string> Evaluator::Render(const Program& program, ValueDict context) {
   frames_.clear();
   steps_ = 0;
@@ -355,6 +359,7 @@ Status Evaluator::ExecSet(const Stmt& stmt, std::string* out) {
                                    "); only namespace() objects have assignable attributes");
   }
   ValueDict& attrs = ns.mutable_namespace();
+  if (assigned_seen_.insert(&attrs).second) assigned_namespaces_.push_back(ns);
   for (auto& [k, v] : attrs) {
     if (k == stmt.targets[1]) {
       v = std::move(value);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -38,6 +39,7 @@ class Evaluator {
       : limits_(limits), now_unix_seconds_(now_unix_seconds) {}
   Evaluator(const Evaluator&) = delete;
   Evaluator& operator=(const Evaluator&) = delete;
+  ~Evaluator();
 
   Result<std::string> Render(const Program& program, ValueDict context);
 
@@ -79,6 +81,11 @@ class Evaluator {
   std::vector<Frame> frames_;
   int64_t steps_ = 0;
   int call_depth_ = 0;
+  // Every namespace an attribute was assigned on. Namespaces are the only mutable values, so
+  // only such an assignment can close a reference cycle ({% set ns.me = ns %}); the destructor
+  // empties them to break those cycles, which reference counting alone would leak.
+  std::vector<Value> assigned_namespaces_;
+  std::unordered_set<const ValueDict*> assigned_seen_;
 };
 
 // Prefixes "line L col C: " for errors raised while evaluating node `at`.
