@@ -434,7 +434,23 @@ void MatMulF32(const float* x, const float* w, float* y, int m, int n, int k) {
 }
 
 void ToBF16(const float* src, uint16_t* dst, size_t n) {
-  for (size_t i = 0; i < n; ++i) dst[i] = F32ToBF16(src[i]);
+  // F32ToBF16, 16 lanes at a time (bit for bit: round to nearest even, NaN stays NaN).
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  const __m512i inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i bias = _mm512_set1_epi32(0x7fff);
+  const __m512i one = _mm512_set1_epi32(1);
+  const __m512i quiet = _mm512_set1_epi32(0x00400000);
+  const int64_t count = static_cast<int64_t>(n);
+#pragma omp parallel for schedule(static) if (count >= kParallelMacs / 4)
+  for (int64_t i = 0; i < count; i += 16) {
+    const __mmask16 mask = TailMask16(static_cast<int>(std::min<int64_t>(16, count - i)));
+    const __m512i u = _mm512_maskz_loadu_epi32(mask, src + i);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(bias, lsb));
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, quiet));
+    _mm256_mask_storeu_epi16(dst + i, mask, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+  }
 }
 
 void RmsNorm(const float* x, const float* weight, float* out, int rows, int dim, float eps) {

@@ -116,6 +116,24 @@ TEST(MatMulInvarianceTest, F32RowsDoNotDependOnTheBatch) {
   ExpectRowsIndependentOfBatch(x, w.data(), n, k, kernels::MatMulF32);
 }
 
+TEST(ToBF16Test, MatchesTheScalarRoundingBitForBit) {
+  // Ties, NaNs (quiet and signalling), infinities, denormals, zeros, and random values; an odd
+  // count so that the masked tail runs.
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                                0x7f800001u, 0xff800123u, 0x00000001u, 0x00400000u, 0x3f808000u,
+                                0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0xff7fffffu, 0x3f807fffu};
+  std::mt19937 rng(3);
+  for (int i = 0; i < 1000; ++i) bits.push_back(static_cast<uint32_t>(rng()));
+  std::vector<float> src(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) std::memcpy(&src[i], &bits[i], sizeof(float));
+  std::vector<uint16_t> dst(src.size() + 1, 0xabcd);
+  kernels::ToBF16(src.data(), dst.data(), src.size());
+  for (size_t i = 0; i < src.size(); ++i) {
+    ASSERT_EQ(dst[i], F32ToBF16(src[i])) << std::hex << "input 0x" << bits[i];
+  }
+  EXPECT_EQ(dst.back(), 0xabcd) << "wrote past the end";
+}
+
 // Attention over a paged cache: K/V of `ctx` positions written through StoreKv with a given
 // page size; the query rows attend to prefixes of it.
 struct AttentionCase {
