@@ -189,7 +189,7 @@ class FakeNode {
   std::atomic<int> status{200};
   std::atomic<int> completions{0};
   std::atomic<bool> upstream_closed{false};
-  bool second_after_client_saw_first = false;
+  std::atomic<bool> second_after_client_saw_first{false};  // read by the test thread
 
  private:
   std::string name_;
@@ -335,7 +335,7 @@ TEST(RouterTest, RelaysSseIncrementally) {
   ASSERT_TRUE(client.send(req, res, error)) << httplib::to_string(error);
   EXPECT_EQ(res.status, 200);
   EXPECT_TRUE(first_seen_before_end);
-  EXPECT_TRUE(a.second_after_client_saw_first)
+  EXPECT_TRUE(a.second_after_client_saw_first.load())
       << "the node had to wait past its deadline: the router buffered the first event";
   EXPECT_EQ(received, "data: {\"n\":1}\n\ndata: {\"n\":2}\n\ndata: [DONE]\n\n");
   EXPECT_FALSE(res.get_header_value("X-Request-Id").empty());
