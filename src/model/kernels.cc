@@ -399,13 +399,18 @@ size_t PackedBF16Elements(int n, int k) {
 }
 
 void PackBF16(const uint16_t* w, int n, int k, uint16_t* packed) {
-  const int pairs = Pairs(k);
-  std::fill(packed, packed + PackedBF16Elements(n, k), uint16_t{0});
-  for (int c = 0; c < n; ++c) {
-    uint16_t* dst =
-        packed + static_cast<size_t>(c / kBlockCols) * pairs * kPairElems + 2 * (c % kBlockCols);
-    const uint16_t* src = w + static_cast<size_t>(c) * k;
-    for (int i = 0; i < k; ++i) dst[static_cast<size_t>(i / 2) * kPairElems + i % 2] = src[i];
+  const size_t block_elems = static_cast<size_t>(Pairs(k)) * kPairElems;
+  const int blocks = ColBlocks(n);
+  // Blocks are independent (and a whole model is packed at load): one per iteration.
+#pragma omp parallel for schedule(static) if (static_cast <int64_t>(n) * k >= kParallelMacs)
+  for (int b = 0; b < blocks; ++b) {
+    uint16_t* block = packed + b * block_elems;
+    std::fill(block, block + block_elems, uint16_t{0});
+    for (int c = b * kBlockCols; c < std::min(n, (b + 1) * kBlockCols); ++c) {
+      uint16_t* dst = block + 2 * (c % kBlockCols);
+      const uint16_t* src = w + static_cast<size_t>(c) * k;
+      for (int i = 0; i < k; ++i) dst[static_cast<size_t>(i / 2) * kPairElems + i % 2] = src[i];
+    }
   }
 }
 
