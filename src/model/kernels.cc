@@ -110,38 +110,27 @@ void TileF32<R, T>::Run(const float* x, const float* w, float* y, int n, int k, 
   StoreTile<R, T>(acc, y, n, r0, t0);
 }
 
-template <typename Elem>
-using TileFn = void (*)(const Elem*, const Elem*, float*, int, int, int, int);
+using TileF32Fn = void (*)(const float*, const float*, float*, int, int, int, int);
 
 // Tiles of every token count 1..kTokens, so that the weight rows of a block are read once per
 // token block whatever the batch size (a 2-token decode step must not read weights twice).
-template <typename Elem, template <int, int> class Tile, int R, size_t... T>
-constexpr std::array<TileFn<Elem>, kTokens + 1> TileTable(std::index_sequence<T...>) {
-  return {nullptr, &Tile<R, static_cast<int>(T) + 1>::Run...};
+template <int R, size_t... T>
+constexpr std::array<TileF32Fn, kTokens + 1> TileF32Table(std::index_sequence<T...>) {
+  return {nullptr, &TileF32<R, static_cast<int>(T) + 1>::Run...};
 }
 
-// Drives the tiles over the whole product: row blocks in parallel, token blocks in sequence.
-template <typename Elem, template <int, int> class Tile>
-void MatMulDriver(const Elem* x, const Elem* w, float* y, int m, int n, int k) {
-  static constexpr auto kBlockTiles =
-      TileTable<Elem, Tile, kRows>(std::make_index_sequence<kTokens>());
-  static constexpr auto kRowTiles = TileTable<Elem, Tile, 1>(std::make_index_sequence<kTokens>());
-  const int row_blocks = (n + kRows - 1) / kRows;
-  // Small products run on one thread: waking the team costs more than it saves.
+// Walks a product's tiles: weight blocks in parallel, token blocks of kTokenBlock rows in
+// sequence (so they stay in L2 while every weight block streams past), kTokens rows per tile.
+// tile(block, first_row, rows) computes one tile. Small products run on the calling thread:
+// waking the team costs more than it saves.
+template <typename TileAt>
+void ForEachTile(int m, int n, int k, int weight_blocks, TileAt&& tile) {
   const bool parallel = static_cast<int64_t>(std::min(m, kTokenBlock)) * n * k >= kParallelMacs;
   for (int tb = 0; tb < m; tb += kTokenBlock) {
     const int t_end = std::min(m, tb + kTokenBlock);
 #pragma omp parallel for schedule(static) if (parallel)
-    for (int b = 0; b < row_blocks; ++b) {
-      const int r0 = b * kRows;
-      for (int t = tb; t < t_end; t += kTokens) {
-        const int tokens = std::min(kTokens, t_end - t);
-        if (r0 + kRows <= n) {
-          kBlockTiles[tokens](x, w, y, n, k, r0, t);
-        } else {
-          for (int r = r0; r < n; ++r) kRowTiles[tokens](x, w, y, n, k, r, t);
-        }
-      }
+    for (int b = 0; b < weight_blocks; ++b) {
+      for (int t = tb; t < t_end; t += kTokens) tile(b, t, std::min(kTokens, t_end - t));
     }
   }
 }
@@ -424,24 +413,25 @@ void UnpackRowBF16(const uint16_t* packed, int n, int k, int row, float* out) {
 
 void MatMulBF16(const uint16_t* x, const uint16_t* packed_w, float* y, int m, int n, int k) {
   static constexpr auto kTiles = PackedTileTable(std::make_index_sequence<kBlockGroups>());
-  const int blocks = ColBlocks(n);
   const size_t block_elems = static_cast<size_t>(Pairs(k)) * kPairElems;
-  const bool parallel = static_cast<int64_t>(std::min(m, kTokenBlock)) * n * k >= kParallelMacs;
-  for (int tb = 0; tb < m; tb += kTokenBlock) {
-    const int t_end = std::min(m, tb + kTokenBlock);
-#pragma omp parallel for schedule(static) if (parallel)
-    for (int b = 0; b < blocks; ++b) {
-      const int c0 = b * kBlockCols;
-      const int groups = std::min(kBlockGroups, (n - c0 + kGroupCols - 1) / kGroupCols);
-      for (int t = tb; t < t_end; t += kTokens) {
-        kTiles[groups][std::min(kTokens, t_end - t)](x, packed_w + b * block_elems, y, n, k, c0, t);
-      }
-    }
-  }
+  ForEachTile(m, n, k, ColBlocks(n), [&](int b, int t, int tokens) {
+    const int c0 = b * kBlockCols;
+    const int groups = std::min(kBlockGroups, (n - c0 + kGroupCols - 1) / kGroupCols);
+    kTiles[groups][tokens](x, packed_w + b * block_elems, y, n, k, c0, t);
+  });
 }
 
 void MatMulF32(const float* x, const float* w, float* y, int m, int n, int k) {
-  MatMulDriver<float, TileF32>(x, w, y, m, n, k);
+  static constexpr auto kBlockTiles = TileF32Table<kRows>(std::make_index_sequence<kTokens>());
+  static constexpr auto kRowTiles = TileF32Table<1>(std::make_index_sequence<kTokens>());
+  ForEachTile(m, n, k, (n + kRows - 1) / kRows, [&](int b, int t, int tokens) {
+    const int r0 = b * kRows;
+    if (r0 + kRows <= n) {
+      kBlockTiles[tokens](x, w, y, n, k, r0, t);
+    } else {
+      for (int r = r0; r < n; ++r) kRowTiles[tokens](x, w, y, n, k, r, t);
+    }
+  });
 }
 
 void ToBF16(const float* src, uint16_t* dst, size_t n) {
