@@ -354,28 +354,46 @@ void PagedAttentionImpl(std::span<const AttentionQuery> queries, const KvCache& 
   const int hd = layout.head_dim;
   static constexpr auto kAttendHead = AttendHeadTable(std::make_index_sequence<kMaxHeadChunks>());
   const AttendHeadFn attend = kAttendHead[(hd + 15) / 16];
-  const int64_t work = static_cast<int64_t>(queries.size()) * kv_heads;
+  // Work items: runs of up to kQueryRun consecutive queries of one sequence (a prefill chunk)
+  // x KV heads. A run copies its sequence's K/V rows once, for its longest context, and each
+  // query attends to its own prefix of them.
+  constexpr size_t kQueryRun = 16;
+  std::vector<std::pair<size_t, size_t>> runs;  // [first, last) query indices
+  for (size_t i = 0; i < queries.size();) {
+    size_t j = i + 1;
+    while (j < queries.size() && j - i < kQueryRun && queries[j].pages == queries[i].pages) ++j;
+    runs.emplace_back(i, j);
+    i = j;
+  }
+  const int64_t work = static_cast<int64_t>(runs.size()) * kv_heads;
   int64_t macs = 0;
   for (const AttentionQuery& q : queries) macs += q.context_len;
   macs *= static_cast<int64_t>(num_heads) * 2 * hd;
 #pragma omp parallel if (macs >= kParallelMacs)
   {
-    // Per thread, kept across calls: K and V rows of one (query, KV head) and the scores.
+    // Per thread, kept across calls: K and V rows of one (run, KV head) and the scores.
     thread_local std::vector<float> keys, values, scores;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < work; ++i) {
-      const AttentionQuery& query = queries[i / kv_heads];
+      const auto [first, last] = runs[i / kv_heads];
       const int kv_head = static_cast<int>(i % kv_heads);
-      const size_t rows = static_cast<size_t>(query.context_len) * hd;
+      size_t longest = first;
+      for (size_t q = first; q < last; ++q) {
+        if (queries[q].context_len > queries[longest].context_len) longest = q;
+      }
+      const size_t rows = static_cast<size_t>(queries[longest].context_len) * hd;
       if (keys.size() < rows) {
         keys.resize(rows);
         values.resize(rows);
       }
-      GatherRows<KvElem>(query, cache, layer, kv_head, false, keys.data());
-      GatherRows<KvElem>(query, cache, layer, kv_head, true, values.data());
-      for (int h = kv_head * group; h < (kv_head + 1) * group; ++h) {
-        attend(query.q + static_cast<size_t>(h) * hd, keys.data(), values.data(), query.context_len,
-               hd, scale, query.out + static_cast<size_t>(h) * hd, scores);
+      GatherRows<KvElem>(queries[longest], cache, layer, kv_head, false, keys.data());
+      GatherRows<KvElem>(queries[longest], cache, layer, kv_head, true, values.data());
+      for (size_t q = first; q < last; ++q) {
+        const AttentionQuery& query = queries[q];
+        for (int h = kv_head * group; h < (kv_head + 1) * group; ++h) {
+          attend(query.q + static_cast<size_t>(h) * hd, keys.data(), values.data(),
+                 query.context_len, hd, scale, query.out + static_cast<size_t>(h) * hd, scores);
+        }
       }
     }
   }

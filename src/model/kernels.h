@@ -48,9 +48,11 @@ void SiluMul(const float* gate, const float* up, float* out, int n);
 
 // One query row of attention over the paged cache.
 struct AttentionQuery {
-  const float* q;       // [num_heads][head_dim], RoPE applied
-  float* out;           // [num_heads][head_dim]
-  const PageId* pages;  // the sequence's block table
+  const float* q;  // [num_heads][head_dim], RoPE applied
+  float* out;      // [num_heads][head_dim]
+  // The sequence's block table. Queries with equal pointers are one sequence (a prefill
+  // chunk), whose K/V rows are copied out of the pages once for all of them.
+  const PageId* pages;
   int64_t context_len;  // attends to positions [0, context_len) (causal: position + 1)
 };
 
