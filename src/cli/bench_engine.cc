@@ -135,6 +135,9 @@ int RunBenchEngine(BenchEngineFlags& f) {
                                 kCeilingSeconds);
   };
 
+  // One bandwidth buffer for every round (see MemoryBandwidthProbe).
+  PD_ASSIGN_OR_RETURN_CLI(MemoryBandwidthProbe probe,
+                          MemoryBandwidthProbe::Create(size_t{1} << 30, threads));
   Row prefill;
   std::vector<double> gemm_rates, bandwidths;
   for (int r = 0; r < f.repeats; ++r) {
@@ -147,8 +150,7 @@ int RunBenchEngine(BenchEngineFlags& f) {
   for (size_t i = 0; i < batches.size(); ++i) {
     const int b = batches[i];
     for (int r = 0; r < f.repeats; ++r) {
-      PD_ASSIGN_OR_RETURN_CLI(double bandwidth,
-                              MeasureMemoryBandwidth(size_t{1} << 30, threads, kCeilingSeconds));
+      PD_ASSIGN_OR_RETURN_CLI(double bandwidth, probe.Measure(kCeilingSeconds));
       PD_ASSIGN_OR_RETURN_CLI(double gemm, gemm_rate());
       PD_ASSIGN_OR_RETURN_CLI(double step,
                               DecodeSecondsPerStep(model, *cache, b, f.prompt_len, f.decode_steps));

@@ -10,6 +10,7 @@
 #include <exception>
 #include <new>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -62,29 +63,6 @@ class ScopedOmpThreads {
 
  private:
   int saved_;
-};
-
-// An anonymous mapping, asked to use transparent huge pages so that streaming a large
-// buffer measures DRAM rather than TLB misses. Unmapped on destruction.
-class MappedBuffer {
- public:
-  explicit MappedBuffer(size_t bytes) : bytes_(bytes) {
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return;
-    data_ = static_cast<uint8_t*>(p);
-    madvise(p, bytes, MADV_HUGEPAGE);  // a hint: without THP the measurement still runs
-  }
-  ~MappedBuffer() {
-    if (data_ != nullptr) munmap(data_, bytes_);
-  }
-  MappedBuffer(const MappedBuffer&) = delete;
-  MappedBuffer& operator=(const MappedBuffer&) = delete;
-
-  uint8_t* data() const { return data_; }
-
- private:
-  size_t bytes_;
-  uint8_t* data_ = nullptr;
 };
 
 // XOR of every 64-bit word in [p, p + bytes); bytes is a multiple of kLineBytes and p is
@@ -188,29 +166,59 @@ Result<double> MeasureBf16GemmFlops(int m, int n, int k, int threads, double sec
   }
 }
 
-Result<double> MeasureMemoryBandwidth(size_t bytes, int threads, double seconds) {
+Result<MemoryBandwidthProbe> MemoryBandwidthProbe::Create(size_t bytes, int threads) {
   if (bytes < kLineBytes) {
     return Status::InvalidArgument(
         fmt::format("bandwidth buffer must be at least {} bytes, got {}", kLineBytes, bytes));
   }
-  PD_RETURN_IF_ERROR(CheckDuration(seconds));
-  const int team = threads > 0 ? threads : omp_get_max_threads();
-  const size_t lines = bytes / kLineBytes;
-  MappedBuffer buffer(lines * kLineBytes);
-  if (buffer.data() == nullptr) {
+  bytes = bytes / kLineBytes * kLineBytes;
+  // An anonymous mapping, asked to use transparent huge pages so that streaming it measures
+  // DRAM rather than TLB misses (a hint: without THP the measurement still runs).
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
     return Status::ResourceExhausted(
-        fmt::format("cannot map a {} byte buffer for the bandwidth test", lines * kLineBytes));
+        fmt::format("cannot map a {} byte buffer for the bandwidth test", bytes));
   }
-  uint8_t* const data = buffer.data();
-
+  madvise(p, bytes, MADV_HUGEPAGE);
+  MemoryBandwidthProbe probe(static_cast<uint8_t*>(p), bytes,
+                             threads > 0 ? threads : omp_get_max_threads());
   // First touch by the thread that will read each slice (NUMA placement), non-zero bytes so
   // that no page stays the shared zero page.
-#pragma omp parallel num_threads(team)
+  uint8_t* const data = probe.data_;
+  const size_t lines = bytes / kLineBytes;
+#pragma omp parallel num_threads(probe.threads_)
   {
     const Slice s = SliceOf(lines, omp_get_thread_num(), omp_get_num_threads());
     std::memset(data + s.begin, 0x5A, s.bytes);
   }
+  return probe;
+}
 
+MemoryBandwidthProbe::MemoryBandwidthProbe(uint8_t* data, size_t bytes, int threads)
+    : data_(data), bytes_(bytes), threads_(threads) {}
+
+MemoryBandwidthProbe::MemoryBandwidthProbe(MemoryBandwidthProbe&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(other.bytes_), threads_(other.threads_) {}
+
+MemoryBandwidthProbe& MemoryBandwidthProbe::operator=(MemoryBandwidthProbe&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) munmap(data_, bytes_);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = other.bytes_;
+    threads_ = other.threads_;
+  }
+  return *this;
+}
+
+MemoryBandwidthProbe::~MemoryBandwidthProbe() {
+  if (data_ != nullptr) munmap(data_, bytes_);
+}
+
+Result<double> MemoryBandwidthProbe::Measure(double seconds) {
+  PD_RETURN_IF_ERROR(CheckDuration(seconds));
+  uint8_t* const data = data_;
+  const size_t lines = bytes_ / kLineBytes;
+  const int team = threads_;
   // The XOR of everything read is kept so that the loads cannot be optimised away.
   uint64_t sink = 0;
   const double best = BestRunSeconds(seconds, [&] {
@@ -223,7 +231,13 @@ Result<double> MeasureMemoryBandwidth(size_t bytes, int threads, double seconds)
     sink ^= pass;
   });
   asm volatile("" : : "r"(sink));
-  return static_cast<double>(lines * kLineBytes) / best;
+  return static_cast<double>(bytes_) / best;
+}
+
+Result<double> MeasureMemoryBandwidth(size_t bytes, int threads, double seconds) {
+  PD_RETURN_IF_ERROR(CheckDuration(seconds));
+  PD_ASSIGN_OR_RETURN(MemoryBandwidthProbe probe, MemoryBandwidthProbe::Create(bytes, threads));
+  return probe.Measure(seconds);
 }
 
 }  // namespace pdserve

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "common/status.h"
 
@@ -26,5 +27,24 @@ Result<double> MeasureBf16GemmFlops(int m, int n, int k, int threads, double sec
 // `seconds` (at least one after a warm-up). InvalidArgument on bad sizes,
 // ResourceExhausted if the buffer cannot be mapped.
 Result<double> MeasureMemoryBandwidth(size_t bytes, int threads, double seconds);
+
+// The same measurement with the buffer kept between calls, for a benchmark that measures the
+// ceiling once per round: mapping, faulting in and unmapping 1 GiB every round leaves the
+// kernel busy for a while afterwards, and that slowed the figure measured next (a decode step
+// by up to ~30% on the dev VM).
+class MemoryBandwidthProbe {
+ public:
+  static Result<MemoryBandwidthProbe> Create(size_t bytes, int threads);
+  MemoryBandwidthProbe(MemoryBandwidthProbe&&) noexcept;
+  MemoryBandwidthProbe& operator=(MemoryBandwidthProbe&&) noexcept;
+  ~MemoryBandwidthProbe();
+  Result<double> Measure(double seconds);
+
+ private:
+  MemoryBandwidthProbe(uint8_t* data, size_t bytes, int threads);
+  uint8_t* data_ = nullptr;
+  size_t bytes_ = 0;
+  int threads_ = 0;
+};
 
 }  // namespace pdserve
