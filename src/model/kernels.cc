@@ -32,10 +32,6 @@ inline __mmask16 TailMask16(int remaining) {
   return remaining >= 16 ? static_cast<__mmask16>(0xffff)
                          : static_cast<__mmask16>((1u << remaining) - 1);
 }
-inline __mmask32 TailMask32(int remaining) {
-  return remaining >= 32 ? static_cast<__mmask32>(0xffffffffu)
-                         : static_cast<__mmask32>((1u << remaining) - 1);
-}
 
 // Horizontal sums of 16 vectors at once: lane i of the result is the sum of the lanes of v[i].
 // A transposing tree (four shuffle-and-add rounds for all 16 sums instead of four rounds per
