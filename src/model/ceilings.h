@@ -23,9 +23,10 @@ Result<double> MeasureBf16GemmFlops(int m, int n, int k, int threads, double sec
 
 // Bytes read per second streaming through a buffer of `bytes` (choose it well above the
 // last-level cache, e.g. 1 GiB) with `threads` OpenMP threads (<= 0: OpenMP's default), each
-// reading its own contiguous slice with 64-byte vector loads. Best full pass within about
-// `seconds` (at least one after a warm-up). InvalidArgument on bad sizes,
-// ResourceExhausted if the buffer cannot be mapped.
+// reading its own contiguous slice with 64-byte vector loads, passes alternating between a
+// plain read and one with software prefetch ahead (whichever the machine streams faster).
+// Best full pass within about `seconds` (at least one after a warm-up). InvalidArgument on bad
+// sizes, ResourceExhausted if the buffer cannot be mapped.
 Result<double> MeasureMemoryBandwidth(size_t bytes, int threads, double seconds);
 
 // The same measurement with the buffer kept between calls, for a benchmark that measures the
