@@ -164,7 +164,7 @@ int RunBenchEngine(BenchEngineFlags& f) {
   std::vector<double> gemm_rates, bandwidths;
   for (int r = 0; r < f.repeats; ++r) {
     PD_ASSIGN_OR_RETURN_CLI(double gemm, gemm_rate());
-    PD_ASSIGN_OR_RETURN_CLI(RunTimes t, TimeRuns(1, prefill_once));
+    PD_ASSIGN_OR_RETURN_CLI(RunTimes t, TimeRuns(3, prefill_once));
     gemm_rates.push_back(gemm);
     prefill.Add(t, f.prompt_len, prefill_flops, gemm / (prefill_flops / f.prompt_len));
   }

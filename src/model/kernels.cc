@@ -28,6 +28,21 @@ constexpr int kTokenBlock = 16 * kTokens;
 // Below this many multiply-adds a kernel runs on the calling thread only.
 constexpr int64_t kParallelMacs = int64_t{1} << 18;
 
+// body(i) for i in [0, n): split statically over the OpenMP team when `parallel`, otherwise on
+// the calling thread without opening a region at all. Even a one-thread region (an `if` clause
+// that is false, or a region nested in a parallel loop) costs about a microsecond to open and
+// close; StoreKv, called per token inside the transformer's parallel loops, once spent more time
+// there than converting its values.
+template <typename Body>
+void ParallelFor(int64_t n, bool parallel, Body&& body) {
+  if (!parallel) {
+    for (int64_t i = 0; i < n; ++i) body(i);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) body(i);
+}
+
 inline __mmask16 TailMask16(int remaining) {
   return remaining >= 16 ? static_cast<__mmask16>(0xffff)
                          : static_cast<__mmask16>((1u << remaining) - 1);
@@ -124,10 +139,11 @@ void ForEachTile(int m, int n, int k, int weight_blocks, TileAt&& tile) {
   const bool parallel = static_cast<int64_t>(std::min(m, kTokenBlock)) * n * k >= kParallelMacs;
   for (int tb = 0; tb < m; tb += kTokenBlock) {
     const int t_end = std::min(m, tb + kTokenBlock);
-#pragma omp parallel for schedule(static) if (parallel)
-    for (int b = 0; b < weight_blocks; ++b) {
-      for (int t = tb; t < t_end; t += kTokens) tile(b, t, std::min(kTokens, t_end - t));
-    }
+    ParallelFor(weight_blocks, parallel, [&](int64_t b) {
+      for (int t = tb; t < t_end; t += kTokens) {
+        tile(static_cast<int>(b), t, std::min(kTokens, t_end - t));
+      }
+    });
   }
 }
 
@@ -221,6 +237,25 @@ constexpr std::array<std::array<PackedTileFn, kTokens + 1>, kBlockGroups + 1> Pa
     std::index_sequence<G...>) {
   return {std::array<PackedTileFn, kTokens + 1>{},
           PackedTiles<static_cast<int>(G) + 1>(std::make_index_sequence<kTokens>())...};
+}
+
+// F32ToBF16 of n values on the calling thread, 16 lanes at a time (bit for bit: round to
+// nearest even, NaN stays NaN).
+void ToBF16Run(const float* src, uint16_t* dst, int64_t n) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  const __m512i inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i bias = _mm512_set1_epi32(0x7fff);
+  const __m512i one = _mm512_set1_epi32(1);
+  const __m512i quiet = _mm512_set1_epi32(0x00400000);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mask = TailMask16(static_cast<int>(std::min<int64_t>(16, n - i)));
+    const __m512i u = _mm512_maskz_loadu_epi32(mask, src + i);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(bias, lsb));
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, quiet));
+    _mm256_mask_storeu_epi16(dst + i, mask, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+  }
 }
 
 // e^x for 16 lanes: range reduction to r in [-ln2/2, ln2/2], degree-7 Taylor polynomial
@@ -411,8 +446,8 @@ void PackBF16(const uint16_t* w, int n, int k, uint16_t* packed) {
   const size_t block_elems = static_cast<size_t>(Pairs(k)) * kPairElems;
   const int blocks = ColBlocks(n);
   // Blocks are independent (and a whole model is packed at load): one per iteration.
-#pragma omp parallel for schedule(static) if (static_cast <int64_t>(n) * k >= kParallelMacs)
-  for (int b = 0; b < blocks; ++b) {
+  ParallelFor(blocks, static_cast<int64_t>(n) * k >= kParallelMacs, [&](int64_t block_index) {
+    const int b = static_cast<int>(block_index);
     uint16_t* block = packed + b * block_elems;
     std::fill(block, block + block_elems, uint16_t{0});
     for (int c = b * kBlockCols; c < std::min(n, (b + 1) * kBlockCols); ++c) {
@@ -420,7 +455,7 @@ void PackBF16(const uint16_t* w, int n, int k, uint16_t* packed) {
       const uint16_t* src = w + static_cast<size_t>(c) * k;
       for (int i = 0; i < k; ++i) dst[static_cast<size_t>(i / 2) * kPairElems + i % 2] = src[i];
     }
-  }
+  });
 }
 
 void UnpackRowBF16(const uint16_t* packed, int n, int k, int row, float* out) {
@@ -455,29 +490,15 @@ void MatMulF32(const float* x, const float* w, float* y, int m, int n, int k) {
 }
 
 void ToBF16(const float* src, uint16_t* dst, size_t n) {
-  // F32ToBF16, 16 lanes at a time (bit for bit: round to nearest even, NaN stays NaN).
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
-  const __m512i inf = _mm512_set1_epi32(0x7f800000);
-  const __m512i bias = _mm512_set1_epi32(0x7fff);
-  const __m512i one = _mm512_set1_epi32(1);
-  const __m512i quiet = _mm512_set1_epi32(0x00400000);
   const int64_t count = static_cast<int64_t>(n);
-#pragma omp parallel for schedule(static) if (count >= kParallelMacs / 4)
-  for (int64_t i = 0; i < count; i += 16) {
-    const __mmask16 mask = TailMask16(static_cast<int>(std::min<int64_t>(16, count - i)));
-    const __m512i u = _mm512_maskz_loadu_epi32(mask, src + i);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(bias, lsb));
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, quiet));
-    _mm256_mask_storeu_epi16(dst + i, mask, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
-  }
+  constexpr int64_t kChunk = 4096;  // values per parallel chunk, a multiple of 16
+  ParallelFor((count + kChunk - 1) / kChunk, count >= kParallelMacs / 4, [&](int64_t c) {
+    ToBF16Run(src + c * kChunk, dst + c * kChunk, std::min(kChunk, count - c * kChunk));
+  });
 }
 
 void RmsNorm(const float* x, const float* weight, float* out, int rows, int dim, float eps) {
-#pragma omp parallel for schedule(static) if (static_cast <int64_t>(rows) * dim >= \
-                                              kParallelMacs / 8)
-  for (int r = 0; r < rows; ++r) {
+  ParallelFor(rows, static_cast<int64_t>(rows) * dim >= kParallelMacs / 8, [&](int64_t r) {
     const float* xr = x + static_cast<size_t>(r) * dim;
     float* yr = out + static_cast<size_t>(r) * dim;
     __m512 acc = _mm512_setzero_ps();
@@ -487,7 +508,7 @@ void RmsNorm(const float* x, const float* weight, float* out, int rows, int dim,
     }
     const float inv = 1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / dim + eps);
     for (int i = 0; i < dim; ++i) yr[i] = xr[i] * inv * weight[i];
-  }
+  });
 }
 
 void ApplyRope(float* x, int heads, int head_dim, const float* cos, const float* sin) {

@@ -8,7 +8,9 @@
 // colocated serving produce bit-identical tokens (DESIGN.md §6) and why the matrix products are
 // our own AVX-512 kernels rather than oneDNN's, whose reduction order depends on the batch size.
 //
-// Kernels parallelise internally with OpenMP; call them from one thread at a time.
+// Kernels parallelise internally with OpenMP; call them from one thread at a time. A call too
+// small to split (e.g. one token's StoreKv) runs on the calling thread without opening an
+// OpenMP region, so it is cheap inside a parallel loop of the caller.
 #pragma once
 
 #include <cstddef>
