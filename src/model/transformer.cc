@@ -88,38 +88,76 @@ Result<std::unique_ptr<Transformer>> Transformer::Create(ModelConfig config, Mod
   return std::unique_ptr<Transformer>(new Transformer(std::move(config), std::move(weights), kv));
 }
 
-Transformer::Matrix Transformer::ToMatrix(Tensor w) {
+namespace {
+
+// Packed BF16 values of a matrix in the arena, rounded up to a whole cache line.
+size_t ArenaElements(int64_t n, int64_t k) {
+  constexpr size_t kLineElements = 64 / sizeof(uint16_t);
+  const size_t elems = kernels::PackedBF16Elements(static_cast<int>(n), static_cast<int>(k));
+  return (elems + kLineElements - 1) / kLineElements * kLineElements;
+}
+
+}  // namespace
+
+Transformer::Matrix Transformer::ToMatrix(Tensor w, uint16_t** cursor) {
   Matrix m;
   m.n = static_cast<int>(w.dim(0));
   m.k = static_cast<int>(w.dim(1));
   if (w.dtype() == DType::kF32) {
-    m.data = std::move(w);
+    m.bytes = w.nbytes();
+    m.f32 = std::move(w);
     return m;
   }
-  m.data = Tensor::Uninitialized(DType::kBF16,
-                                 {static_cast<int64_t>(kernels::PackedBF16Elements(m.n, m.k))});
-  kernels::PackBF16(w.as<uint16_t>(), m.n, m.k, m.data.as<uint16_t>());
+  m.bf16 = *cursor;
+  m.bytes = kernels::PackedBF16Elements(m.n, m.k) * sizeof(uint16_t);
+  kernels::PackBF16(w.as<uint16_t>(), m.n, m.k, *cursor);
+  *cursor += ArenaElements(m.n, m.k);
   return m;  // the unpacked original is freed here
 }
 
 Transformer::Transformer(ModelConfig config, ModelWeights weights, KvDType kv_dtype)
     : config_(std::move(config)), weights_(std::move(weights)), kv_dtype_(kv_dtype) {
   inv_freq_ = RopeInverseFrequencies(config_);
+  Tensor& output = weights_.lm_head.empty() ? weights_.embed : weights_.lm_head;
+  // The arena's size: every BF16 matrix's packed size. Its pages are touched only as each
+  // matrix is packed into it, while the unpacked originals are freed one by one, so loading
+  // still holds about one copy of the weights.
+  size_t arena = 0;
+  auto add = [&arena](std::initializer_list<const Tensor*> rows_of_one_matrix) {
+    const Tensor& first = **rows_of_one_matrix.begin();
+    if (first.dtype() == DType::kF32) return;
+    int64_t rows = 0;
+    for (const Tensor* t : rows_of_one_matrix) rows += t->dim(0);
+    arena += ArenaElements(rows, first.dim(1));
+  };
+  for (const LayerWeights& w : weights_.layers) {
+    add({&w.q_proj, &w.k_proj, &w.v_proj});
+    add({&w.o_proj});
+    add({&w.gate_proj, &w.up_proj});
+    add({&w.down_proj});
+  }
+  add({&output});
+  constexpr size_t kPageElements = (size_t{2} << 20) / sizeof(uint16_t);
+  if (arena > 0) {
+    arena = (arena + kPageElements - 1) / kPageElements * kPageElements;
+    packed_arena_ = Tensor::Uninitialized(DType::kBF16, {static_cast<int64_t>(arena)});
+  }
+  uint16_t* cursor = packed_arena_.empty() ? nullptr : packed_arena_.as<uint16_t>();
+
   layers_.resize(weights_.layers.size());
-  // The originals are released as they are converted, to keep one copy in memory.
   for (size_t i = 0; i < layers_.size(); ++i) {
     LayerWeights& w = weights_.layers[i];
     LayerMatrices& f = layers_[i];
-    f.qkv = ToMatrix(ConcatRows({&w.q_proj, &w.k_proj, &w.v_proj}));
+    f.qkv = ToMatrix(ConcatRows({&w.q_proj, &w.k_proj, &w.v_proj}), &cursor);
+    for (Tensor* t : {&w.q_proj, &w.k_proj, &w.v_proj}) *t = Tensor();
     if (!w.q_bias.empty()) f.qkv_bias = ConcatRows({&w.q_bias, &w.k_bias, &w.v_bias});
-    f.o_proj = ToMatrix(std::move(w.o_proj));
-    f.gate_up = ToMatrix(ConcatRows({&w.gate_proj, &w.up_proj}));
-    f.down = ToMatrix(std::move(w.down_proj));
-    for (Tensor* t : {&w.q_proj, &w.k_proj, &w.v_proj, &w.gate_proj, &w.up_proj}) *t = Tensor();
+    f.o_proj = ToMatrix(std::move(w.o_proj), &cursor);
+    f.gate_up = ToMatrix(ConcatRows({&w.gate_proj, &w.up_proj}), &cursor);
+    for (Tensor* t : {&w.gate_proj, &w.up_proj}) *t = Tensor();
+    f.down = ToMatrix(std::move(w.down_proj), &cursor);
   }
   // A tied embedding lives on only inside the output matrix (EmbedRow reads it from there).
-  lm_head_ = ToMatrix(weights_.lm_head.empty() ? std::exchange(weights_.embed, Tensor())
-                                               : std::exchange(weights_.lm_head, Tensor()));
+  lm_head_ = ToMatrix(std::exchange(output, Tensor()), &cursor);
 }
 
 Transformer::~Transformer() = default;
@@ -134,23 +172,22 @@ KvLayout Transformer::MakeKvLayout(int num_pages, int page_tokens) const {
 }
 
 size_t Transformer::WeightBytes() const {
-  size_t bytes = lm_head_.data.nbytes();
+  size_t bytes = lm_head_.bytes;
   for (const LayerMatrices& f : layers_) {
-    bytes += f.qkv.data.nbytes() + f.o_proj.data.nbytes() + f.gate_up.data.nbytes() +
-             f.down.data.nbytes();
+    bytes += f.qkv.bytes + f.o_proj.bytes + f.gate_up.bytes + f.down.bytes;
   }
   return bytes;
 }
 
 void Transformer::Linear(const float* x, int m, const Matrix& w, float* y) {
-  if (w.data.dtype() == DType::kF32) {
-    kernels::MatMulF32(x, w.data.as<float>(), y, m, w.n, w.k);
+  if (w.bf16 == nullptr) {
+    kernels::MatMulF32(x, w.f32.as<float>(), y, m, w.n, w.k);
     return;
   }
   const size_t count = static_cast<size_t>(m) * w.k;
   if (x_bf16_.size() < count) x_bf16_.resize(count);
   kernels::ToBF16(x, x_bf16_.data(), count);
-  kernels::MatMulBF16(x_bf16_.data(), w.data.as<uint16_t>(), y, m, w.n, w.k);
+  kernels::MatMulBF16(x_bf16_.data(), w.bf16, y, m, w.n, w.k);
 }
 
 void Transformer::EmbedRow(int32_t token, float* out) const {
@@ -159,11 +196,11 @@ void Transformer::EmbedRow(int32_t token, float* out) const {
     const Tensor& e = weights_.embed;
     const size_t offset = static_cast<size_t>(token) * hidden * DTypeSize(e.dtype());
     ConvertToF32(e.dtype(), static_cast<const uint8_t*>(e.data()) + offset, out, hidden);
-  } else if (lm_head_.data.dtype() == DType::kF32) {
-    const float* row = lm_head_.data.as<float>() + static_cast<size_t>(token) * hidden;
+  } else if (lm_head_.bf16 == nullptr) {
+    const float* row = lm_head_.f32.as<float>() + static_cast<size_t>(token) * hidden;
     std::copy(row, row + hidden, out);
   } else {
-    kernels::UnpackRowBF16(lm_head_.data.as<uint16_t>(), lm_head_.n, lm_head_.k, token, out);
+    kernels::UnpackRowBF16(lm_head_.bf16, lm_head_.n, lm_head_.k, token, out);
   }
 }
 
