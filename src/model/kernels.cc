@@ -308,78 +308,141 @@ void GatherRows(const AttentionQuery& query, const KvCache& cache, int layer, in
   }
 }
 
-// One query head over contiguous K and V rows [ctx][hd]: softmax(q . K^T * scale) . V.
-// `Chunks` = ceil(hd / 16) is a template argument so that the per-chunk accumulators stay in
-// registers (with a run-time count the compiler keeps them on the stack).
-template <int Chunks>
-void AttendHead(const float* q, const float* keys, const float* values, int64_t ctx, int hd,
-                float scale, float* out, std::vector<float>& scores) {
-  constexpr int chunks = Chunks;
-  __m512 qv[Chunks];
-#pragma GCC unroll 16
-  for (int c = 0; c < chunks; ++c) {
-    qv[c] = _mm512_maskz_loadu_ps(TailMask16(hd - 16 * c), q + 16 * c);
-  }
-  scores.resize(static_cast<size_t>(ctx));
-  // Scores 16 positions at a time; each dot product is summed in a fixed order (head_dim
-  // chunks in sequence, then the lane tree), so it does not depend on its 15 neighbours.
-  const __m512 vscale = _mm512_set1_ps(scale);
-  __m512 vmax_scores = _mm512_set1_ps(-INFINITY);
-  for (int64_t pos0 = 0; pos0 < ctx; pos0 += 16) {
-    const int live = static_cast<int>(std::min<int64_t>(16, ctx - pos0));
-    __m512 acc[16];
-    // A fixed trip count keeps the 16 accumulators in registers; lanes past the context
-    // re-read the last row and are masked out below.
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) {
-      acc[i] = _mm512_setzero_ps();
-      const float* k = keys + std::min<int64_t>(pos0 + i, ctx - 1) * hd;
-#pragma GCC unroll 16
-      for (int c = 0; c < chunks; ++c) {
-        acc[i] = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(TailMask16(hd - 16 * c), k + 16 * c),
-                                 acc[i]);
-      }
+// One stage of an in-register 16 x 16 transpose: within every 2B x 2B block, swaps the
+// off-diagonal B x B blocks (row i, lanes with bit B set <-> row i + B, lanes with bit B clear).
+template <int B>
+inline void TransposeStage(__m512 (&v)[16]) {
+  alignas(64) static constexpr auto kIndex = [] {
+    std::array<std::array<int32_t, 16>, 2> idx{};  // permutex2var: 0-15 first row, 16-31 second
+    for (int l = 0; l < 16; ++l) {
+      idx[0][l] = (l & B) != 0 ? 16 + l - B : l;
+      idx[1][l] = (l & B) != 0 ? 16 + l : l + B;
     }
-    const __mmask16 mask = TailMask16(live);
-    const __m512 s = _mm512_mul_ps(HorizontalSums16(acc), vscale);
-    _mm512_mask_storeu_ps(&scores[pos0], mask, s);
-    vmax_scores = _mm512_mask_max_ps(vmax_scores, mask, vmax_scores, s);
-  }
-  // Softmax numerators and their sum, 16 positions at a time.
-  const __m512 vmax = _mm512_set1_ps(_mm512_reduce_max_ps(vmax_scores));
-  __m512 vsum = _mm512_setzero_ps();
-  for (int64_t pos = 0; pos < ctx; pos += 16) {
-    const __mmask16 mask = TailMask16(static_cast<int>(std::min<int64_t>(16, ctx - pos)));
-    __m512 e = Exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, &scores[pos]), vmax));
-    e = _mm512_maskz_mov_ps(mask, e);
-    _mm512_mask_storeu_ps(&scores[pos], mask, e);
-    vsum = _mm512_add_ps(vsum, e);
-  }
-  const float inv_sum = 1.0f / _mm512_reduce_add_ps(vsum);
-  __m512 acc[Chunks];
-#pragma GCC unroll 16
-  for (int c = 0; c < chunks; ++c) acc[c] = _mm512_setzero_ps();
-  for (int64_t pos = 0; pos < ctx; ++pos) {
-    const __m512 p = _mm512_set1_ps(scores[pos]);
-    const float* v = values + pos * hd;
-#pragma GCC unroll 16
-    for (int c = 0; c < chunks; ++c) {
-      acc[c] =
-          _mm512_fmadd_ps(p, _mm512_maskz_loadu_ps(TailMask16(hd - 16 * c), v + 16 * c), acc[c]);
-    }
-  }
-  const __m512 vinv = _mm512_set1_ps(inv_sum);
-#pragma GCC unroll 16
-  for (int c = 0; c < chunks; ++c) {
-    _mm512_mask_storeu_ps(out + 16 * c, TailMask16(hd - 16 * c), _mm512_mul_ps(acc[c], vinv));
+    return idx;
+  }();
+  const __m512i lo = _mm512_load_si512(kIndex[0].data());
+  const __m512i hi = _mm512_load_si512(kIndex[1].data());
+  for (int i = 0; i < 16; ++i) {
+    if ((i & B) != 0) continue;
+    const __m512 a = v[i], b = v[i + B];
+    v[i] = _mm512_permutex2var_ps(a, lo, b);
+    v[i + B] = _mm512_permutex2var_ps(a, hi, b);
   }
 }
 
-using AttendHeadFn = void (*)(const float*, const float*, const float*, int64_t, int, float, float*,
-                              std::vector<float>&);
+// rows [n][cols] (row-major) -> dst [cols][stride] (stride: n rounded up to 16); positions
+// n..stride-1 are zero.
+void TransposeRows(const float* rows, int64_t n, int cols, float* dst, int64_t stride) {
+  for (int64_t r0 = 0; r0 < stride; r0 += 16) {
+    for (int c0 = 0; c0 < cols; c0 += 16) {
+      const __mmask16 col_mask = TailMask16(cols - c0);
+      __m512 v[16];
+      for (int i = 0; i < 16; ++i) {
+        v[i] = r0 + i < n ? _mm512_maskz_loadu_ps(col_mask, rows + (r0 + i) * cols + c0)
+                          : _mm512_setzero_ps();
+      }
+      TransposeStage<8>(v);
+      TransposeStage<4>(v);
+      TransposeStage<2>(v);
+      TransposeStage<1>(v);
+      for (int i = 0; i < 16 && c0 + i < cols; ++i) {
+        _mm512_storeu_ps(dst + (c0 + i) * stride + r0, v[i]);
+      }
+    }
+  }
+}
+
+// Accumulators one AttendGroup may hold (of the 32 zmm registers).
+constexpr int kGroupRegisters = 28;
+constexpr int kMaxGroup = 8;
+constexpr int MaxGroup(int chunks) { return std::min(kMaxGroup, kGroupRegisters / chunks); }
+
+// G consecutive query heads of one query (q, out: [G][hd]) that share a KV head:
+// softmax(q . K^T * scale) . V over positions [0, ctx), with K transposed (keys_t [hd][stride])
+// and V row-major (values [ctx][hd]). Scores take 16 positions per vector, one lane per
+// position summing over d in order; one load of K^T[d] or of a V row chunk feeds all G heads.
+// `Chunks` = ceil(hd / 16) and G are template arguments so that the accumulators stay in
+// registers. scores: G * stride floats of scratch.
+template <int G, int Chunks>
+void AttendGroup(const float* q, const float* keys_t, int64_t stride, const float* values,
+                 int64_t ctx, int hd, float scale, float* out, float* scores) {
+  static_assert(G * Chunks <= kGroupRegisters);
+  const __m512 vscale = _mm512_set1_ps(scale);
+  __m512 vmax[G];
+  for (int h = 0; h < G; ++h) vmax[h] = _mm512_set1_ps(-INFINITY);
+  for (int64_t p0 = 0; p0 < ctx; p0 += 16) {
+    __m512 acc[G];
+    for (int h = 0; h < G; ++h) acc[h] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; ++d) {
+      const __m512 k = _mm512_loadu_ps(keys_t + d * stride + p0);
+      for (int h = 0; h < G; ++h) {
+        acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h * hd + d]), k, acc[h]);
+      }
+    }
+    const __mmask16 mask = TailMask16(static_cast<int>(std::min<int64_t>(16, ctx - p0)));
+    for (int h = 0; h < G; ++h) {
+      const __m512 s = _mm512_mul_ps(acc[h], vscale);
+      _mm512_mask_storeu_ps(scores + h * stride + p0, mask, s);
+      vmax[h] = _mm512_mask_max_ps(vmax[h], mask, vmax[h], s);
+    }
+  }
+  // Softmax numerators and their sums, 16 positions at a time.
+  float inv_sum[G];
+  for (int h = 0; h < G; ++h) {
+    float* sh = scores + h * stride;
+    const __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(vmax[h]));
+    __m512 vsum = _mm512_setzero_ps();
+    for (int64_t p = 0; p < ctx; p += 16) {
+      const __mmask16 mask = TailMask16(static_cast<int>(std::min<int64_t>(16, ctx - p)));
+      __m512 e = Exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, sh + p), vm));
+      e = _mm512_maskz_mov_ps(mask, e);
+      _mm512_mask_storeu_ps(sh + p, mask, e);
+      vsum = _mm512_add_ps(vsum, e);
+    }
+    inv_sum[h] = 1.0f / _mm512_reduce_add_ps(vsum);
+  }
+  // Weighted sum of V rows, in position order.
+  __m512 acc[G][Chunks];
+  for (int h = 0; h < G; ++h)
+    for (int c = 0; c < Chunks; ++c) acc[h][c] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < ctx; ++p) {
+    const float* v = values + p * hd;
+    for (int c = 0; c < Chunks; ++c) {
+      const __m512 vc = _mm512_maskz_loadu_ps(TailMask16(hd - 16 * c), v + 16 * c);
+      for (int h = 0; h < G; ++h) {
+        acc[h][c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[h * stride + p]), vc, acc[h][c]);
+      }
+    }
+  }
+  for (int h = 0; h < G; ++h) {
+    const __m512 vinv = _mm512_set1_ps(inv_sum[h]);
+    for (int c = 0; c < Chunks; ++c) {
+      _mm512_mask_storeu_ps(out + h * hd + 16 * c, TailMask16(hd - 16 * c),
+                            _mm512_mul_ps(acc[h][c], vinv));
+    }
+  }
+}
+
+using AttendGroupFn = void (*)(const float*, const float*, int64_t, const float*, int64_t, int,
+                               float, float*, float*);
+template <int G, int Chunks>
+constexpr AttendGroupFn GroupFn() {
+  if constexpr (G * Chunks <= kGroupRegisters) {
+    return &AttendGroup<G, Chunks>;
+  } else {
+    return nullptr;
+  }
+}
+template <int Chunks, size_t... G>
+constexpr std::array<AttendGroupFn, kMaxGroup + 1> GroupRow(std::index_sequence<G...>) {
+  return {nullptr, GroupFn<static_cast<int>(G) + 1, Chunks>()...};
+}
+// kAttendGroup[chunks][g]: null where g * chunks exceeds the registers.
 template <size_t... C>
-constexpr std::array<AttendHeadFn, kMaxHeadChunks + 1> AttendHeadTable(std::index_sequence<C...>) {
-  return {nullptr, &AttendHead<static_cast<int>(C) + 1>...};
+constexpr std::array<std::array<AttendGroupFn, kMaxGroup + 1>, kMaxHeadChunks + 1> GroupTable(
+    std::index_sequence<C...>) {
+  return {std::array<AttendGroupFn, kMaxGroup + 1>{},
+          GroupRow<static_cast<int>(C) + 1>(std::make_index_sequence<kMaxGroup>())...};
 }
 
 template <typename KvElem>
@@ -389,8 +452,9 @@ void PagedAttentionImpl(std::span<const AttentionQuery> queries, const KvCache& 
   const int kv_heads = layout.num_kv_heads;
   const int group = num_heads / kv_heads;
   const int hd = layout.head_dim;
-  static constexpr auto kAttendHead = AttendHeadTable(std::make_index_sequence<kMaxHeadChunks>());
-  const AttendHeadFn attend = kAttendHead[(hd + 15) / 16];
+  static constexpr auto kAttendGroup = GroupTable(std::make_index_sequence<kMaxHeadChunks>());
+  const int chunks = (hd + 15) / 16;
+  const int max_group = MaxGroup(chunks);
   // Work items: runs of up to kQueryRun consecutive queries of one sequence (a prefill chunk)
   // x KV heads. A run copies its sequence's K/V rows once, for its longest context, and each
   // query attends to its own prefix of them.
@@ -409,7 +473,7 @@ void PagedAttentionImpl(std::span<const AttentionQuery> queries, const KvCache& 
 #pragma omp parallel if (macs >= kParallelMacs)
   {
     // Per thread, kept across calls: K and V rows of one (run, KV head) and the scores.
-    thread_local std::vector<float> keys, values, scores;
+    thread_local std::vector<float> rows, keys_t, values, scores;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < work; ++i) {
       const auto [first, last] = runs[i / kv_heads];
@@ -418,18 +482,26 @@ void PagedAttentionImpl(std::span<const AttentionQuery> queries, const KvCache& 
       for (size_t q = first; q < last; ++q) {
         if (queries[q].context_len > queries[longest].context_len) longest = q;
       }
-      const size_t rows = static_cast<size_t>(queries[longest].context_len) * hd;
-      if (keys.size() < rows) {
-        keys.resize(rows);
-        values.resize(rows);
+      const int64_t ctx = queries[longest].context_len;
+      const int64_t stride = (ctx + 15) / 16 * 16;
+      const size_t elems = static_cast<size_t>(stride) * hd;
+      if (keys_t.size() < elems) {
+        rows.resize(elems);
+        keys_t.resize(elems);
+        values.resize(elems);
+        scores.resize(static_cast<size_t>(stride) * kMaxGroup);
       }
-      GatherRows<KvElem>(queries[longest], cache, layer, kv_head, false, keys.data());
+      GatherRows<KvElem>(queries[longest], cache, layer, kv_head, false, rows.data());
+      TransposeRows(rows.data(), ctx, hd, keys_t.data(), stride);
       GatherRows<KvElem>(queries[longest], cache, layer, kv_head, true, values.data());
       for (size_t q = first; q < last; ++q) {
         const AttentionQuery& query = queries[q];
-        for (int h = kv_head * group; h < (kv_head + 1) * group; ++h) {
-          attend(query.q + static_cast<size_t>(h) * hd, keys.data(), values.data(),
-                 query.context_len, hd, scale, query.out + static_cast<size_t>(h) * hd, scores);
+        for (int h = kv_head * group; h < (kv_head + 1) * group;) {
+          const int g = std::min(max_group, (kv_head + 1) * group - h);
+          kAttendGroup[chunks][g](query.q + static_cast<size_t>(h) * hd, keys_t.data(), stride,
+                                  values.data(), query.context_len, hd, scale,
+                                  query.out + static_cast<size_t>(h) * hd, scores.data());
+          h += g;
         }
       }
     }

@@ -3,8 +3,8 @@
 // Every kernel is *batch-invariant*: the value computed for one row (token) depends only on
 // that row's inputs, never on how many other rows share the call or where a chunk starts. Each
 // output element is accumulated in a fixed order whatever tile it falls in (BF16: one lane
-// per output over the k pairs in sequence; F32 and attention scores: 16 lanes along the
-// reduction dimension, then a fixed lane tree). This is what makes disaggregated and
+// per output over the k pairs in sequence; F32: 16 lanes along the reduction dimension, then
+// a fixed lane tree; attention scores: one lane per position over head_dim in sequence). This is what makes disaggregated and
 // colocated serving produce bit-identical tokens (DESIGN.md §6) and why the matrix products are
 // our own AVX-512 kernels rather than oneDNN's, whose reduction order depends on the batch size.
 //

@@ -136,13 +136,27 @@ TEST(ToBF16Test, MatchesTheScalarRoundingBitForBit) {
 
 // Attention over a paged cache: K/V of `ctx` positions written through StoreKv with a given
 // page size; the query rows attend to prefixes of it.
+struct AttentionShape {
+  int heads, kv_heads, head_dim;
+};
 struct AttentionCase {
   int heads = 4, kv_heads = 2, head_dim = 40, ctx = 70;
   std::vector<float> q, k, v;  // q [ctx][heads][hd]; k, v [ctx][kv_heads][hd]
 };
 
-AttentionCase MakeCase() {
+// The query heads of a GQA group are computed together, as many as fit the registers
+// (28 accumulators over head_dim/16 chunks): the shapes cover a group that fits (2 heads of
+// 40, 7 of 64 as in qwen2.5-0.5b), one split in three (7 heads of 128: 3 + 3 + 1), a partial
+// chunk, and no GQA (4 of 4 heads of 16).
+const AttentionShape kAttentionShapes[] = {{4, 2, 40}, {14, 2, 64}, {7, 1, 128}, {4, 4, 16}};
+
+class PagedAttentionTest : public ::testing::TestWithParam<AttentionShape> {};
+
+AttentionCase MakeCase(const AttentionShape& shape) {
   AttentionCase c;
+  c.heads = shape.heads;
+  c.kv_heads = shape.kv_heads;
+  c.head_dim = shape.head_dim;
   std::mt19937 rng(11);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   c.q.resize(static_cast<size_t>(c.ctx) * c.heads * c.head_dim);
@@ -192,8 +206,8 @@ std::vector<float> RunAttention(const AttentionCase& c, int page_tokens, bool to
   return out;
 }
 
-TEST(PagedAttentionTest, MatchesFloat64Softmax) {
-  const AttentionCase c = MakeCase();
+TEST_P(PagedAttentionTest, MatchesFloat64Softmax) {
+  const AttentionCase c = MakeCase(GetParam());
   const std::vector<float> out = RunAttention(c, 16, true);
   const int group = c.heads / c.kv_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
@@ -223,8 +237,8 @@ TEST(PagedAttentionTest, MatchesFloat64Softmax) {
   }
 }
 
-TEST(PagedAttentionTest, ResultsDoNotDependOnBatchOrPageSize) {
-  const AttentionCase c = MakeCase();
+TEST_P(PagedAttentionTest, ResultsDoNotDependOnBatchOrPageSize) {
+  const AttentionCase c = MakeCase(GetParam());
   const std::vector<float> base = RunAttention(c, 16, true);
   for (int page_tokens : {1, 3, 16, 64}) {
     for (bool together : {true, false}) {
@@ -234,6 +248,13 @@ TEST(PagedAttentionTest, ResultsDoNotDependOnBatchOrPageSize) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Shapes, PagedAttentionTest, ::testing::ValuesIn(kAttentionShapes),
+                         [](const ::testing::TestParamInfo<AttentionShape>& info) {
+                           return std::to_string(info.param.heads) + "heads" +
+                                  std::to_string(info.param.kv_heads) + "kv" +
+                                  std::to_string(info.param.head_dim) + "dim";
+                         });
 
 }  // namespace
 }  // namespace pdserve
