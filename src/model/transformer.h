@@ -87,9 +87,9 @@ class Transformer {
   ModelConfig config_;
   ModelWeights weights_;
   // Every packed BF16 matrix, back to back in the order a forward pass reads them, in one
-  // allocation of whole 2 MB pages. Separate allocations left the small matrices (q|k|v,
-  // o_proj) on 4 KB pages: after the large matrices streamed past, each of their pages cost a
-  // TLB miss with a nested page walk in a VM, and they read at 3-10 GB/s instead of ~40.
+  // allocation of whole 2 MB pages. With separate allocations the small matrices (q|k|v,
+  // o_proj) read at 3-10 GB/s instead of ~40 after the large ones streamed past, most likely
+  // from 4 KB pages (a TLB miss each, a nested page walk in a VM).
   Tensor packed_arena_;
   std::vector<LayerMatrices> layers_;
   Matrix lm_head_;
