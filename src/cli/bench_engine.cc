@@ -4,11 +4,11 @@
 //
 // Like is compared with like. A ceiling is the best run of its probe within a window
 // (kWindowSeconds); the figure beside it is the best run of the engine within a window of the
-// same length, taken right after it: one decode step repeated on identical work, or one
-// prefill. On a shared host both sides are disturbed by neighbours, and the best run of each is
-// what the machine can do. The median run is printed too, for what a user sees typically. Each
-// figure is measured in --repeats rounds, every time right after its own ceiling, and the
-// medians over the rounds are printed.
+// same length, taken right after it (at least --decode-steps runs of one decode step on
+// identical work, or at least 3 prefills). On a shared host both sides are disturbed by neighbours,
+// and the best run of each is what the machine can do. The median run is printed too, for what a
+// user sees typically. Each figure is measured in --repeats rounds, every time right after its own
+// ceiling, and the medians over the rounds are printed.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -73,8 +73,8 @@ Result<RunTimes> TimeRuns(int min_runs, Fn&& once) {
 
 // Times one decode step of `batch` sequences that each already hold `context` tokens. Every
 // run repeats the same step (the token at position `context`, whose K/V it rewrites), so all
-// runs do identical work. The KV content does not change the work: the cache is left as the
-// prefill wrote it.
+// runs do identical work. The KV content does not change the work (no path depends on it):
+// sequence 0's pages hold what the prefill wrote, the others zeros.
 Result<RunTimes> DecodeStepTimes(Transformer& model, KvCache& cache, int batch, int context,
                                  int min_steps) {
   const int page_tokens = cache.layout().page_tokens;
