@@ -4,9 +4,10 @@
 // that row's inputs, never on how many other rows share the call or where a chunk starts. Each
 // output element is accumulated in a fixed order whatever tile it falls in (BF16: one lane
 // per output over the k pairs in sequence; F32: 16 lanes along the reduction dimension, then
-// a fixed lane tree; attention scores: one lane per position over head_dim in sequence). This is what makes disaggregated and
-// colocated serving produce bit-identical tokens (DESIGN.md §6) and why the matrix products are
-// our own AVX-512 kernels rather than oneDNN's, whose reduction order depends on the batch size.
+// a fixed lane tree; attention scores: one lane per position over head_dim in sequence). This is
+// what makes disaggregated and colocated serving produce bit-identical tokens (DESIGN.md §6) and
+// why the matrix products are our own AVX-512 kernels rather than oneDNN's, whose reduction order
+// depends on the batch size.
 //
 // Kernels parallelise internally with OpenMP; call them from one thread at a time. A call too
 // small to split (e.g. one token's StoreKv) runs on the calling thread without opening an
