@@ -1,6 +1,6 @@
 // `pdserve bench engine`: prefill and decode throughput of the forward pass, each beside the
 // ceiling measured in the same run (oneDNN bf16 GEMM rate for prefill; memory bandwidth over
-// the bytes of weights read per step for decode) and the ratio to it.
+// the bytes a step reads for decode: weights and the batch's K/V) and the ratio to it.
 //
 // Like is compared with like. A ceiling is the best run of its probe within a window
 // (kWindowSeconds); the figure beside it is the best run of the engine within a window of the
@@ -151,6 +151,10 @@ int RunBenchEngine(BenchEngineFlags& f) {
   const double decode_flops_per_token =
       2.0 * (macs + static_cast<double>(c.vocab_size) * c.hidden_size);
   const double weight_bytes = static_cast<double>(model.WeightBytes());
+  // K and V of every layer for the context and the new token, read by one decode step.
+  const KvLayout& kv = cache->layout();
+  const double kv_bytes_per_seq = static_cast<double>(f.prompt_len + 1) * kv.num_layers * 2 *
+                                  kv.num_kv_heads * kv.head_dim * kv.elem_size();
   const int threads = f.model.threads;
   auto gemm_rate = [&] {
     return MeasureBf16GemmFlops(f.prompt_len, 2 * c.intermediate_size, c.hidden_size, threads,
@@ -178,15 +182,18 @@ int RunBenchEngine(BenchEngineFlags& f) {
                               DecodeStepTimes(model, *cache, b, f.prompt_len, f.decode_steps));
       bandwidths.push_back(bandwidth);
       gemm_rates.push_back(gemm);
-      // Weights are read once per step whatever the batch; past the bandwidth bound the GEMM
-      // rate bounds instead.
-      const double ceiling = std::min(b * bandwidth / weight_bytes, gemm / decode_flops_per_token);
-      decode[i].Add(t, b, weight_bytes, ceiling);
+      // A step reads every weight once whatever the batch, and each sequence's K/V; past the
+      // bandwidth bound the GEMM rate bounds instead.
+      const double step_bytes = weight_bytes + b * kv_bytes_per_seq;
+      const double ceiling = std::min(b * bandwidth / step_bytes, gemm / decode_flops_per_token);
+      decode[i].Add(t, b, step_bytes, ceiling);
     }
   }
 
-  std::printf("model %s: %d layers, hidden %d, %.0f MB of weights read per decode step\n",
-              dir.path.c_str(), c.num_layers, c.hidden_size, weight_bytes / 1e6);
+  std::printf(
+      "model %s: %d layers, hidden %d; a decode step reads %.0f MB of weights and %.1f MB of "
+      "K/V per sequence\n",
+      dir.path.c_str(), c.num_layers, c.hidden_size, weight_bytes / 1e6, kv_bytes_per_seq / 1e6);
   std::printf(
       "ceilings (median of the per-round measurements): oneDNN bf16 GEMM %.1f GFLOP/s "
       "(m=%d n=%d k=%d); memory read %.1f GB/s\n",
