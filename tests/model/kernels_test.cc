@@ -137,7 +137,7 @@ TEST(ToBF16Test, MatchesTheScalarRoundingBitForBit) {
 // Attention over a paged cache: K/V of `ctx` positions written through StoreKv with a given
 // page size; the query rows attend to prefixes of it.
 struct AttentionShape {
-  int heads, kv_heads, head_dim;
+  int heads, kv_heads, head_dim, ctx;
 };
 struct AttentionCase {
   int heads = 4, kv_heads = 2, head_dim = 40, ctx = 70;
@@ -147,8 +147,10 @@ struct AttentionCase {
 // The query heads of a GQA group are computed together, as many as fit the registers
 // (28 accumulators over head_dim/16 chunks): the shapes cover a group that fits (2 heads of
 // 40, 7 of 64 as in qwen2.5-0.5b), one split in three (7 heads of 128: 3 + 3 + 1), a partial
-// chunk, and no GQA (4 of 4 heads of 16).
-const AttentionShape kAttentionShapes[] = {{4, 2, 40}, {14, 2, 64}, {7, 1, 128}, {4, 4, 16}};
+// chunk, and no GQA (4 of 4 heads of 16). Two shapes have longer contexts (300 and 530
+// positions).
+const AttentionShape kAttentionShapes[] = {
+    {4, 2, 40, 70}, {14, 2, 64, 300}, {7, 1, 128, 70}, {4, 4, 16, 530}};
 
 class PagedAttentionTest : public ::testing::TestWithParam<AttentionShape> {};
 
@@ -157,6 +159,7 @@ AttentionCase MakeCase(const AttentionShape& shape) {
   c.heads = shape.heads;
   c.kv_heads = shape.kv_heads;
   c.head_dim = shape.head_dim;
+  c.ctx = shape.ctx;
   std::mt19937 rng(11);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   c.q.resize(static_cast<size_t>(c.ctx) * c.heads * c.head_dim);
@@ -253,7 +256,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, PagedAttentionTest, ::testing::ValuesIn(kAttent
                          [](const ::testing::TestParamInfo<AttentionShape>& info) {
                            return std::to_string(info.param.heads) + "heads" +
                                   std::to_string(info.param.kv_heads) + "kv" +
-                                  std::to_string(info.param.head_dim) + "dim";
+                                  std::to_string(info.param.head_dim) + "dim" +
+                                  std::to_string(info.param.ctx) + "ctx";
                          });
 
 }  // namespace
