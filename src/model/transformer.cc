@@ -27,7 +27,8 @@ struct Transformer::LayerMatrices {
 namespace {
 
 // Concatenates row-major matrices of equal column count (and dtype) along rows.
-Tensor ConcatRows(std::initializer_list<const Tensor*> parts) {
+template <typename TensorPtr>
+Tensor ConcatRows(std::initializer_list<TensorPtr> parts) {
   int64_t rows = 0;
   const Tensor& first = **parts.begin();
   std::vector<int64_t> shape = first.shape();
@@ -39,6 +40,14 @@ Tensor ConcatRows(std::initializer_list<const Tensor*> parts) {
     std::memcpy(dst, p->data(), p->nbytes());
     dst += p->nbytes();
   }
+  return out;
+}
+
+// The rows of `parts` as one tensor; the parts are released (a single part is moved).
+Tensor TakeRows(std::initializer_list<Tensor*> parts) {
+  if (parts.size() == 1) return std::exchange(**parts.begin(), Tensor());
+  Tensor out = ConcatRows(parts);
+  for (Tensor* p : parts) *p = Tensor();
   return out;
 }
 
@@ -104,60 +113,62 @@ Transformer::Matrix Transformer::ToMatrix(Tensor w, uint16_t** cursor) {
   m.n = static_cast<int>(w.dim(0));
   m.k = static_cast<int>(w.dim(1));
   if (w.dtype() == DType::kF32) {
-    m.bytes = w.nbytes();
     m.f32 = std::move(w);
     return m;
   }
   m.bf16 = *cursor;
-  m.bytes = kernels::PackedBF16Elements(m.n, m.k) * sizeof(uint16_t);
   kernels::PackBF16(w.as<uint16_t>(), m.n, m.k, *cursor);
   *cursor += ArenaElements(m.n, m.k);
   return m;  // the unpacked original is freed here
 }
 
+size_t Transformer::MatrixBytes(const Matrix& m) {
+  return m.bf16 == nullptr ? m.f32.nbytes()
+                           : kernels::PackedBF16Elements(m.n, m.k) * sizeof(uint16_t);
+}
+
 Transformer::Transformer(ModelConfig config, ModelWeights weights, KvDType kv_dtype)
     : config_(std::move(config)), weights_(std::move(weights)), kv_dtype_(kv_dtype) {
   inv_freq_ = RopeInverseFrequencies(config_);
+  layers_.resize(weights_.layers.size());
+  // A tied embedding lives on only inside the output matrix (EmbedRow reads it from there).
   Tensor& output = weights_.lm_head.empty() ? weights_.embed : weights_.lm_head;
-  // The arena's size: every BF16 matrix's packed size. Its pages are touched only as each
-  // matrix is packed into it, while the unpacked originals are freed one by one, so loading
-  // still holds about one copy of the weights.
+  // Every weight matrix: the tensors whose rows it joins, and where it goes. Walked once to
+  // size the arena and once to pack into it, so the two walks cannot disagree.
+  auto for_each_matrix = [&](auto&& fn) {
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      LayerWeights& w = weights_.layers[i];
+      LayerMatrices& f = layers_[i];
+      fn({&w.q_proj, &w.k_proj, &w.v_proj}, f.qkv);
+      fn({&w.o_proj}, f.o_proj);
+      fn({&w.gate_proj, &w.up_proj}, f.gate_up);
+      fn({&w.down_proj}, f.down);
+    }
+    fn({&output}, lm_head_);
+  };
+  // The arena's pages are touched only as each matrix is packed into it, while the unpacked
+  // originals are freed one by one, so loading still holds about one copy of the weights.
   size_t arena = 0;
-  auto add = [&arena](std::initializer_list<const Tensor*> rows_of_one_matrix) {
-    const Tensor& first = **rows_of_one_matrix.begin();
+  for_each_matrix([&arena](std::initializer_list<Tensor*> parts, Matrix&) {
+    const Tensor& first = **parts.begin();
     if (first.dtype() == DType::kF32) return;
     int64_t rows = 0;
-    for (const Tensor* t : rows_of_one_matrix) rows += t->dim(0);
+    for (const Tensor* t : parts) rows += t->dim(0);
     arena += ArenaElements(rows, first.dim(1));
-  };
-  for (const LayerWeights& w : weights_.layers) {
-    add({&w.q_proj, &w.k_proj, &w.v_proj});
-    add({&w.o_proj});
-    add({&w.gate_proj, &w.up_proj});
-    add({&w.down_proj});
-  }
-  add({&output});
+  });
   constexpr size_t kPageElements = (size_t{2} << 20) / sizeof(uint16_t);
   if (arena > 0) {
     arena = (arena + kPageElements - 1) / kPageElements * kPageElements;
     packed_arena_ = Tensor::Uninitialized(DType::kBF16, {static_cast<int64_t>(arena)});
   }
   uint16_t* cursor = packed_arena_.empty() ? nullptr : packed_arena_.as<uint16_t>();
-
-  layers_.resize(weights_.layers.size());
+  for_each_matrix([&cursor](std::initializer_list<Tensor*> parts, Matrix& m) {
+    m = ToMatrix(TakeRows(parts), &cursor);
+  });
   for (size_t i = 0; i < layers_.size(); ++i) {
-    LayerWeights& w = weights_.layers[i];
-    LayerMatrices& f = layers_[i];
-    f.qkv = ToMatrix(ConcatRows({&w.q_proj, &w.k_proj, &w.v_proj}), &cursor);
-    for (Tensor* t : {&w.q_proj, &w.k_proj, &w.v_proj}) *t = Tensor();
-    if (!w.q_bias.empty()) f.qkv_bias = ConcatRows({&w.q_bias, &w.k_bias, &w.v_bias});
-    f.o_proj = ToMatrix(std::move(w.o_proj), &cursor);
-    f.gate_up = ToMatrix(ConcatRows({&w.gate_proj, &w.up_proj}), &cursor);
-    for (Tensor* t : {&w.gate_proj, &w.up_proj}) *t = Tensor();
-    f.down = ToMatrix(std::move(w.down_proj), &cursor);
+    const LayerWeights& w = weights_.layers[i];
+    if (!w.q_bias.empty()) layers_[i].qkv_bias = ConcatRows({&w.q_bias, &w.k_bias, &w.v_bias});
   }
-  // A tied embedding lives on only inside the output matrix (EmbedRow reads it from there).
-  lm_head_ = ToMatrix(std::exchange(output, Tensor()), &cursor);
 }
 
 Transformer::~Transformer() = default;
@@ -172,9 +183,10 @@ KvLayout Transformer::MakeKvLayout(int num_pages, int page_tokens) const {
 }
 
 size_t Transformer::WeightBytes() const {
-  size_t bytes = lm_head_.bytes;
+  size_t bytes = MatrixBytes(lm_head_);
   for (const LayerMatrices& f : layers_) {
-    bytes += f.qkv.bytes + f.o_proj.bytes + f.gate_up.bytes + f.down.bytes;
+    bytes +=
+        MatrixBytes(f.qkv) + MatrixBytes(f.o_proj) + MatrixBytes(f.gate_up) + MatrixBytes(f.down);
   }
   return bytes;
 }

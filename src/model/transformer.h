@@ -70,11 +70,11 @@ class Transformer {
     Tensor f32;
     int n = 0;
     int k = 0;
-    size_t bytes = 0;
   };
   struct LayerMatrices;
   // Packs a BF16 matrix at *cursor in the arena (and advances it), or keeps an F32 one.
   static Matrix ToMatrix(Tensor w, uint16_t** cursor);
+  static size_t MatrixBytes(const Matrix& m);  // bytes a product reads
   Transformer(ModelConfig config, ModelWeights weights, KvDType kv_dtype);
   Status Validate(std::span<const SequenceChunk> chunks, const KvCache& cache) const;
   // y[m][n] = x[m][k] * w^T, in the weight's dtype.
