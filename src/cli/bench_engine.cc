@@ -151,10 +151,11 @@ int RunBenchEngine(BenchEngineFlags& f) {
   const double decode_flops_per_token =
       2.0 * (macs + static_cast<double>(c.vocab_size) * c.hidden_size);
   const double weight_bytes = static_cast<double>(model.WeightBytes());
-  // K and V of every layer for the context and the new token, read by one decode step.
+  // K and V of every layer for the context and the new token, read by one decode step (a
+  // page's block holds K and V of page_tokens tokens for one layer).
   const KvLayout& kv = cache->layout();
-  const double kv_bytes_per_seq = static_cast<double>(f.prompt_len + 1) * kv.num_layers * 2 *
-                                  kv.num_kv_heads * kv.head_dim * kv.elem_size();
+  const double kv_bytes_per_seq =
+      static_cast<double>(f.prompt_len + 1) * kv.num_layers * kv.block_bytes() / kv.page_tokens;
   const int threads = f.model.threads;
   auto gemm_rate = [&] {
     return MeasureBf16GemmFlops(f.prompt_len, 2 * c.intermediate_size, c.hidden_size, threads,
