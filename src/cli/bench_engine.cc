@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "bench/ceilings.h"
 #include "cli/commands.h"
 #include "cli/model_flags.h"
-#include "model/ceilings.h"
 
 namespace pdserve::cli {
 namespace {

@@ -8,7 +8,7 @@
 #include "cli/model_flags.h"
 #include "cli/router_process.h"
 #include "common/logging.h"
-#include "server/router.h"
+#include "router/router.h"
 
 namespace pdserve::cli {
 namespace {

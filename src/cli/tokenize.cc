@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace pdserve::cli {
 namespace {

@@ -15,7 +15,7 @@
 #include "cli/up_processes.h"
 #include "common/logging.h"
 #include "model/synthetic.h"
-#include "server/router.h"
+#include "router/router.h"
 
 namespace pdserve::cli {
 namespace {

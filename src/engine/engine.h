@@ -29,8 +29,8 @@
 #include "engine/scheduler.h"
 #include "kv/kv_cache.h"
 #include "kv/page_pool.h"
-#include "model/tokenizer.h"
 #include "model/transformer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace pdserve {
 

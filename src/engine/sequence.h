@@ -10,7 +10,7 @@
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "kv/block_table.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace pdserve {
 

@@ -8,9 +8,9 @@
 
 #include "common/status.h"
 #include "model/config.h"
-#include "model/tokenizer.h"
 #include "model/transformer.h"
 #include "model/weights.h"
+#include "tokenizer/tokenizer.h"
 
 namespace pdserve {
 

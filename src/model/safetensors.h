@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "common/dtype.h"
 #include "common/status.h"
-#include "model/dtype.h"
 
 namespace pdserve {
 

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/safetensors.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace pdserve {
 namespace {

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "common/dtype.h"
 #include "common/status.h"
 #include "model/config.h"
-#include "model/dtype.h"
 
 namespace pdserve {
 

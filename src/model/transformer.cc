@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "model/kernels.h"
+#include "kernels/kernels.h"
 
 namespace pdserve {
 

@@ -15,7 +15,7 @@
 
 #include "common/clock.h"
 #include "common/logging.h"
-#include "server/api_error.h"
+#include "http/api_error.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
 #include "server/output_channel.h"

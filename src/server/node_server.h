@@ -16,11 +16,11 @@
 #include <string>
 #include <thread>
 
+#include "chat/chat_prompt.h"
 #include "common/status.h"
 #include "engine/engine.h"
-#include "model/tokenizer.h"
-#include "server/chat_prompt.h"
 #include "server/metrics.h"
+#include "tokenizer/tokenizer.h"
 
 namespace httplib {
 class Server;

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/sampling_params.h"
-#include "server/api_error.h"
+#include "http/api_error.h"
 
 namespace pdserve::server {
 

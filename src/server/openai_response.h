@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/sampler.h"
-#include "model/tokenizer.h"
 #include "server/openai_request.h"
+#include "tokenizer/tokenizer.h"
 
 namespace pdserve::server {
 

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "common/dtype.h"
 #include "engine/engine.h"
-#include "model/dtype.h"
 #include "model/model_dir.h"
 #include "testing/test_models.h"
 

@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "common/check.h"
-#include "model/dtype.h"
+#include "common/dtype.h"
 #include "model/safetensors.h"
 
 namespace pdserve::testing {

@@ -1,7 +1,7 @@
 // Unit tests of request parsing and validation (server/openai_request.h): no HTTP, no model.
 #include "server/openai_request.h"
 
-#include "server/chat_prompt.h"
+#include "chat/chat_prompt.h"
 
 #include <gtest/gtest.h>
 

@@ -14,8 +14,8 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-#include "server/router.h"
-#include "server/router_nodes.h"
+#include "router/router.h"
+#include "router/router_nodes.h"
 #include "server/router_test_util.h"
 #include "testing/test_paths.h"
 

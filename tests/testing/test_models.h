@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "model/dtype.h"
+#include "common/dtype.h"
 
 namespace pdserve::testing {
 

@@ -1,0 +1,418 @@
+#include "router/router.h"
+
+#include <csignal>
+#include <random>
+#include <sstream>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "common/logging.h"
+
+namespace pdserve::server {
+
+namespace {
+
+constexpr char kRequestIdHeader[] = "X-Request-Id";
+// Headers a node needs from the client; everything else (hop-by-hop, encodings) stays here.
+constexpr const char* kForwardedHeaders[] = {"Content-Type", "Accept", "Authorization",
+                                             "User-Agent"};
+constexpr const char* kReturnedHeaders[] = {"Retry-After", "Cache-Control"};
+constexpr auto kRelayPollInterval = std::chrono::milliseconds(200);
+constexpr size_t kErrorBodyLimit = 64 << 10;
+
+void SetError(httplib::Response& res, int status, const std::string& message,
+              const std::string& type, const std::string& code) {
+  nlohmann::json body = {{"error", {{"message", message}, {"type", type}, {"code", code}}}};
+  res.status = status;
+  res.set_content(body.dump(), "application/json");
+}
+
+void SetUnavailable(httplib::Response& res, const std::string& message, const std::string& code) {
+  SetError(res, 503, message, "server_error", code);
+  res.set_header("Retry-After", "1");
+}
+
+std::string NewRequestId() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id = "req-";
+  uint64_t v = rng();
+  for (int i = 0; i < 16; ++i, v >>= 4) id += kHex[v & 15];
+  return id;
+}
+
+// The id the request travels under: the client's if it sent a sane one, else a new one.
+std::string RequestIdOf(const httplib::Request& req) {
+  std::string id = req.get_header_value(kRequestIdHeader);
+  const bool sane =
+      !id.empty() && id.size() <= 128 && id.find_first_of(" \t\r\n\"\\") == std::string::npos;
+  return sane ? id : NewRequestId();
+}
+
+bool IsRetryableStatus(int status) { return status == 429 || status >= 500; }
+
+bool IsEventStream(const UpstreamHead& head) {
+  auto it = head.headers.find("Content-Type");
+  return it != head.headers.end() && it->second.starts_with("text/event-stream");
+}
+
+std::string HeaderOr(const httplib::Headers& headers, const char* key, const char* fallback) {
+  auto it = headers.find(key);
+  return it == headers.end() ? fallback : it->second;
+}
+
+void CopyReturnedHeaders(const UpstreamHead& head, httplib::Response& res) {
+  for (const char* key : kReturnedHeaders) {
+    if (auto it = head.headers.find(key); it != head.headers.end()) {
+      res.set_header(key, it->second);
+    }
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Router>> Router::Create(RouterOptions options) {
+  if (options.max_attempts < 1) return Status::InvalidArgument("max_attempts must be >= 1");
+  if (options.http_threads < 2) return Status::InvalidArgument("http_threads must be >= 2");
+  if (options.port < 0 || options.port > 65535) {
+    return Status::InvalidArgument("port " + std::to_string(options.port) + " out of range");
+  }
+  std::unique_ptr<Router> router(new Router(std::move(options)));
+  for (const std::string& url : router->options_.nodes) {
+    PD_RETURN_IF_ERROR(router->pool_.AddStatic(url));
+  }
+  return router;
+}
+
+Router::Router(RouterOptions options) : options_(std::move(options)), pool_(options_.pool) {}
+
+Router::~Router() { Stop(); }
+
+Status Router::Start() {
+  if (started_) return Status::FailedPrecondition("router already started");
+  // A write to a client or node that went away must fail with EPIPE, not kill the process.
+  std::signal(SIGPIPE, SIG_IGN);
+  InstallRoutes();
+  const int threads = options_.http_threads;
+  server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  server_.set_payload_max_length(options_.max_body_bytes);
+  server_.set_read_timeout(30, 0);
+  server_.set_write_timeout(30, 0);
+  if (options_.port == 0) {
+    port_ = server_.bind_to_any_port(options_.host);
+  } else {
+    port_ = server_.bind_to_port(options_.host, options_.port) ? options_.port : -1;
+  }
+  if (port_ <= 0) {
+    return Status::Unavailable("router cannot listen on " + options_.host + ":" +
+                               std::to_string(options_.port));
+  }
+  started_ = true;
+  listen_thread_ = std::thread([this] { server_.listen_after_bind(); });
+  health_thread_ = std::thread([this] { HealthLoop(); });
+  // listen_after_bind sets is_running() before its accept loop; the socket already listens.
+  const Deadline ready = Deadline::AfterMs(5000);
+  while (!server_.is_running() && !ready.Passed()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  PD_LOG_INFO("router listening on http://{}:{} with {} node(s)", options_.host, port_,
+              pool_.Size());
+  return Status::Ok();
+}
+
+void Router::Stop() {
+  if (!started_ || stopping_.exchange(true)) return;
+  {
+    std::lock_guard lock(health_mu_);
+    health_wake_ = true;
+  }
+  health_cv_.notify_all();
+  server_.stop();
+  if (listen_thread_.joinable()) listen_thread_.join();
+  if (health_thread_.joinable()) health_thread_.join();
+}
+
+void Router::InstallRoutes() {
+  server_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    res.set_header(kRequestIdHeader, RequestIdOf(req));
+    const bool open = req.path == "/health" || req.path == "/metrics";
+    if (options_.api_key.empty() || open) return httplib::Server::HandlerResponse::Unhandled;
+    if (req.get_header_value("Authorization") == "Bearer " + options_.api_key) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    SetError(res, 401, "missing or wrong API key (Authorization: Bearer KEY)",
+             "invalid_request_error", "invalid_api_key");
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  // httplib's own errors (no route, body too large, bad request line) get the OpenAI shape.
+  server_.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
+                                                                    httplib::Response& res) {
+    if (!res.body.empty() || res.content_length_ > 0 || res.is_chunked_content_provider_) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    if (res.status == 404) {
+      SetError(res, 404, "no route " + req.method + " " + req.path, "invalid_request_error",
+               "not_found");
+    } else if (res.status == 413) {
+      SetError(res, 413, "request body too large", "invalid_request_error", "request_too_large");
+    } else {
+      SetError(res, res.status, "bad request", "invalid_request_error", "bad_request");
+    }
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  auto forward = [this](const httplib::Request& req, httplib::Response& res) {
+    HandleForward(req, res);
+  };
+  for (const char* path : {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"}) {
+    server_.Post(path, forward);
+  }
+  server_.Get("/v1/models", forward);
+  server_.Get("/health",
+              [this](const httplib::Request&, httplib::Response& res) { HandleHealth(res); });
+  server_.Get("/metrics",
+              [this](const httplib::Request&, httplib::Response& res) { HandleMetrics(res); });
+  server_.Post("/internal/register", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleRegister(req, res);
+  });
+}
+
+void Router::HandleForward(const httplib::Request& req, httplib::Response& res) {
+  const TimePoint start = Clock::now();
+  const std::string request_id = res.get_header_value(kRequestIdHeader);
+  UpstreamRequest upstream{req.method, req.target.empty() ? req.path : req.target, {}, req.body};
+  for (const char* key : kForwardedHeaders) {
+    if (req.has_header(key)) upstream.headers.emplace(key, req.get_header_value(key));
+  }
+  upstream.headers.emplace(kRequestIdHeader, request_id);
+
+  Outcome outcome;
+  outcome.node = "-";
+  std::vector<std::string> tried;
+  bool failed = false;  // a node failed and `res` holds what it (or its absence) said
+  for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
+    std::optional<NodeAddress> node = pool_.Acquire(tried);
+    if (!node.has_value()) break;
+    if (attempt > 0) ++retries_;
+    tried.push_back(node->url);
+    outcome.node = node->url;
+    outcome.attempts = attempt + 1;
+    auto exchange = UpstreamExchange::Start(*node, upstream, options_.upstream);
+    Result<UpstreamHead> head = exchange->WaitHead(Deadline::After(options_.upstream.read));
+    if (!head.ok()) {
+      if (exchange->connect_failed()) pool_.ReportConnectFailure(node->url);
+      pool_.Release(node->url);
+      if (head.status().code() == StatusCode::kDeadlineExceeded) {
+        // The node took the request and went silent: it may still run it, so no retry.
+        SetError(res, 504, head.status().message(), "server_error", "upstream_timeout");
+        failed = true;
+        break;
+      }
+      SetError(res, 502, head.status().message(), "server_error", "upstream_unreachable");
+      failed = true;
+      continue;
+    }
+    if (IsRetryableStatus(head->status)) {
+      // Nothing reached the client yet: keep the node's answer in case no other node does
+      // better, and try the next one.
+      Result<std::string> body = exchange->ReadAll(Deadline::AfterMs(2000), kErrorBodyLimit);
+      pool_.Release(node->url);
+      res.status = head->status;
+      res.set_content(body.ok() ? *body : "",
+                      HeaderOr(head->headers, "Content-Type", "application/json"));
+      CopyReturnedHeaders(*head, res);
+      failed = true;
+      continue;
+    }
+    if (IsEventStream(*head)) {
+      StartRelay(std::move(exchange), *head, request_id, req, start, outcome.attempts, res);
+      return;
+    }
+    Result<std::string> body =
+        exchange->ReadAll(Deadline::After(options_.upstream.read), options_.max_response_bytes);
+    pool_.Release(node->url);
+    if (!body.ok()) {
+      // Broken before the client saw a byte: another node may still answer.
+      SetError(res, 502, body.status().message(), "server_error", "upstream_broken");
+      failed = true;
+      continue;
+    }
+    res.status = head->status;
+    res.set_content(std::move(*body), HeaderOr(head->headers, "Content-Type", "application/json"));
+    CopyReturnedHeaders(*head, res);
+    failed = false;
+    break;
+  }
+  if (outcome.attempts == 0 || (failed && res.status == 502 && pool_.HealthyCount() == 0)) {
+    ++no_healthy_node_;
+    SetUnavailable(res, "no healthy node to serve the request", "no_healthy_node");
+    failed = true;
+  }
+  outcome.status = res.status;
+  outcome.bytes = res.body.size();
+  outcome.note = failed ? "failed" : "ok";
+  Finish(request_id, req, start, outcome);
+}
+
+void Router::StartRelay(std::shared_ptr<UpstreamExchange> exchange, const UpstreamHead& head,
+                        const std::string& request_id, const httplib::Request& req, TimePoint start,
+                        int attempts, httplib::Response& res) {
+  res.status = head.status;
+  CopyReturnedHeaders(head, res);
+  struct RelayState {
+    size_t bytes = 0;
+    bool upstream_broken = false;
+  };
+  auto state = std::make_shared<RelayState>();
+  auto provider = [exchange, state](size_t, httplib::DataSink& sink) {
+    std::string piece;
+    switch (exchange->Pop(&piece, Deadline::After(kRelayPollInterval))) {
+      case UpstreamExchange::Next::kData:
+        state->bytes += piece.size();
+        // A false write means the client is gone; returning false ends the response.
+        return piece.empty() || sink.write(piece.data(), piece.size());
+      case UpstreamExchange::Next::kEnd:
+        sink.done();
+        return true;
+      case UpstreamExchange::Next::kTimeout:
+        return true;  // httplib calls again after checking the client socket
+      case UpstreamExchange::Next::kError:
+        // Bytes were sent already: no retry; cutting the chunked stream tells the client.
+        state->upstream_broken = true;
+        return false;
+    }
+    return false;
+  };
+  // Runs when httplib drops the response: after the last chunk or when the client went away.
+  auto releaser = [this, exchange, state, request_id, method = req.method, path = req.path, start,
+                   attempts, status = head.status](bool success) {
+    exchange->Cancel();  // no-op if the node finished; closes its connection otherwise
+    pool_.Release(exchange->node().url);
+    Outcome outcome{exchange->node().url, status, attempts, state->bytes, "ok"};
+    if (state->upstream_broken) {
+      outcome.note = "upstream_broken";
+    } else if (!success) {
+      outcome.note = "client_gone";
+      ++client_disconnects_;
+    }
+    httplib::Request fake;
+    fake.method = method;
+    fake.path = path;
+    Finish(request_id, fake, start, outcome);
+  };
+  res.set_chunked_content_provider(HeaderOr(head.headers, "Content-Type", "text/event-stream"),
+                                   std::move(provider), std::move(releaser));
+}
+
+void Router::Finish(const std::string& request_id, const httplib::Request& req, TimePoint start,
+                    const Outcome& outcome) {
+  {
+    std::lock_guard lock(metrics_mu_);
+    ++responses_by_status_[outcome.status];
+  }
+  PD_LOG_INFO(
+      "router request_id={} method={} path={} node={} status={} attempts={} bytes={} "
+      "latency_ms={:.1f} outcome={}",
+      request_id, req.method, req.path, outcome.node, outcome.status, outcome.attempts,
+      outcome.bytes, SecondsSince(start) * 1e3, outcome.note);
+}
+
+void Router::HandleHealth(httplib::Response& res) {
+  const int healthy = pool_.HealthyCount();
+  if (healthy == 0) {
+    SetUnavailable(res, "no healthy node", "no_healthy_node");
+    return;
+  }
+  nlohmann::json body = {{"status", "ok"}, {"healthy_nodes", healthy}, {"nodes", pool_.Size()}};
+  res.set_content(body.dump(), "application/json");
+}
+
+void Router::HandleMetrics(httplib::Response& res) {
+  std::ostringstream out;
+  auto header = [&](const char* name, const char* type, const char* help) {
+    out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
+  };
+  header("pdserve:router_requests_total", "counter", "Requests answered, by HTTP status.");
+  {
+    std::lock_guard lock(metrics_mu_);
+    for (const auto& [status, count] : responses_by_status_) {
+      out << "pdserve:router_requests_total{status=\"" << status << "\"} " << count << '\n';
+    }
+  }
+  header("pdserve:router_retries_total", "counter", "Requests sent again to another node.");
+  out << "pdserve:router_retries_total " << retries_.load() << '\n';
+  header("pdserve:router_no_healthy_node_total", "counter", "Requests refused: no healthy node.");
+  out << "pdserve:router_no_healthy_node_total " << no_healthy_node_.load() << '\n';
+  header("pdserve:router_client_disconnects_total", "counter",
+         "Streams whose client left before the end.");
+  out << "pdserve:router_client_disconnects_total " << client_disconnects_.load() << '\n';
+  const std::vector<NodeSnapshot> nodes = pool_.Snapshot();
+  header("pdserve:router_node_healthy", "gauge", "1 if the node gets traffic.");
+  for (const NodeSnapshot& n : nodes) {
+    out << "pdserve:router_node_healthy{node=\"" << n.url << "\"} " << (n.healthy ? 1 : 0) << '\n';
+  }
+  header("pdserve:router_node_outstanding_requests", "gauge", "Requests in flight on the node.");
+  for (const NodeSnapshot& n : nodes) {
+    out << "pdserve:router_node_outstanding_requests{node=\"" << n.url << "\"} " << n.outstanding
+        << '\n';
+  }
+  header("pdserve:router_node_requests_total", "counter", "Requests sent to the node.");
+  for (const NodeSnapshot& n : nodes) {
+    out << "pdserve:router_node_requests_total{node=\"" << n.url << "\"} " << n.requests << '\n';
+  }
+  res.set_content(out.str(), "text/plain; version=0.0.4");
+}
+
+void Router::HandleRegister(const httplib::Request& req, httplib::Response& res) {
+  nlohmann::json body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (!body.is_object() || !body.contains("url") || !body["url"].is_string()) {
+    SetError(res, 400, "expected {\"url\": \"http://host:port\"}", "invalid_request_error",
+             "invalid_registration");
+    return;
+  }
+  Result<bool> added = pool_.Register(body["url"].get<std::string>());
+  if (!added.ok()) {
+    SetError(res, 400, added.status().message(), "invalid_request_error", "invalid_registration");
+    return;
+  }
+  if (*added) {
+    PD_LOG_INFO("router: node {} registered", body["url"].get<std::string>());
+    {
+      std::lock_guard lock(health_mu_);
+      health_wake_ = true;  // check the new node now rather than at the next tick
+    }
+    health_cv_.notify_all();
+  }
+  nlohmann::json reply = {{"registered", true}, {"new", *added}, {"nodes", pool_.Size()}};
+  res.set_content(reply.dump(), "application/json");
+}
+
+void Router::HealthLoop() {
+  while (!stopping_.load()) {
+    CheckAllNodes();
+    pool_.ExpireRegistrations();
+    std::unique_lock lock(health_mu_);
+    health_cv_.wait_for(lock, options_.health_interval, [&] { return health_wake_; });
+    health_wake_ = false;
+  }
+}
+
+void Router::CheckAllNodes() {
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(options_.health_timeout);
+  const time_t sec = static_cast<time_t>(us.count() / 1000000);
+  const time_t usec = static_cast<time_t>(us.count() % 1000000);
+  for (const NodeAddress& node : pool_.Addresses()) {
+    if (stopping_.load()) return;
+    httplib::Client client(node.host, node.port);
+    client.set_connection_timeout(sec, usec);
+    client.set_read_timeout(sec, usec);
+    httplib::Result result = client.Get("/health");
+    if (result && result->status == 200) {
+      if (pool_.ReportHealthy(node.url)) PD_LOG_INFO("router: node {} is healthy", node.url);
+    } else if (pool_.ReportUnhealthy(node.url)) {
+      PD_LOG_WARN("router: node {} is down (health checks failing)", node.url);
+    }
+  }
+}
+
+}  // namespace pdserve::server

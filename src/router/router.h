@@ -1,0 +1,110 @@
+// The router: an OpenAI-compatible HTTP front that holds no model. It forwards each request to
+// the healthy node with the fewest outstanding requests, relays streamed (SSE) answers piece by
+// piece as they arrive, retries a request on another node while nothing has reached the client
+// yet, health-checks its nodes, and accepts node self-registration
+// (POST /internal/register {"url": "http://host:port"}).
+//
+// Thread-safety: Create/Start/Stop from one controlling thread; HTTP handlers run on the
+// router's own thread pool; nodes() is thread-safe.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <httplib.h>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "router/router_nodes.h"
+#include "router/router_upstream.h"
+
+namespace pdserve::server {
+
+struct RouterOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                 // 0: any free port (see Router::port())
+  std::vector<std::string> nodes;  // node urls known from the start
+  std::string api_key;             // empty: no authentication
+  size_t max_body_bytes = 8 << 20;
+  size_t max_response_bytes = 64 << 20;  // non-streamed answers are read whole first
+  int http_threads = 256;  // each open stream holds one, so this caps concurrent streams
+  int max_attempts = 3;    // nodes tried per request before giving up
+  Duration health_interval = std::chrono::seconds(1);
+  Duration health_timeout = std::chrono::milliseconds(800);
+  NodePoolOptions pool;
+  UpstreamTimeouts upstream;
+};
+
+class Router {
+ public:
+  // Validates the options (node urls, limits); binds nothing yet.
+  static Result<std::unique_ptr<Router>> Create(RouterOptions options);
+  ~Router();
+  Router(const Router&) = delete;
+  Router& operator=(const Router&) = delete;
+
+  // Binds host:port and starts serving and health-checking. Returns once the socket listens.
+  Status Start();
+  // Stops accepting, ends open relays (their node connections close) and joins every thread.
+  // Idempotent.
+  void Stop();
+
+  int port() const { return port_; }
+  NodePool& nodes() { return pool_; }
+
+ private:
+  explicit Router(RouterOptions options);
+  void InstallRoutes();
+  void HealthLoop();
+  void CheckAllNodes();
+
+  // Handlers.
+  void HandleForward(const httplib::Request& req, httplib::Response& res);
+  void HandleHealth(httplib::Response& res);
+  void HandleMetrics(httplib::Response& res);
+  void HandleRegister(const httplib::Request& req, httplib::Response& res);
+
+  // What a finished request leaves for the log line and the metrics.
+  struct Outcome {
+    std::string node;  // "-" if none
+    int status = 0;
+    int attempts = 0;
+    size_t bytes = 0;
+    std::string note;  // "ok", "client_gone", "upstream_broken", ...
+  };
+  void Finish(const std::string& request_id, const httplib::Request& req, TimePoint start,
+              const Outcome& outcome);
+  // Streams the node's SSE answer to the client; the handler returns right after.
+  void StartRelay(std::shared_ptr<UpstreamExchange> exchange, const UpstreamHead& head,
+                  const std::string& request_id, const httplib::Request& req, TimePoint start,
+                  int attempts, httplib::Response& res);
+
+  const RouterOptions options_;
+  NodePool pool_;
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread listen_thread_;
+  std::thread health_thread_;
+  std::atomic<bool> stopping_{false};
+  bool started_ = false;
+
+  std::mutex health_mu_;
+  std::condition_variable health_cv_;
+  bool health_wake_ = false;  // GUARDED_BY(health_mu_)
+
+  // Metrics.
+  std::mutex metrics_mu_;
+  std::map<int, int64_t> responses_by_status_;  // GUARDED_BY(metrics_mu_)
+  std::atomic<int64_t> retries_{0};
+  std::atomic<int64_t> no_healthy_node_{0};
+  std::atomic<int64_t> client_disconnects_{0};
+};
+
+}  // namespace pdserve::server

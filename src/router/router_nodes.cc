@@ -1,0 +1,168 @@
+#include "router/router_nodes.h"
+
+#include <algorithm>
+#include <charconv>
+#include <limits>
+
+namespace pdserve::server {
+
+Result<NodeAddress> ParseNodeUrl(std::string_view text) {
+  const std::string original(text);
+  if (text.starts_with("https://")) {
+    return Status::InvalidArgument("node url '" + original + "': https is not supported");
+  }
+  if (text.starts_with("http://")) text.remove_prefix(7);
+  if (text.ends_with('/')) text.remove_suffix(1);
+  const size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) {
+    return Status::InvalidArgument("node url '" + original + "': expected http://host:port");
+  }
+  std::string_view host = text.substr(0, colon);
+  std::string_view port_text = text.substr(colon + 1);
+  if (host.find_first_of("/?# ") != std::string_view::npos) {
+    return Status::InvalidArgument("node url '" + original + "': bad host");
+  }
+  int port = 0;
+  auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (ec != std::errc() || end != port_text.data() + port_text.size() || port <= 0 ||
+      port > 65535) {
+    return Status::InvalidArgument("node url '" + original + "': bad port");
+  }
+  NodeAddress address;
+  address.host = std::string(host);
+  address.port = port;
+  address.url = "http://" + address.host + ":" + std::to_string(port);
+  return address;
+}
+
+NodePool::NodePool(NodePoolOptions options) : options_(options) {}
+
+NodePool::Node* NodePool::FindLocked(const std::string& url) {
+  for (Node& node : nodes_) {
+    if (node.address.url == url) return &node;
+  }
+  return nullptr;
+}
+
+Status NodePool::AddStatic(std::string_view url) {
+  PD_ASSIGN_OR_RETURN(NodeAddress address, ParseNodeUrl(url));
+  std::lock_guard lock(mu_);
+  if (Node* node = FindLocked(address.url)) {
+    node->registered = false;  // a command-line node never expires
+    return Status::Ok();
+  }
+  Node node;
+  node.address = std::move(address);
+  nodes_.push_back(std::move(node));
+  return Status::Ok();
+}
+
+Result<bool> NodePool::Register(std::string_view url, TimePoint now) {
+  PD_ASSIGN_OR_RETURN(NodeAddress address, ParseNodeUrl(url));
+  std::lock_guard lock(mu_);
+  if (Node* node = FindLocked(address.url)) {
+    node->last_registration = now;
+    return false;
+  }
+  Node node;
+  node.address = std::move(address);
+  node.registered = true;
+  node.last_registration = now;
+  nodes_.push_back(std::move(node));
+  return true;
+}
+
+void NodePool::ExpireRegistrations(TimePoint now) {
+  std::lock_guard lock(mu_);
+  std::erase_if(nodes_, [&](const Node& node) {
+    return node.registered && node.outstanding == 0 &&
+           now - node.last_registration > options_.registration_ttl;
+  });
+}
+
+std::optional<NodeAddress> NodePool::Acquire(const std::vector<std::string>& exclude) {
+  std::lock_guard lock(mu_);
+  const size_t n = nodes_.size();
+  Node* best = nullptr;
+  size_t best_index = 0;
+  for (size_t k = 0; k < n; ++k) {
+    const size_t i = (next_ + k) % n;
+    Node& node = nodes_[i];
+    if (!node.healthy) continue;
+    if (std::find(exclude.begin(), exclude.end(), node.address.url) != exclude.end()) continue;
+    // Strictly fewer wins, so among equals the first after next_ does: round robin on ties.
+    if (best == nullptr || node.outstanding < best->outstanding) {
+      best = &node;
+      best_index = i;
+    }
+  }
+  if (best == nullptr) return std::nullopt;
+  next_ = best_index + 1;
+  ++best->outstanding;
+  ++best->requests;
+  return best->address;
+}
+
+void NodePool::Release(const std::string& url) {
+  std::lock_guard lock(mu_);
+  // The node may have been dropped meanwhile; then there is nothing to count down.
+  if (Node* node = FindLocked(url); node != nullptr && node->outstanding > 0) --node->outstanding;
+}
+
+bool NodePool::ReportHealthy(const std::string& url) {
+  std::lock_guard lock(mu_);
+  Node* node = FindLocked(url);
+  if (node == nullptr) return false;
+  const bool changed = !node->healthy;
+  node->healthy = true;
+  node->consecutive_failures = 0;
+  return changed;
+}
+
+bool NodePool::ReportUnhealthy(const std::string& url) {
+  std::lock_guard lock(mu_);
+  Node* node = FindLocked(url);
+  if (node == nullptr) return false;
+  if (node->consecutive_failures < std::numeric_limits<int>::max()) ++node->consecutive_failures;
+  if (node->consecutive_failures < options_.failures_to_down || !node->healthy) return false;
+  node->healthy = false;
+  return true;
+}
+
+void NodePool::ReportConnectFailure(const std::string& url) {
+  std::lock_guard lock(mu_);
+  if (Node* node = FindLocked(url)) {
+    node->healthy = false;
+    node->consecutive_failures = std::max(node->consecutive_failures, options_.failures_to_down);
+  }
+}
+
+std::vector<NodeAddress> NodePool::Addresses() const {
+  std::lock_guard lock(mu_);
+  std::vector<NodeAddress> out;
+  for (const Node& node : nodes_) out.push_back(node.address);
+  return out;
+}
+
+std::vector<NodeSnapshot> NodePool::Snapshot() const {
+  std::lock_guard lock(mu_);
+  std::vector<NodeSnapshot> out;
+  for (const Node& node : nodes_) {
+    out.push_back({node.address.url, node.healthy, node.registered, node.outstanding, node.requests,
+                   node.consecutive_failures});
+  }
+  return out;
+}
+
+int NodePool::HealthyCount() const {
+  std::lock_guard lock(mu_);
+  return static_cast<int>(
+      std::count_if(nodes_.begin(), nodes_.end(), [](const Node& n) { return n.healthy; }));
+}
+
+int NodePool::Size() const {
+  std::lock_guard lock(mu_);
+  return static_cast<int>(nodes_.size());
+}
+
+}  // namespace pdserve::server

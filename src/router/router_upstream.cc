@@ -1,0 +1,160 @@
+#include "router/router_upstream.h"
+
+#include <utility>
+
+namespace pdserve::server {
+
+namespace {
+
+template <typename Setter>
+void SetTimeout(Duration d, Setter setter) {
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(d).count();
+  setter(static_cast<time_t>(us / 1000000), static_cast<time_t>(us % 1000000));
+}
+
+}  // namespace
+
+UpstreamExchange::UpstreamExchange(NodeAddress node, UpstreamTimeouts timeouts)
+    : node_(std::move(node)), timeouts_(timeouts), client_(node_.host, node_.port) {
+  SetTimeout(timeouts_.connect,
+             [&](time_t s, time_t us) { client_.set_connection_timeout(s, us); });
+  SetTimeout(timeouts_.read, [&](time_t s, time_t us) { client_.set_read_timeout(s, us); });
+  SetTimeout(timeouts_.write, [&](time_t s, time_t us) { client_.set_write_timeout(s, us); });
+  // The router relays bytes as they are; decompressing would change what the client sees.
+  client_.set_decompress(false);
+}
+
+std::shared_ptr<UpstreamExchange> UpstreamExchange::Start(NodeAddress node, UpstreamRequest request,
+                                                          UpstreamTimeouts timeouts) {
+  std::shared_ptr<UpstreamExchange> exchange(new UpstreamExchange(std::move(node), timeouts));
+  // The thread uses `this` only; the destructor joins it, so it never outlives the object.
+  exchange->thread_ =
+      std::thread([e = exchange.get(), r = std::move(request)]() mutable { e->Run(std::move(r)); });
+  return exchange;
+}
+
+UpstreamExchange::~UpstreamExchange() {
+  Cancel();
+  if (thread_.joinable()) thread_.join();
+}
+
+void UpstreamExchange::Run(UpstreamRequest request) {
+  httplib::Request req;
+  req.method = std::move(request.method);
+  req.path = std::move(request.path);
+  req.headers = std::move(request.headers);
+  req.body = std::move(request.body);
+  req.response_handler = [this](const httplib::Response& r) { return OnHead(r); };
+  req.content_receiver = [this](const char* data, size_t size, uint64_t, uint64_t) {
+    return OnData(data, size);
+  };
+  httplib::Response res;
+  httplib::Error error = httplib::Error::Success;
+  client_.send(req, res, error);
+  Finish(error, res);
+}
+
+bool UpstreamExchange::OnHead(const httplib::Response& response) {
+  std::lock_guard lock(mu_);
+  head_ = UpstreamHead{response.status, response.headers};
+  cv_.notify_all();
+  return !cancelled_;
+}
+
+bool UpstreamExchange::OnData(const char* data, size_t size) {
+  std::unique_lock lock(mu_);
+  // Back-pressure: wait for the consumer rather than buffer a whole slow stream.
+  while (!cancelled_ && buffered_ > timeouts_.max_buffered_bytes) {
+    cv_.wait_for(lock, std::chrono::milliseconds(100));
+  }
+  if (cancelled_) return false;
+  pieces_.emplace_back(data, size);
+  buffered_ += size;
+  cv_.notify_all();
+  return true;
+}
+
+void UpstreamExchange::Finish(httplib::Error error, const httplib::Response& response) {
+  std::lock_guard lock(mu_);
+  done_ = true;
+  // httplib skips the response handler for bodiless answers (204); their head is in `response`.
+  if (error == httplib::Error::Success && !head_.has_value()) {
+    head_ = UpstreamHead{response.status, response.headers};
+  }
+  if (error != httplib::Error::Success && !cancelled_) {
+    error_ = httplib::to_string(error);
+    connect_failed_ = !head_.has_value() && (error == httplib::Error::Connection ||
+                                             error == httplib::Error::ConnectionTimeout);
+  }
+  cv_.notify_all();
+}
+
+Result<UpstreamHead> UpstreamExchange::WaitHead(Deadline deadline) {
+  std::unique_lock lock(mu_);
+  cv_.wait_until(lock, deadline.at(), [&] { return head_.has_value() || done_; });
+  if (head_.has_value()) return *head_;
+  if (done_) {
+    return Status::Unavailable(node_.url + ": " + (error_.empty() ? "no response" : error_));
+  }
+  return Status::DeadlineExceeded(node_.url + ": no response head before the deadline");
+}
+
+UpstreamExchange::Next UpstreamExchange::Pop(std::string* data, Deadline deadline) {
+  std::unique_lock lock(mu_);
+  cv_.wait_until(lock, deadline.at(), [&] { return !pieces_.empty() || done_; });
+  if (!pieces_.empty()) {
+    *data = std::move(pieces_.front());
+    pieces_.pop_front();
+    buffered_ -= data->size();
+    cv_.notify_all();  // wakes a producer held back by back-pressure
+    return Next::kData;
+  }
+  if (!done_) return Next::kTimeout;
+  if (!error_.empty()) {
+    *data = error_;
+    return Next::kError;
+  }
+  return Next::kEnd;
+}
+
+Result<std::string> UpstreamExchange::ReadAll(Deadline deadline, size_t limit) {
+  std::string body;
+  std::string piece;
+  for (;;) {
+    switch (Pop(&piece, deadline)) {
+      case Next::kData:
+        body += piece;
+        if (body.size() > limit) {
+          Cancel();
+          return Status::ResourceExhausted(node_.url + ": response body exceeds the limit");
+        }
+        break;
+      case Next::kEnd:
+        return body;
+      case Next::kTimeout:
+        Cancel();
+        return Status::DeadlineExceeded(node_.url + ": response body not complete in time");
+      case Next::kError:
+        return Status::Unavailable(node_.url + ": " + piece);
+    }
+  }
+}
+
+void UpstreamExchange::Cancel() {
+  {
+    std::lock_guard lock(mu_);
+    if (done_ || cancelled_) return;
+    cancelled_ = true;
+    cv_.notify_all();
+  }
+  // Unblocks a read waiting on the node; the receiver then returns false and the connection
+  // closes, which the node sees as a client disconnect.
+  client_.stop();
+}
+
+bool UpstreamExchange::connect_failed() const {
+  std::lock_guard lock(mu_);
+  return connect_failed_;
+}
+
+}  // namespace pdserve::server

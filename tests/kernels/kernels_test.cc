@@ -1,0 +1,264 @@
+// The compute kernels against float64 loops, and the batch invariance the disaggregated design
+// relies on (DESIGN.md §6): a row's result is bit-identical whatever else shares the call.
+#include "kernels/kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/dtype.h"
+
+namespace pdserve {
+namespace {
+
+std::vector<uint16_t> RandomBF16(size_t count, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<uint16_t> v(count);
+  for (uint16_t& e : v) e = F32ToBF16(dist(rng));
+  return v;
+}
+
+struct Shape {
+  int m, n, k;
+};
+
+// Odd sizes on purpose: a partial 16-column group, a partial 64-column block, an odd k.
+const Shape kShapes[] = {{1, 1, 1},   {3, 17, 33},   {7, 64, 64},  {13, 100, 31},
+                         {1, 130, 7}, {20, 65, 200}, {97, 48, 96}, {6, 200, 1025}};
+
+class PackedMatMulTest : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(PackedMatMulTest, MatchesFloat64Loops) {
+  const auto [m, n, k] = GetParam();
+  std::mt19937 rng(m * 1000003 + n * 1009 + k);
+  const std::vector<uint16_t> x = RandomBF16(static_cast<size_t>(m) * k, rng);
+  const std::vector<uint16_t> w = RandomBF16(static_cast<size_t>(n) * k, rng);
+  std::vector<uint16_t> packed(kernels::PackedBF16Elements(n, k));
+  kernels::PackBF16(w.data(), n, k, packed.data());
+  std::vector<float> y(static_cast<size_t>(m) * n, NAN);
+  kernels::MatMulBF16(x.data(), packed.data(), y.data(), m, n, k);
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) {
+      double want = 0, scale = 0;
+      for (int e = 0; e < k; ++e) {
+        const double p = static_cast<double>(BF16ToF32(x[static_cast<size_t>(i) * k + e])) *
+                         BF16ToF32(w[static_cast<size_t>(j) * k + e]);
+        want += p;
+        scale += std::abs(p);
+      }
+      // BF16 products are exact in FP32; only the k FP32 additions round.
+      ASSERT_NEAR(y[static_cast<size_t>(i) * n + j], want, 1e-6 * k * scale + 1e-30)
+          << "row " << i << " column " << j;
+    }
+  }
+}
+
+TEST_P(PackedMatMulTest, UnpackRowRecoversEveryRow) {
+  const auto [m, n, k] = GetParam();
+  (void)m;
+  std::mt19937 rng(n * 31 + k);
+  const std::vector<uint16_t> w = RandomBF16(static_cast<size_t>(n) * k, rng);
+  std::vector<uint16_t> packed(kernels::PackedBF16Elements(n, k));
+  kernels::PackBF16(w.data(), n, k, packed.data());
+  std::vector<float> row(k);
+  for (int j = 0; j < n; ++j) {
+    kernels::UnpackRowBF16(packed.data(), n, k, j, row.data());
+    for (int e = 0; e < k; ++e) {
+      ASSERT_EQ(row[e], BF16ToF32(w[static_cast<size_t>(j) * k + e])) << j << "," << e;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, PackedMatMulTest, ::testing::ValuesIn(kShapes));
+
+// Every row of a product over rows [first, first + count) equals that row computed alone, bit
+// for bit, for every window of a 40-row batch (tile tails of every size are exercised).
+template <typename Elem, typename MatMul>
+void ExpectRowsIndependentOfBatch(const std::vector<Elem>& x, const Elem* w, int n, int k,
+                                  MatMul matmul) {
+  const int rows = static_cast<int>(x.size() / k);
+  std::vector<float> alone(static_cast<size_t>(rows) * n);
+  for (int i = 0; i < rows; ++i) {
+    matmul(&x[static_cast<size_t>(i) * k], w, &alone[static_cast<size_t>(i) * n], 1, n, k);
+  }
+  std::vector<float> y(static_cast<size_t>(rows) * n);
+  for (int first = 0; first < rows; first += 3) {
+    for (int count = 1; first + count <= rows; count += 5) {
+      matmul(&x[static_cast<size_t>(first) * k], w, y.data(), count, n, k);
+      ASSERT_EQ(
+          std::memcmp(y.data(), &alone[static_cast<size_t>(first) * n], sizeof(float) * count * n),
+          0)
+          << "rows [" << first << ", " << first + count << ")";
+    }
+  }
+}
+
+TEST(MatMulInvarianceTest, Bf16RowsDoNotDependOnTheBatch) {
+  std::mt19937 rng(7);
+  const int n = 136, k = 77;
+  const std::vector<uint16_t> x = RandomBF16(40 * k, rng);
+  const std::vector<uint16_t> w = RandomBF16(static_cast<size_t>(n) * k, rng);
+  std::vector<uint16_t> packed(kernels::PackedBF16Elements(n, k));
+  kernels::PackBF16(w.data(), n, k, packed.data());
+  ExpectRowsIndependentOfBatch(x, packed.data(), n, k, kernels::MatMulBF16);
+}
+
+TEST(MatMulInvarianceTest, F32RowsDoNotDependOnTheBatch) {
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  const int n = 37, k = 70;
+  std::vector<float> x(40 * k), w(static_cast<size_t>(n) * k);
+  for (float& v : x) v = dist(rng);
+  for (float& v : w) v = dist(rng);
+  ExpectRowsIndependentOfBatch(x, w.data(), n, k, kernels::MatMulF32);
+}
+
+TEST(ToBF16Test, MatchesTheScalarRoundingBitForBit) {
+  // Ties, NaNs (quiet and signalling), infinities, denormals, zeros, and random values; an odd
+  // count so that the masked tail runs.
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                                0x7f800001u, 0xff800123u, 0x00000001u, 0x00400000u, 0x3f808000u,
+                                0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0xff7fffffu, 0x3f807fffu};
+  std::mt19937 rng(3);
+  for (int i = 0; i < 1000; ++i) bits.push_back(static_cast<uint32_t>(rng()));
+  std::vector<float> src(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) std::memcpy(&src[i], &bits[i], sizeof(float));
+  std::vector<uint16_t> dst(src.size() + 1, 0xabcd);
+  kernels::ToBF16(src.data(), dst.data(), src.size());
+  for (size_t i = 0; i < src.size(); ++i) {
+    ASSERT_EQ(dst[i], F32ToBF16(src[i])) << std::hex << "input 0x" << bits[i];
+  }
+  EXPECT_EQ(dst.back(), 0xabcd) << "wrote past the end";
+}
+
+// Attention over a paged cache: K/V of `ctx` positions written through StoreKv with a given
+// page size; the query rows attend to prefixes of it.
+struct AttentionShape {
+  int heads, kv_heads, head_dim, ctx;
+};
+struct AttentionCase {
+  int heads = 4, kv_heads = 2, head_dim = 40, ctx = 70;
+  std::vector<float> q, k, v;  // q [ctx][heads][hd]; k, v [ctx][kv_heads][hd]
+};
+
+// The query heads of a GQA group are computed together, as many as fit the registers
+// (28 accumulators over head_dim/16 chunks): the shapes cover a group that fits (2 heads of
+// 40, 7 of 64 as in qwen2.5-0.5b), one split in three (7 heads of 128: 3 + 3 + 1), a partial
+// chunk, and no GQA (4 of 4 heads of 16). Two shapes have longer contexts (300 and 530
+// positions).
+const AttentionShape kAttentionShapes[] = {
+    {4, 2, 40, 70}, {14, 2, 64, 300}, {7, 1, 128, 70}, {4, 4, 16, 530}};
+
+class PagedAttentionTest : public ::testing::TestWithParam<AttentionShape> {};
+
+AttentionCase MakeCase(const AttentionShape& shape) {
+  AttentionCase c;
+  c.heads = shape.heads;
+  c.kv_heads = shape.kv_heads;
+  c.head_dim = shape.head_dim;
+  c.ctx = shape.ctx;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  c.q.resize(static_cast<size_t>(c.ctx) * c.heads * c.head_dim);
+  c.k.resize(static_cast<size_t>(c.ctx) * c.kv_heads * c.head_dim);
+  c.v.resize(c.k.size());
+  for (float& e : c.q) e = dist(rng);
+  for (float& e : c.k) e = dist(rng);
+  for (float& e : c.v) e = dist(rng);
+  return c;
+}
+
+// out[pos][heads][hd] for every query position (causal), with the given page size; `together`
+// runs all positions in one call, otherwise one call per position.
+std::vector<float> RunAttention(const AttentionCase& c, int page_tokens, bool together) {
+  const int pages = (c.ctx + page_tokens - 1) / page_tokens;
+  KvLayout layout{.num_layers = 1,
+                  .num_kv_heads = c.kv_heads,
+                  .head_dim = c.head_dim,
+                  .page_tokens = page_tokens,
+                  .dtype = KvDType::kF32,
+                  .num_pages = pages + 3};
+  auto cache = KvCache::Create(layout);
+  EXPECT_TRUE(cache.ok());
+  // Pages out of order, so the block table matters.
+  std::vector<PageId> table(pages);
+  for (int p = 0; p < pages; ++p) table[p] = pages + 2 - p;
+  const size_t kv_row = static_cast<size_t>(c.kv_heads) * c.head_dim;
+  for (int pos = 0; pos < c.ctx; ++pos) {
+    kernels::StoreKv(**cache, 0, table[pos / page_tokens], pos % page_tokens, &c.k[pos * kv_row],
+                     &c.v[pos * kv_row]);
+  }
+  const size_t q_row = static_cast<size_t>(c.heads) * c.head_dim;
+  std::vector<float> out(c.q.size(), NAN);
+  std::vector<kernels::AttentionQuery> queries;
+  for (int pos = 0; pos < c.ctx; ++pos) {
+    queries.push_back({.q = &c.q[pos * q_row],
+                       .out = &out[pos * q_row],
+                       .pages = table.data(),
+                       .context_len = pos + 1});
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  if (together) {
+    kernels::PagedAttention(queries, **cache, 0, c.heads, scale);
+  } else {
+    for (const auto& q : queries) kernels::PagedAttention({&q, 1}, **cache, 0, c.heads, scale);
+  }
+  return out;
+}
+
+TEST_P(PagedAttentionTest, MatchesFloat64Softmax) {
+  const AttentionCase c = MakeCase(GetParam());
+  const std::vector<float> out = RunAttention(c, 16, true);
+  const int group = c.heads / c.kv_heads;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  for (int pos = 0; pos < c.ctx; ++pos) {
+    for (int h = 0; h < c.heads; ++h) {
+      const float* q = &c.q[(static_cast<size_t>(pos) * c.heads + h) * c.head_dim];
+      std::vector<double> s(pos + 1);
+      double max_s = -INFINITY, sum = 0;
+      for (int j = 0; j <= pos; ++j) {
+        const float* k = &c.k[(static_cast<size_t>(j) * c.kv_heads + h / group) * c.head_dim];
+        double d = 0;
+        for (int e = 0; e < c.head_dim; ++e) d += static_cast<double>(q[e]) * k[e];
+        s[j] = d * scale;
+        max_s = std::max(max_s, s[j]);
+      }
+      for (double& e : s) sum += (e = std::exp(e - max_s));
+      for (int e = 0; e < c.head_dim; ++e) {
+        double want = 0;
+        for (int j = 0; j <= pos; ++j) {
+          want +=
+              s[j] / sum * c.v[(static_cast<size_t>(j) * c.kv_heads + h / group) * c.head_dim + e];
+        }
+        ASSERT_NEAR(out[(static_cast<size_t>(pos) * c.heads + h) * c.head_dim + e], want, 1e-5)
+            << "position " << pos << " head " << h << " element " << e;
+      }
+    }
+  }
+}
+
+TEST_P(PagedAttentionTest, ResultsDoNotDependOnBatchOrPageSize) {
+  const AttentionCase c = MakeCase(GetParam());
+  const std::vector<float> base = RunAttention(c, 16, true);
+  for (int page_tokens : {1, 3, 16, 64}) {
+    for (bool together : {true, false}) {
+      const std::vector<float> out = RunAttention(c, page_tokens, together);
+      ASSERT_EQ(std::memcmp(out.data(), base.data(), sizeof(float) * out.size()), 0)
+          << "page size " << page_tokens << (together ? " batched" : " one query per call");
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, PagedAttentionTest, ::testing::ValuesIn(kAttentionShapes),
+                         [](const ::testing::TestParamInfo<AttentionShape>& info) {
+                           return std::to_string(info.param.heads) + "heads" +
+                                  std::to_string(info.param.kv_heads) + "kv" +
+                                  std::to_string(info.param.head_dim) + "dim" +
+                                  std::to_string(info.param.ctx) + "ctx";
+                         });
+
+}  // namespace
+}  // namespace pdserve
