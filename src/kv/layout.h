@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <string>
 
+#include "common/status.h"
+
 namespace pdserve {
 
 using PageId = int32_t;
@@ -47,6 +49,10 @@ struct KvLayout {
   int PagesForTokens(int64_t tokens) const {
     return static_cast<int>((tokens + page_tokens - 1) / page_tokens);
   }
+
+  // Ok if every field is in range (positive sizes, a known dtype) and total_bytes() cannot
+  // overflow; layouts that come from outside (a peer's handshake) are checked with it.
+  Status Validate() const;
 
   std::string ToString() const;
   friend bool operator==(const KvLayout&, const KvLayout&) = default;
