@@ -1,0 +1,148 @@
+// The KV messenger's control messages (DESIGN.md §3) and their binary encoding.
+//
+// Every message is a 20-byte header — magic "PDKV", protocol version (u16), type (u16), body
+// length (u32), request id (u64; 0 for types that concern no request) — then its body. All
+// integers are little-endian with explicit sizes; strings and lists carry a u32 length.
+// DecodeMessage refuses, with a ProtocolError naming the problem, anything that is not exactly
+// one well-formed message of this version: short, long, corrupt lengths, counts over the caps,
+// unknown types or values out of range. It never aborts and never allocates more than the
+// input's size suggests.
+//
+// Handshake (mutual challenge-response, see cluster_proof.h), D the initiator:
+//   D→P Hello{incarnation, nonce}
+//   P→D HelloAck{incarnation, nonce, proof, P's NodeInfo}   D checks the proof and layouts
+//   D→P HelloFinish{proof, D's NodeInfo}                    P checks the proof and layouts
+// or HandshakeRefused{reason} from either side. D's memory keys (which let a writer into D's
+// memory) are sent only after P has proven the secret; P's memory is never a write target.
+//
+// Plain value types and pure functions; safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "common/status.h"
+#include "kv/layout.h"
+#include "kv/transfer_plan.h"
+#include "messenger/cluster_proof.h"
+
+namespace pdserve::messenger {
+
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr size_t kHeaderBytes = 20;
+// Caps: far above real use, low enough that a hostile peer cannot make us allocate much.
+inline constexpr size_t kMaxMessageBytes = size_t{16} << 20;
+inline constexpr uint32_t kMaxPromptTokens = uint32_t{1} << 21;
+inline constexpr uint32_t kMaxRequestPages = uint32_t{1} << 21;
+inline constexpr size_t kMaxTextBytes = 4096;  // names, fingerprints, reasons
+inline constexpr size_t kMaxDescriptorBytes = size_t{1} << 16;
+
+enum class MessageType : uint16_t {
+  kHello = 1,
+  kHelloAck = 2,
+  kHelloFinish = 3,
+  kHandshakeRefused = 4,
+  kPrefillRequest = 5,
+  kCancel = 6,
+  kCancelAck = 7,
+  kWriteFailed = 8,
+  kHeartbeat = 9,
+  kLoadReport = 10,
+};
+std::string_view MessageTypeName(MessageType type);
+
+// What a node tells its peer about itself in the handshake.
+struct NodeInfo {
+  std::string kernel_path;        // e.g. "avx2"; both sides must compute the same bits
+  std::string model_fingerprint;  // digest of config and weights
+  KvSideLayout kv;                // its shards and each rank's cache layout
+  // Opaque memory descriptor of each rank's cache region (fabric::MemoryDescriptor bytes),
+  // one per rank, in rank order.
+  std::vector<std::string> rank_memory;
+  friend bool operator==(const NodeInfo&, const NodeInfo&) = default;
+};
+
+struct Hello {
+  uint64_t incarnation = 0;
+  Nonce nonce{};
+  friend bool operator==(const Hello&, const Hello&) = default;
+};
+
+struct HelloAck {
+  uint64_t incarnation = 0;
+  Nonce nonce{};
+  ClusterProof proof{};
+  NodeInfo node;
+  friend bool operator==(const HelloAck&, const HelloAck&) = default;
+};
+
+struct HelloFinish {
+  ClusterProof proof{};
+  NodeInfo node;
+  friend bool operator==(const HelloFinish&, const HelloFinish&) = default;
+};
+
+struct HandshakeRefused {
+  std::string reason;
+  friend bool operator==(const HandshakeRefused&, const HandshakeRefused&) = default;
+};
+
+// D→P: prefill tokens [0, n-1) of a prompt into D's pages (DESIGN.md §3.2).
+struct PrefillRequest {
+  uint64_t request_id = 0;
+  std::vector<int32_t> token_ids;
+  std::vector<PageId> destination_pages;
+  uint32_t transfer_slot = 0;  // with generation: the writes' immediate (immediate.h)
+  uint32_t generation = 0;
+  // Relative, not absolute: the two hosts' clocks are not comparable. At least 1.
+  uint32_t deadline_ms = 0;
+  uint64_t replica_seed = 0;  // TransferPlan's replica choice
+  // Where to write the last prefilled position's context (hidden state / logits), if wanted.
+  std::optional<std::string> context_buffer;
+  friend bool operator==(const PrefillRequest&, const PrefillRequest&) = default;
+};
+
+struct Cancel {
+  uint64_t request_id = 0;
+  friend bool operator==(const Cancel&, const Cancel&) = default;
+};
+
+// P→D: none of the request's writes can still land.
+struct CancelAck {
+  uint64_t request_id = 0;
+  friend bool operator==(const CancelAck&, const CancelAck&) = default;
+};
+
+// P→D: a write of the request failed to post; D need not wait for its deadline.
+struct WriteFailed {
+  uint64_t request_id = 0;
+  std::string reason;
+  friend bool operator==(const WriteFailed&, const WriteFailed&) = default;
+};
+
+struct Heartbeat {
+  uint64_t sequence = 0;
+  friend bool operator==(const Heartbeat&, const Heartbeat&) = default;
+};
+
+// P→D: how busy this prefill node is, for D's choice of prefill node.
+struct LoadReport {
+  uint64_t outstanding_prefill_tokens = 0;
+  friend bool operator==(const LoadReport&, const LoadReport&) = default;
+};
+
+using Message = std::variant<Hello, HelloAck, HelloFinish, HandshakeRefused, PrefillRequest, Cancel,
+                             CancelAck, WriteFailed, Heartbeat, LoadReport>;
+
+MessageType TypeOf(const Message& message);
+
+// InvalidArgument if the message breaks a cap or a range DecodeMessage would refuse, so every
+// encoded message decodes.
+Result<std::string> EncodeMessage(const Message& message);
+Result<Message> DecodeMessage(std::string_view bytes);
+
+}  // namespace pdserve::messenger

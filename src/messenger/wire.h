@@ -1,0 +1,67 @@
+// Little-endian wire encoding for the messenger's control messages: fixed-size integers
+// written byte by byte (never a memcpy of a struct, so the bytes do not depend on the host's
+// padding or byte order) and length-prefixed byte strings. WireReader never reads past its
+// input and never trusts a length: counts are capped by the caller and checked against the
+// bytes left before anything is allocated.
+// Thread-compatible value types.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace pdserve::messenger {
+
+class WireWriter {
+ public:
+  void U8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
+  void U16(uint16_t v) { Little(v, 2); }
+  void U32(uint32_t v) { Little(v, 4); }
+  void U64(uint64_t v) { Little(v, 8); }
+  void Raw(std::string_view bytes) { out_.append(bytes); }
+  // u32 length, then the bytes.
+  void Bytes(std::string_view bytes);
+  // Overwrites 4 bytes at `offset` (a length known only after the body is written).
+  void PatchU32(size_t offset, uint32_t v);
+
+  size_t size() const { return out_.size(); }
+  std::string Take() { return std::move(out_); }
+
+ private:
+  void Little(uint64_t v, int bytes);
+  std::string out_;
+};
+
+// Each read names the field it reads, so a truncated message says where it ended.
+class WireReader {
+ public:
+  explicit WireReader(std::string_view in) : in_(in) {}
+
+  Status U8(const char* field, uint8_t* v);
+  Status U16(const char* field, uint16_t* v);
+  Status U32(const char* field, uint32_t* v);
+  Status U64(const char* field, uint64_t* v);
+  // A u32 that must lie in [0, INT32_MAX] (token ids, page ids, sizes).
+  Status NonNegativeI32(const char* field, int32_t* v);
+  Status Raw(const char* field, size_t n, std::string_view* bytes);
+  // A length-prefixed string of at most `max` bytes.
+  Status Bytes(const char* field, size_t max, std::string* bytes);
+  // A u32 element count of at most `max`, each element at least `min_element_bytes` long:
+  // refused if the bytes left cannot hold that many (so a lying count allocates nothing).
+  Status Count(const char* field, uint32_t max, size_t min_element_bytes, uint32_t* count);
+
+  size_t remaining() const { return in_.size(); }
+  size_t position() const { return position_; }
+
+ private:
+  Status Little(const char* field, int bytes, uint64_t* v);
+  Status Truncated(const char* field, size_t need) const;
+
+  std::string_view in_;
+  size_t position_ = 0;
+};
+
+}  // namespace pdserve::messenger
