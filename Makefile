@@ -8,7 +8,8 @@ GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 FORMAT_FILES = $(shell git ls-files '*.h' '*.cc' '*.cpp' 2>/dev/null)
 UP_FLAGS ?=
 
-.PHONY: deps build release test test-asan test-tsan format format-check fuzz up clean
+.PHONY: deps build release test test-asan test-tsan format format-check fuzz fuzz-request \
+  fuzz-protocol up clean
 
 deps:
 	@scripts/install-deps.sh
@@ -40,21 +41,42 @@ test-tsan: deps
 	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	  ctest --output-on-failure -j $(JOBS) -L threaded --timeout 1200
 
-# libFuzzer over request parsing (g++ has no libFuzzer: clang++ builds just the parser, its
-# error type, SamplingParams and Status), run for FUZZ_SECONDS over the committed seed corpus.
+# libFuzzer targets (g++ has no libFuzzer: clang++ builds just the code under test), each run
+# over its committed seed corpus: request parsing (the parser, its error type, SamplingParams
+# and Status) for FUZZ_SECONDS, the messenger's message decoder for PROTOCOL_FUZZ_SECONDS.
 FUZZ_SECONDS ?= 20
+PROTOCOL_FUZZ_SECONDS ?= 10
+FUZZ_CXXFLAGS := -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined \
+  -fno-sanitize-recover=undefined -Isrc
+FUZZ_RUN_FLAGS := -max_len=4096 -timeout=5 -rss_limit_mb=2048 -print_final_stats=1
 FUZZ_BIN := $(BUILD)/fuzz/fuzz_request_parser
 FUZZ_SOURCES := tests/server/fuzz_request_parser.cc src/server/openai_request.cc \
-  src/server/api_error.cc src/engine/sampling_params.cc src/common/status.cc
-fuzz: $(FUZZ_BIN)
-	@mkdir -p $(BUILD)/fuzz/corpus
-	$(FUZZ_BIN) -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -timeout=5 -rss_limit_mb=2048 \
-	  -print_final_stats=1 $(BUILD)/fuzz/corpus tests/server/fuzz_corpus
+  src/http/api_error.cc src/engine/sampling_params.cc src/common/status.cc
+PROTOCOL_FUZZ_BIN := $(BUILD)/fuzz/fuzz_protocol
+PROTOCOL_FUZZ_SOURCES := tests/messenger/fuzz_protocol.cc src/messenger/protocol.cc \
+  src/messenger/wire.cc src/kv/shard_layout.cc src/kv/layout.cc src/common/status.cc
 
-$(FUZZ_BIN): $(FUZZ_SOURCES) $(wildcard src/server/*.h src/engine/sampling_params.h src/common/*.h)
+fuzz: fuzz-request fuzz-protocol
+
+fuzz-request: $(FUZZ_BIN)
+	@mkdir -p $(BUILD)/fuzz/corpus
+	$(FUZZ_BIN) -max_total_time=$(FUZZ_SECONDS) $(FUZZ_RUN_FLAGS) \
+	  $(BUILD)/fuzz/corpus tests/server/fuzz_corpus
+
+fuzz-protocol: $(PROTOCOL_FUZZ_BIN)
+	@mkdir -p $(BUILD)/fuzz/protocol_corpus
+	$(PROTOCOL_FUZZ_BIN) -max_total_time=$(PROTOCOL_FUZZ_SECONDS) $(FUZZ_RUN_FLAGS) \
+	  $(BUILD)/fuzz/protocol_corpus tests/messenger/fuzz_corpus
+
+$(FUZZ_BIN): $(FUZZ_SOURCES) $(wildcard src/server/*.h src/http/*.h src/engine/sampling_params.h \
+                                        src/common/*.h)
 	@mkdir -p $(dir $@)
-	clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	  -Isrc $(FUZZ_SOURCES) -lfmt -o $@
+	clang++ $(FUZZ_CXXFLAGS) $(FUZZ_SOURCES) -lfmt -o $@
+
+$(PROTOCOL_FUZZ_BIN): $(PROTOCOL_FUZZ_SOURCES) $(wildcard src/messenger/*.h src/kv/*.h \
+                                                          src/common/*.h)
+	@mkdir -p $(dir $@)
+	clang++ $(FUZZ_CXXFLAGS) $(PROTOCOL_FUZZ_SOURCES) -lfmt -o $@
 
 # Router + nodes on this machine with the embedded tiny model (or UP_FLAGS="--model DIR ...");
 # Ctrl-C stops everything.

@@ -19,6 +19,9 @@ template <typename... Fs>
 struct Overloaded : Fs... {
   using Fs::operator()...;
 };
+// Clang before 17 does not deduce aggregate template arguments by itself.
+template <typename... Fs>
+Overloaded(Fs...) -> Overloaded<Fs...>;
 
 bool CarriesRequestId(MessageType type) {
   return type == MessageType::kPrefillRequest || type == MessageType::kCancel ||
