@@ -503,7 +503,7 @@ Status RunBench(const BenchFlags& flags) {
   PD_ASSIGN_OR_RETURN(std::string address_bytes, fabric::HexDecode(address_hex));
   PD_ASSIGN_OR_RETURN(std::string desc_bytes, fabric::HexDecode(desc_hex));
   PD_ASSIGN_OR_RETURN(std::string raw_name, fabric::HexDecode(raw_name_hex));
-  PD_ASSIGN_OR_RETURN(fabric::EngineAddress address, fabric::EngineAddress::Parse(address_bytes));
+  PD_ASSIGN_OR_RETURN(fabric::TransferEngineAddress address, fabric::TransferEngineAddress::Parse(address_bytes));
   PD_ASSIGN_OR_RETURN(fabric::MemoryDescriptor dst, fabric::MemoryDescriptor::Parse(desc_bytes));
 
   std::vector<std::byte> src(bytes), copy_dst(bytes);
