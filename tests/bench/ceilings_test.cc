@@ -11,6 +11,10 @@ namespace {
 
 TEST(CeilingsTest, GemmRateIsPositiveAndFinite) {
   const Result<double> flops = MeasureBf16GemmFlops(16, 64, 128, /*threads=*/1, /*seconds=*/0.0);
+  if (flops.status().code() == StatusCode::kUnavailable) {
+    GTEST_SKIP() << "SKIPPED LOUDLY: oneDNN cannot run a bf16 matmul on this CPU: "
+                 << flops.status().ToString();
+  }
   ASSERT_TRUE(flops.ok()) << flops.status().ToString();
   EXPECT_GT(*flops, 0.0);
   EXPECT_TRUE(std::isfinite(*flops));

@@ -29,7 +29,13 @@ TEST(BenchEngineTest, PrintsEveryPhaseBesideItsCeiling) {
                           testing::TinyModelDir() +
                           " --batch 1,3 --prompt-len 20 --decode-steps 2 --repeats 2 --threads 1";
   int status = -1;
-  const std::string out = RunShell(cmd, &status);
+  const std::string out = RunShell(cmd + " 2>&1", &status);
+  if (status != 0 && out.find("oneDNN bf16 matmul") != std::string::npos &&
+      out.find("UNAVAILABLE") != std::string::npos) {
+    GTEST_SKIP() << "SKIPPED LOUDLY: the GEMM ceiling needs oneDNN bf16, not available on this "
+                    "CPU: "
+                 << out;
+  }
   ASSERT_EQ(status, 0) << out;
   const std::regex row(
       R"(\| (prefill 20|decode ctx 20) \| (\d+) \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ (GFLOP/s|GB/s) \| [0-9.]+ \| \d+% \|)");
