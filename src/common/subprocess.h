@@ -52,7 +52,8 @@ struct SubprocessOptions {
   bool unblock_signals = true;
 };
 
-// How a child ended: an exit code, or the signal that killed it.
+// How a child ended: an exit code, or the signal that killed it. code -1 with signal 0 means
+// the status was lost (something else reaped the child, e.g. with SIGCHLD ignored).
 struct ExitStatus {
   int code = -1;   // exit code when it exited; -1 if a signal killed it
   int signal = 0;  // the terminating signal; 0 if it exited
