@@ -10,6 +10,7 @@
 #include <exception>
 #include <new>
 #include <random>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -120,24 +121,40 @@ Slice SliceOf(size_t lines, int thread, int threads) {
   return {first * kLineBytes, (per + (t < extra ? 1 : 0)) * kLineBytes};
 }
 
+// Element storage of one operand: bf16 as raw bits, f32 as floats.
+template <typename T>
+std::vector<T> RandomOperand(size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<T> v(n);
+  for (T& x : v) {
+    if constexpr (std::is_same_v<T, float>) {
+      x = dist(rng);
+    } else {
+      x = F32ToBF16(dist(rng));
+    }
+  }
+  return v;
+}
+
+template <typename T>
 Result<double> RunGemm(int m, int n, int k, double seconds) {
   using dnnl::memory;
+  constexpr memory::data_type kType =
+      std::is_same_v<T, float> ? memory::data_type::f32 : memory::data_type::bf16;
   dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   dnnl::stream stream(engine);
   const memory::dims src_dims = {m, k}, weight_dims = {k, n}, dst_dims = {m, n};
-  const memory::desc src_md(src_dims, memory::data_type::bf16, memory::format_tag::ab);
+  const memory::desc src_md(src_dims, kType, memory::format_tag::ab);
   // The checkpoint's [n, k] row-major weight is the [k, n] matrix in "ba" order.
-  const memory::desc weight_plain_md(weight_dims, memory::data_type::bf16, memory::format_tag::ba);
-  const memory::desc weight_any_md(weight_dims, memory::data_type::bf16, memory::format_tag::any);
+  const memory::desc weight_plain_md(weight_dims, kType, memory::format_tag::ba);
+  const memory::desc weight_any_md(weight_dims, kType, memory::format_tag::any);
   const memory::desc dst_md(dst_dims, memory::data_type::f32, memory::format_tag::ab);
   const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, weight_any_md, dst_md), engine);
 
   // Small random values: the rate must not depend on them, but zeros could hit fast paths.
   std::mt19937 rng(1);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<uint16_t> src(static_cast<size_t>(m) * k), weight(static_cast<size_t>(n) * k);
-  for (uint16_t& v : src) v = F32ToBF16(dist(rng));
-  for (uint16_t& v : weight) v = F32ToBF16(dist(rng));
+  std::vector<T> src = RandomOperand<T>(static_cast<size_t>(m) * k, rng);
+  std::vector<T> weight = RandomOperand<T>(static_cast<size_t>(n) * k, rng);
 
   memory src_mem(src_md, engine, src.data());
   memory weight_plain(weight_plain_md, engine, weight.data());
@@ -155,23 +172,27 @@ Result<double> RunGemm(int m, int n, int k, double seconds) {
 
 }  // namespace
 
-Result<double> MeasureBf16GemmFlops(int m, int n, int k, int threads, double seconds) {
+const char* GemmTypeName(GemmType type) { return type == GemmType::kBF16 ? "bf16" : "f32"; }
+
+Result<double> MeasureGemmFlops(GemmType type, int m, int n, int k, int threads, double seconds) {
   if (m < 1 || n < 1 || k < 1) {
     return Status::InvalidArgument(
         fmt::format("GEMM sizes must be >= 1, got m={} n={} k={}", m, n, k));
   }
   PD_RETURN_IF_ERROR(CheckDuration(seconds));
   ScopedOmpThreads omp_threads(threads);
-  // oneDNN reports failures (no bf16 kernel for this CPU, bad descriptors) by exception;
-  // they end here.
+  // oneDNN reports failures (no kernel of this type for this CPU, bad descriptors) by
+  // exception; they end here.
   try {
-    return RunGemm(m, n, k, seconds);
+    return type == GemmType::kBF16 ? RunGemm<uint16_t>(m, n, k, seconds)
+                                   : RunGemm<float>(m, n, k, seconds);
   } catch (const dnnl::error& e) {
-    return Status::Unavailable(fmt::format("oneDNN bf16 matmul {}x{}x{} failed: {} (status {})", m,
-                                           n, k, e.what(), static_cast<int>(e.status)));
+    return Status::Unavailable(fmt::format("oneDNN {} matmul {}x{}x{} failed: {} (status {})",
+                                           GemmTypeName(type), m, n, k, e.what(),
+                                           static_cast<int>(e.status)));
   } catch (const std::bad_alloc&) {
     return Status::ResourceExhausted(
-        fmt::format("out of memory for a {}x{}x{} bf16 matmul", m, n, k));
+        fmt::format("out of memory for a {}x{}x{} {} matmul", m, n, k, GemmTypeName(type)));
   }
 }
 

@@ -1,9 +1,9 @@
-// Hardware ceilings for `pdserve bench engine`: the bf16 GEMM rate through oneDNN (what
+// Hardware ceilings for `pdserve bench engine`: the GEMM rate through oneDNN (what
 // prefill, a large matrix product, can at best reach) and the streaming memory read bandwidth
 // (what bounds decode, which reads every weight once per step: tokens/s <= bandwidth / weight
 // bytes). Each call runs a short measurement on the calling thread plus an OpenMP team.
 // Thread-compatible: don't run two at once or next to other compute (they would measure each
-// other). MeasureBf16GemmFlops sets the OpenMP thread count for oneDNN and restores it after.
+// other). MeasureGemmFlops sets the OpenMP thread count for oneDNN and restores it after.
 #pragma once
 
 #include <cstddef>
@@ -13,13 +13,17 @@
 
 namespace pdserve {
 
-// FLOP/s (2*m*n*k per product) of a bf16 x bf16 -> f32 oneDNN matmul, src [m, k] row-major,
+enum class GemmType : uint8_t { kBF16, kF32 };
+const char* GemmTypeName(GemmType type);  // "bf16", "f32"
+
+// FLOP/s (2*m*n*k per product) of a `type` x `type` -> f32 oneDNN matmul, src [m, k] row-major,
 // weights [n, k] row-major as in a Hugging Face checkpoint and reordered once into the layout
 // oneDNN prefers (format_tag::any), as the engine does. Repeats the product for about
 // `seconds` (at least once after a warm-up) and reports the best run: a ceiling, not an
 // average disturbed by neighbours. threads <= 0: OpenMP's default.
-// InvalidArgument on bad sizes; Unavailable if oneDNN cannot run bf16 here.
-Result<double> MeasureBf16GemmFlops(int m, int n, int k, int threads, double seconds);
+// InvalidArgument on bad sizes; Unavailable if oneDNN has no such matmul here (oneDNN runs
+// bf16 matmuls only on CPUs with AVX-512 or AVX2-VNNI-2; an AVX2 host has f32 only).
+Result<double> MeasureGemmFlops(GemmType type, int m, int n, int k, int threads, double seconds);
 
 // Bytes read per second streaming through a buffer of `bytes` (choose it well above the
 // last-level cache, e.g. 1 GiB) with `threads` OpenMP threads (<= 0: OpenMP's default), each

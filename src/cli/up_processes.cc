@@ -4,9 +4,7 @@
 #include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -93,66 +91,43 @@ ChildProcesses::~ChildProcesses() { StopAll(Deadline::AfterMs(5000)); }
 
 Result<pid_t> ChildProcesses::Spawn(const std::vector<std::string>& argv,
                                     const std::vector<int>& cpus) {
-  if (argv.empty()) return Status::InvalidArgument("Spawn: empty argv");
-  // Everything the child touches is prepared here: between fork and exec only
-  // async-signal-safe calls are allowed.
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const cpu_set_t set = ToCpuSet(cpus);
-  const bool pin = !cpus.empty();
-  const pid_t parent = getpid();
-  sigset_t none;
-  sigemptyset(&none);
-
-  const pid_t pid = fork();
-  if (pid < 0) return Status::FromErrno("fork", errno);
-  if (pid == 0) {
-    setpgid(0, 0);  // own group: a terminal's Ctrl-C reaches `up`, which stops children in order
-    prctl(PR_SET_PDEATHSIG, SIGKILL);     // `up` killed with -9 takes its children along
-    if (getppid() != parent) _exit(127);  // the parent died before prctl took effect
-    if (pin) sched_setaffinity(0, sizeof(set), &set);
-    sigprocmask(SIG_SETMASK, &none, nullptr);  // `up` blocks SIGTERM; the node must not
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  setpgid(pid, pid);  // also from the parent, so the group exists before any kill(-pid)
-  pids_.push_back(pid);
+  SubprocessOptions options;
+  options.argv = argv;
+  options.cpus = cpus;
+  // Own group: a terminal's Ctrl-C reaches `up`, which stops children in order.
+  options.new_process_group = true;
+  options.kill_with_parent = true;  // `up` killed with -9 takes its children along
+  options.unblock_signals = true;   // `up` blocks SIGTERM; the node must not
+  PD_ASSIGN_OR_RETURN(Subprocess child, Subprocess::Spawn(options));
+  const pid_t pid = child.pid();
+  children_.push_back(std::move(child));
   return pid;
 }
 
 std::vector<std::string> ChildProcesses::ReapExited() {
   std::vector<std::string> exited;
-  std::erase_if(pids_, [&](pid_t pid) {
-    int status = 0;
-    const pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == 0) return false;
-    if (r < 0) return errno == ECHILD;
-    if (WIFEXITED(status)) {
-      exited.push_back("pid " + std::to_string(pid) + " exited with " +
-                       std::to_string(WEXITSTATUS(status)));
-    } else {
-      exited.push_back("pid " + std::to_string(pid) + " killed by signal " +
-                       std::to_string(WTERMSIG(status)));
-    }
+  std::erase_if(children_, [&](Subprocess& child) {
+    const std::optional<ExitStatus> status = child.TryWait();
+    if (!status) return false;
+    exited.push_back("pid " + std::to_string(child.pid()) + " " + status->ToString());
     return true;
   });
   return exited;
 }
 
 void ChildProcesses::StopAll(Deadline deadline) {
-  for (pid_t pid : pids_) kill(-pid, SIGTERM);
-  while (!pids_.empty() && !deadline.Passed()) {
+  for (Subprocess& child : children_) (void)child.Signal(SIGTERM, /*group=*/true);
+  while (!children_.empty() && !deadline.Passed()) {
     ReapExited();
-    if (!pids_.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (!children_.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  for (pid_t pid : pids_) {
-    kill(-pid, SIGKILL);
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-  }
-  pids_.clear();
+  children_.clear();  // each remaining child's group is killed with SIGKILL and reaped
+}
+
+std::vector<pid_t> ChildProcesses::pids() const {
+  std::vector<pid_t> pids;
+  for (const Subprocess& child : children_) pids.push_back(child.pid());
+  return pids;
 }
 
 }  // namespace pdserve::cli

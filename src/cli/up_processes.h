@@ -10,6 +10,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "common/subprocess.h"
 
 namespace pdserve::cli {
 
@@ -51,10 +52,10 @@ class ChildProcesses {
   std::vector<std::string> ReapExited();
   // SIGTERM to each child's group, wait until `deadline`, then SIGKILL; reaps every child.
   void StopAll(Deadline deadline);
-  std::vector<pid_t> pids() const { return pids_; }
+  std::vector<pid_t> pids() const;
 
  private:
-  std::vector<pid_t> pids_;  // children not yet reaped
+  std::vector<Subprocess> children_;  // not yet reaped
 };
 
 }  // namespace pdserve::cli

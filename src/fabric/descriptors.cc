@@ -105,7 +105,7 @@ Result<MemoryDescriptor> MemoryDescriptor::Parse(std::string_view bytes) {
   return d;
 }
 
-std::string EngineAddress::Serialize() const {
+std::string TransferEngineAddress::Serialize() const {
   Writer w;
   w.U32(kAddressMagic);
   w.U16(kFormatVersion);
@@ -116,10 +116,10 @@ std::string EngineAddress::Serialize() const {
   return w.Take();
 }
 
-Result<EngineAddress> EngineAddress::Parse(std::string_view bytes) {
+Result<TransferEngineAddress> TransferEngineAddress::Parse(std::string_view bytes) {
   Reader r(bytes);
   PD_RETURN_IF_ERROR(CheckHeader(r, kAddressMagic, "engine address"));
-  EngineAddress a;
+  TransferEngineAddress a;
   uint16_t provider = 0;
   uint16_t n = 0;
   if (!r.U16(&provider) || !r.U64(&a.instance) || !r.U16(&n)) {

@@ -32,7 +32,7 @@ struct MemoryDescriptor {
   friend bool operator==(const MemoryDescriptor&, const MemoryDescriptor&) = default;
 };
 
-struct EngineAddress {
+struct TransferEngineAddress {
   Provider provider = Provider::kShm;
   // Random per engine instance; identifies the sender of control messages even before the
   // receiver has added it as a peer.
@@ -40,8 +40,8 @@ struct EngineAddress {
   std::vector<std::string> endpoints;  // fi_getname bytes, one per domain
 
   std::string Serialize() const;
-  static Result<EngineAddress> Parse(std::string_view bytes);
-  friend bool operator==(const EngineAddress&, const EngineAddress&) = default;
+  static Result<TransferEngineAddress> Parse(std::string_view bytes);
+  friend bool operator==(const TransferEngineAddress&, const TransferEngineAddress&) = default;
 };
 
 // Lower-case hex, for carrying the serialised forms in text (CLI, test pipes, JSON).

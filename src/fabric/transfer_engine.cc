@@ -88,9 +88,9 @@ const fi_info* InfoForDomain(const fi_info* list, const std::string& name) {
 namespace internal {
 
 // Routes domain events into the engine (keeps DomainEvents out of the public header).
-class EngineEvents final : public DomainEvents {
+class TransferEngineEvents final : public DomainEvents {
  public:
-  explicit EngineEvents(TransferEngine* engine) : engine_(engine) {}
+  explicit TransferEngineEvents(TransferEngine* engine) : engine_(engine) {}
   void OnImmediate(PeerId from, uint32_t imm) override { engine_->HandleImmediate(from, imm); }
   void OnMessage(std::span<const std::byte> bytes) override { engine_->HandleMessage(bytes); }
   void OnPeerError(PeerId peer, const Status& status) override {
@@ -113,19 +113,19 @@ struct TransferEngine::Region {
 };
 
 struct TransferEngine::Peer {
-  EngineAddress address;
+  TransferEngineAddress address;
   bool removed = false;
   Status error;
 };
 
-TransferEngine::TransferEngine(const FabricConfig& config, EngineHandlers handlers)
+TransferEngine::TransferEngine(const FabricConfig& config, TransferEngineHandlers handlers)
     : config_(config),
       handlers_(std::move(handlers)),
-      events_(std::make_unique<internal::EngineEvents>(this)),
+      events_(std::make_unique<internal::TransferEngineEvents>(this)),
       counters_(config.max_early_immediate_values) {}
 
 Result<std::unique_ptr<TransferEngine>> TransferEngine::Create(const FabricConfig& config,
-                                                               EngineHandlers handlers) {
+                                                               TransferEngineHandlers handlers) {
   PD_RETURN_IF_ERROR(ValidateConfig(config));
   std::unique_ptr<TransferEngine> engine(new TransferEngine(config, std::move(handlers)));
   PD_RETURN_IF_ERROR(engine->OpenDomains());
@@ -288,7 +288,7 @@ Result<MemoryDescriptor> TransferEngine::Describe(RegionId id) const {
 // ---------------------------------------------------------------------------------------------
 // Peers
 
-Result<PeerId> TransferEngine::AddPeer(const EngineAddress& address) {
+Result<PeerId> TransferEngine::AddPeer(const TransferEngineAddress& address) {
   if (address.provider != config_.provider) {
     return Status::InvalidArgument(fmt::format("peer uses provider {}, this engine {}",
                                                ProviderName(address.provider),
@@ -534,8 +534,8 @@ bool TransferEngine::RemoveExpectation(uint32_t imm) { return counters_.Remove(i
 
 uint32_t TransferEngine::EarlyArrivals(uint32_t imm) const { return counters_.EarlyArrivals(imm); }
 
-EngineStats TransferEngine::stats() const {
-  EngineStats s;
+TransferEngineStats TransferEngine::stats() const {
+  TransferEngineStats s;
   s.messages_dropped = messages_dropped_.load();
   return s;
 }

@@ -36,7 +36,7 @@ namespace pdserve::fabric {
 
 namespace internal {
 class Domain;
-class EngineEvents;
+class TransferEngineEvents;
 }  // namespace internal
 
 enum class MemoryKind : uint8_t {
@@ -44,9 +44,9 @@ enum class MemoryKind : uint8_t {
   kDevice,  // extension point: FI_HMEM registration (not implemented yet)
 };
 
-struct EngineHandlers {
+struct TransferEngineHandlers {
   // A control message. `from` is kUnknownPeer when the sender has not been added (e.g. its
-  // first handshake message); `sender_instance` is EngineAddress::instance of the sender.
+  // first handshake message); `sender_instance` is TransferEngineAddress::instance of the sender.
   std::function<void(PeerId from, uint64_t sender_instance, std::span<const std::byte> payload)>
       on_message;
   // An immediate that no expectation is waiting for. Return true to consume it; false to have
@@ -56,20 +56,20 @@ struct EngineHandlers {
   std::function<void(PeerId peer, const Status& error)> on_peer_error;
 };
 
-struct EngineStats {
+struct TransferEngineStats {
   uint64_t messages_dropped = 0;  // malformed, or from removed peers
 };
 
 class TransferEngine {
  public:
   static Result<std::unique_ptr<TransferEngine>> Create(const FabricConfig& config,
-                                                        EngineHandlers handlers = {});
+                                                        TransferEngineHandlers handlers = {});
   TransferEngine(const TransferEngine&) = delete;
   TransferEngine& operator=(const TransferEngine&) = delete;
   // Ends every outstanding transfer and expectation with Cancelled, then closes the fabric.
   ~TransferEngine();
 
-  const EngineAddress& address() const { return address_; }
+  const TransferEngineAddress& address() const { return address_; }
   int num_domains() const { return static_cast<int>(domains_.size()); }
   const FabricConfig& config() const { return config_; }
   // The NIC (libfabric domain name) each domain runs on.
@@ -83,7 +83,7 @@ class TransferEngine {
   Result<MemoryDescriptor> Describe(RegionId region) const;
 
   // Adds (or finds, for an instance already added) a peer by its address.
-  Result<PeerId> AddPeer(const EngineAddress& address);
+  Result<PeerId> AddPeer(const TransferEngineAddress& address);
   // Ends the peer's unfinished transfers with Cancelled before returning; afterwards no
   // callback concerns it and nothing it sends reaches a handler or counter.
   Status RemovePeer(PeerId peer);
@@ -110,14 +110,14 @@ class TransferEngine {
   bool RemoveExpectation(uint32_t imm);
   uint32_t EarlyArrivals(uint32_t imm) const;
 
-  EngineStats stats() const;
+  TransferEngineStats stats() const;
 
  private:
-  friend class internal::EngineEvents;
+  friend class internal::TransferEngineEvents;
   struct Region;
   struct Peer;
 
-  TransferEngine(const FabricConfig& config, EngineHandlers handlers);
+  TransferEngine(const FabricConfig& config, TransferEngineHandlers handlers);
   Status OpenDomains();
   Result<Deadline> TransferDeadline(const std::optional<Deadline>& deadline) const;
   // Caller holds peers_mu_ (shared); returns the live peer or an error.
@@ -132,10 +132,10 @@ class TransferEngine {
   void ForgetPeerInDomains(PeerId id, size_t count);
 
   const FabricConfig config_;
-  const EngineHandlers handlers_;
-  EngineAddress address_;
+  const TransferEngineHandlers handlers_;
+  TransferEngineAddress address_;
   std::optional<Topology> topology_;
-  std::unique_ptr<internal::EngineEvents> events_;
+  std::unique_ptr<internal::TransferEngineEvents> events_;
   ImmediateCounters counters_;
   std::vector<std::unique_ptr<internal::Domain>> domains_;
 

@@ -12,11 +12,12 @@ TEST(DescriptorsTest, MemoryDescriptorRoundTrips) {
   EXPECT_EQ(*parsed, d);
 }
 
-TEST(DescriptorsTest, EngineAddressRoundTripsThroughHex) {
-  EngineAddress a{Provider::kTcp, 0x1234567890abcdefULL, {std::string("\x02\x00\x1f\x90", 4), "x"}};
+TEST(DescriptorsTest, TransferEngineAddressRoundTripsThroughHex) {
+  TransferEngineAddress a{
+      Provider::kTcp, 0x1234567890abcdefULL, {std::string("\x02\x00\x1f\x90", 4), "x"}};
   auto bytes = HexDecode(HexEncode(a.Serialize()));
   ASSERT_TRUE(bytes.ok());
-  auto parsed = EngineAddress::Parse(*bytes);
+  auto parsed = TransferEngineAddress::Parse(*bytes);
   ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
   EXPECT_EQ(*parsed, a);
 }
@@ -27,13 +28,14 @@ TEST(DescriptorsTest, RejectsTruncatedCorruptAndForeignBytes) {
     EXPECT_FALSE(MemoryDescriptor::Parse(good.substr(0, n)).ok()) << "prefix " << n;
   }
   EXPECT_FALSE(MemoryDescriptor::Parse(good + "x").ok());
-  const std::string address = EngineAddress{Provider::kShm, 1, {"ep"}}.Serialize();
+  const std::string address = TransferEngineAddress{Provider::kShm, 1, {"ep"}}.Serialize();
   EXPECT_EQ(MemoryDescriptor::Parse(address).status().code(), StatusCode::kInvalidArgument);
   std::string bad_version = good;
   bad_version[4] = 9;
   EXPECT_FALSE(MemoryDescriptor::Parse(bad_version).ok());
   EXPECT_FALSE(MemoryDescriptor::Parse(MemoryDescriptor{0, {{1, 2}}}.Serialize()).ok());
-  EXPECT_FALSE(EngineAddress::Parse(EngineAddress{Provider::kShm, 1, {}}.Serialize()).ok());
+  EXPECT_FALSE(
+      TransferEngineAddress::Parse(TransferEngineAddress{Provider::kShm, 1, {}}.Serialize()).ok());
   EXPECT_FALSE(HexDecode("abc").ok());
   EXPECT_FALSE(HexDecode("zz").ok());
 }

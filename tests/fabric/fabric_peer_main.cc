@@ -75,7 +75,7 @@ class Peer {
     config.provider = *p;
     config.num_domains = domains;
     if (node != "-") config.node = node;
-    EngineHandlers handlers;
+    TransferEngineHandlers handlers;
     handlers.on_message = [](PeerId from, uint64_t, std::span<const std::byte> payload) {
       std::string text(reinterpret_cast<const char*>(payload.data()), payload.size());
       Say("msg " + std::to_string(from) + " " + text);
@@ -96,7 +96,7 @@ class Peer {
     in >> hex;
     auto bytes = HexDecode(hex);
     if (!bytes.ok()) return "error " + bytes.status().ToString();
-    auto address = EngineAddress::Parse(*bytes);
+    auto address = TransferEngineAddress::Parse(*bytes);
     if (!address.ok()) return "error " + address.status().ToString();
     auto id = engine_->AddPeer(*address);
     if (!id.ok()) return "error " + id.status().ToString();

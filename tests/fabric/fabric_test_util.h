@@ -26,7 +26,7 @@ inline std::string ProviderParamName(const ::testing::TestParamInfo<Provider>& i
 }
 
 struct StartedPeer {
-  EngineAddress address;
+  TransferEngineAddress address;
   MemoryDescriptor descriptor;
 };
 
@@ -44,7 +44,7 @@ inline Result<StartedPeer> InitPeer(PeerProcess& peer, Provider provider, int do
   PD_ASSIGN_OR_RETURN(std::string address_bytes, HexDecode(address_hex));
   PD_ASSIGN_OR_RETURN(std::string desc_bytes, HexDecode(desc_hex));
   StartedPeer started;
-  PD_ASSIGN_OR_RETURN(started.address, EngineAddress::Parse(address_bytes));
+  PD_ASSIGN_OR_RETURN(started.address, TransferEngineAddress::Parse(address_bytes));
   PD_ASSIGN_OR_RETURN(started.descriptor, MemoryDescriptor::Parse(desc_bytes));
   return started;
 }

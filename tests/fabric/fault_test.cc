@@ -33,7 +33,7 @@ class FaultTest : public ::testing::TestWithParam<Provider> {
     auto started = InitPeer(peer_, GetParam(), 1, node(), peer_file_);
     ASSERT_TRUE(started.ok()) << started.status().ToString();
     remote_ = *started;
-    EngineHandlers handlers;
+    TransferEngineHandlers handlers;
     handlers.on_message = [this](PeerId, uint64_t, std::span<const std::byte>) { ++messages_; };
     auto engine = TransferEngine::Create(TestConfig(GetParam(), 1), std::move(handlers));
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();

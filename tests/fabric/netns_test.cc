@@ -1,7 +1,6 @@
 // The cross-host path: two fabric_test_peer processes in two network namespaces joined by a
 // veth pair talk tcp (ofi_rxm) over it. The test creates and removes the namespaces itself;
 // if it cannot (not root, no CAP_NET_ADMIN, no `ip`), it FAILS with a clear message.
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -10,6 +9,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "common/subprocess.h"
 #include "fabric_test_util.h"
 
 namespace pdserve::fabric::testing {
@@ -26,17 +26,14 @@ std::string IpBinary() {
 int RunIp(const std::vector<std::string>& args) {
   const std::string ip = IpBinary();
   if (ip.empty()) return 127;
-  pid_t pid = fork();
-  if (pid == 0) {
-    std::vector<char*> argv{const_cast<char*>(ip.c_str())};
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(ip.c_str(), argv.data());
-    _exit(127);
-  }
-  int status = 0;
-  if (pid < 0 || waitpid(pid, &status, 0) < 0) return 127;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  SubprocessOptions options;
+  options.argv = {ip};
+  options.argv.insert(options.argv.end(), args.begin(), args.end());
+  auto process = Subprocess::Spawn(options);
+  if (!process.ok()) return 127;
+  auto status = process->WaitFor(Deadline::AfterMs(30000));
+  if (!status.ok()) return 127;
+  return status->exited() ? status->code : 128;
 }
 
 class NetnsTest : public ::testing::Test {

@@ -7,11 +7,13 @@
 
 #include <cstddef>
 #include <deque>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "common/subprocess.h"
 
 namespace pdserve::fabric::testing {
 
@@ -23,7 +25,7 @@ class PeerProcess {
   PeerProcess() = default;
   PeerProcess(const PeerProcess&) = delete;
   PeerProcess& operator=(const PeerProcess&) = delete;
-  ~PeerProcess();  // kills the child if still running
+  // Destruction kills the child if still running.
 
   Status Start(const std::vector<std::string>& argv);
   // Sends `line` and returns the text after "ok" of the reply; an "error ..." reply or a
@@ -32,15 +34,10 @@ class PeerProcess {
   // Returns the first event line starting with `prefix` (without it).
   Result<std::string> WaitEvent(const std::string& prefix, Deadline deadline);
   void Kill();
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return process_ ? process_->pid() : -1; }
 
  private:
-  Result<std::string> ReadLine(Deadline deadline);
-
-  pid_t pid_ = -1;
-  int to_child_ = -1;
-  int from_child_ = -1;
-  std::string buffer_;
+  std::optional<Subprocess> process_;
   std::deque<std::string> events_;
 };
 

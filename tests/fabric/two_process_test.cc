@@ -30,7 +30,7 @@ class TwoProcessTest : public ::testing::TestWithParam<Provider> {
     auto started = InitPeer(peer_, GetParam(), 2, node(), receiver_file_);
     ASSERT_TRUE(started.ok()) << started.status().ToString();
     remote_ = *started;
-    EngineHandlers handlers;
+    TransferEngineHandlers handlers;
     handlers.on_message = [this](PeerId from, uint64_t, std::span<const std::byte> payload) {
       std::lock_guard lock(mu_);
       messages_.emplace_back(

@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/subprocess.h"
 #include "testing/test_models.h"
 
 namespace pdserve::testing {
@@ -26,21 +28,19 @@ class NodeProcess {
   // Starts `pdserve serve --listen 127.0.0.1:0 --model DIR <extra>` and waits (30 s) for its
   // "ready on" line. On failure, ok() is false and error() says why.
   NodeProcess(const std::string& model_dir, const std::vector<std::string>& extra_args);
-  ~NodeProcess();  // SIGKILL if still running
   NodeProcess(const NodeProcess&) = delete;
   NodeProcess& operator=(const NodeProcess&) = delete;
 
   bool ok() const { return port_ > 0; }
   const std::string& error() const { return error_; }
   int port() const { return port_; }
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return process_ ? process_->pid() : -1; }
   httplib::Client Client() const;
   // Sends SIGTERM and waits up to timeout_ms; returns the exit status, or -1 on timeout.
   int Terminate(int timeout_ms);
 
  private:
-  pid_t pid_ = -1;
-  int stdout_fd_ = -1;
+  std::optional<Subprocess> process_;  // killed and reaped on destruction
   int port_ = 0;
   std::string error_;
 };

@@ -1,12 +1,8 @@
 #include "server/router_test_util.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
-#include <poll.h>
-#include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -22,68 +18,34 @@
 namespace pdserve::testing {
 
 Subprocess::Subprocess(const std::vector<std::string>& argv) {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return;
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_ = fork();
-  if (pid_ == 0) {
-    setpgid(0, 0);
-    dup2(fds[1], STDOUT_FILENO);
-    execv(args[0], args.data());
-    _exit(127);
+  SubprocessOptions options;
+  options.argv = argv;
+  options.stdout_mode = StdStream::kPipe;
+  options.new_process_group = true;
+  if (auto process = ::pdserve::Subprocess::Spawn(options); process.ok()) {
+    process_ = std::move(*process);
   }
-  close(fds[1]);
-  stdout_fd_ = fds[0];
-}
-
-Subprocess::~Subprocess() {
-  if (pid_ > 0 && !reaped_) {
-    kill(-pid_, SIGKILL);
-    kill(pid_, SIGKILL);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-  }
-  if (stdout_fd_ >= 0) close(stdout_fd_);
 }
 
 std::optional<std::string> Subprocess::ReadLineContaining(const std::string& needle,
                                                           Deadline deadline) {
+  if (!process_) return std::nullopt;
   for (;;) {
-    size_t newline;
-    while ((newline = buffer_.find('\n')) != std::string::npos) {
-      std::string line = buffer_.substr(0, newline);
-      buffer_.erase(0, newline + 1);
-      if (line.find(needle) != std::string::npos) return line;
-    }
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline.Remaining()).count();
-    if (left <= 0 || stdout_fd_ < 0) return std::nullopt;
-    pollfd pfd{stdout_fd_, POLLIN, 0};
-    if (poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left, 200))) <= 0) continue;
-    char chunk[4096];
-    const ssize_t n = read(stdout_fd_, chunk, sizeof(chunk));
-    if (n <= 0) return std::nullopt;
-    buffer_.append(chunk, static_cast<size_t>(n));
+    auto line = process_->ReadLine(deadline);
+    if (!line.ok()) return std::nullopt;
+    if (line->find(needle) != std::string::npos) return *line;
   }
 }
 
 void Subprocess::Signal(int signal) {
-  if (pid_ > 0 && !reaped_) kill(pid_, signal);
+  if (process_) (void)process_->Signal(signal);
 }
 
-std::optional<int> Subprocess::Wait(Deadline deadline) {
-  if (reaped_ || pid_ <= 0) return std::nullopt;
-  while (!deadline.Passed()) {
-    int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      reaped_ = true;
-      return status;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return std::nullopt;
+std::optional<ExitStatus> Subprocess::Wait(Deadline deadline) {
+  if (!process_) return std::nullopt;
+  auto status = process_->WaitFor(deadline);
+  if (!status.ok()) return std::nullopt;
+  return *status;
 }
 
 int FreePort() {

@@ -10,31 +10,27 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/subprocess.h"
 #include "testing/test_models.h"
 
 namespace pdserve::testing {
 
-// A child process (argv[0] is the executable path) whose stdout is readable line by line.
-// The destructor kills its process group with SIGKILL and reaps it.
+// A child process (argv[0] is the executable path) in its own process group, whose stdout is
+// readable line by line: pdserve::Subprocess with the tests' conveniences (a failed start
+// shows up as pid() == -1 and EOF; statuses as std::optional). Destruction kills its group.
 class Subprocess {
  public:
   explicit Subprocess(const std::vector<std::string>& argv);
-  ~Subprocess();
-  Subprocess(const Subprocess&) = delete;
-  Subprocess& operator=(const Subprocess&) = delete;
 
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return process_ ? process_->pid() : -1; }
   // The next stdout line containing `needle`, or nullopt at EOF or the deadline.
   std::optional<std::string> ReadLineContaining(const std::string& needle, Deadline deadline);
   void Signal(int signal);
-  // The wait status once the process exited, or nullopt at the deadline.
-  std::optional<int> Wait(Deadline deadline);
+  // How the process ended, or nullopt at the deadline.
+  std::optional<ExitStatus> Wait(Deadline deadline);
 
  private:
-  pid_t pid_ = -1;
-  int stdout_fd_ = -1;
-  std::string buffer_;
-  bool reaped_ = false;
+  std::optional<::pdserve::Subprocess> process_;
 };
 
 int FreePort();

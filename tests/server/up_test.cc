@@ -1,7 +1,6 @@
 // `pdserve up` as a user runs it: it starts, answers a completion through its router, and
 // leaves no process behind after SIGTERM (or after being killed with -9).
 #include <signal.h>
-#include <sys/wait.h>
 
 #include <regex>
 #include <string>
@@ -66,9 +65,9 @@ TEST(UpTest, ServesThroughTheRouterAndStopsEverythingOnSigterm) {
   EXPECT_TRUE(body.contains("choices")) << r->body;
 
   up.process->Signal(SIGTERM);
-  std::optional<int> status = up.process->Wait(Deadline::AfterMs(30000));
+  std::optional<ExitStatus> status = up.process->Wait(Deadline::AfterMs(30000));
   ASSERT_TRUE(status.has_value()) << "pdserve up did not exit after SIGTERM";
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+  EXPECT_TRUE(status->success()) << status->ToString();
   EXPECT_TRUE(AllGone(up.children, Deadline::AfterMs(5000)));
 }
 

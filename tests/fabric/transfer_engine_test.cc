@@ -31,7 +31,7 @@ struct Side {
   MemoryDescriptor descriptor;
 };
 
-Side MakeSide(int domains, size_t bytes, EngineHandlers handlers = {},
+Side MakeSide(int domains, size_t bytes, TransferEngineHandlers handlers = {},
               Provider provider = Provider::kShm) {
   Side s;
   auto engine = TransferEngine::Create(TestConfig(provider, domains), std::move(handlers));
@@ -46,7 +46,7 @@ Side MakeSide(int domains, size_t bytes, EngineHandlers handlers = {},
   return s;
 }
 
-TEST(EngineTest, RejectsBadArgumentsWithClearErrors) {
+TEST(TransferEngineTest, RejectsBadArgumentsWithClearErrors) {
   FabricConfig bad = TestConfig(Provider::kShm, 0);
   EXPECT_EQ(TransferEngine::Create(bad).status().code(), StatusCode::kInvalidArgument);
   Side a = MakeSide(1, 4096);
@@ -55,7 +55,7 @@ TEST(EngineTest, RejectsBadArgumentsWithClearErrors) {
   EXPECT_EQ(a.engine->RegisterMemory(a.memory.data(), 10, MemoryKind::kDevice).status().code(),
             StatusCode::kUnimplemented);
   EXPECT_EQ(a.engine->Describe(999).status().code(), StatusCode::kNotFound);
-  EngineAddress tcp_address{Provider::kTcp, 5, {"x"}};
+  TransferEngineAddress tcp_address{Provider::kTcp, 5, {"x"}};
   EXPECT_EQ(a.engine->AddPeer(tcp_address).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(a.engine->RemovePeer(42).code(), StatusCode::kNotFound);
 
@@ -98,7 +98,7 @@ TEST(EngineTest, RejectsBadArgumentsWithClearErrors) {
   EXPECT_TRUE(a.engine->RemoveExpectation(1));
 }
 
-TEST(EngineTest, StripesPagesOverDomainsOfBothSides) {
+TEST(TransferEngineTest, StripesPagesOverDomainsOfBothSides) {
   Side src = MakeSide(3, 64 * 1024);
   Side dst = MakeSide(2, 64 * 1024);
   ASSERT_NE(src.engine, nullptr);
@@ -142,10 +142,10 @@ TEST(EngineTest, StripesPagesOverDomainsOfBothSides) {
   }
 }
 
-TEST(EngineTest, UnmatchedImmediatesGoToHandlerWhichMayConsumeThem) {
+TEST(TransferEngineTest, UnmatchedImmediatesGoToHandlerWhichMayConsumeThem) {
   std::mutex mu;
   std::vector<uint32_t> seen;
-  EngineHandlers handlers;
+  TransferEngineHandlers handlers;
   handlers.on_unmatched_immediate = [&](PeerId, uint32_t imm) {
     std::lock_guard lock(mu);
     seen.push_back(imm);
@@ -190,7 +190,7 @@ class UnknownSenderTest : public ::testing::TestWithParam<Provider> {};
 TEST_P(UnknownSenderTest, MessageCarriesSenderInstance) {
   std::mutex mu;
   std::vector<std::pair<PeerId, uint64_t>> got;
-  EngineHandlers handlers;
+  TransferEngineHandlers handlers;
   handlers.on_message = [&](PeerId from, uint64_t instance, std::span<const std::byte>) {
     std::lock_guard lock(mu);
     got.emplace_back(from, instance);
@@ -213,7 +213,7 @@ TEST_P(UnknownSenderTest, MessageCarriesSenderInstance) {
 INSTANTIATE_TEST_SUITE_P(Providers, UnknownSenderTest,
                          ::testing::Values(Provider::kShm, Provider::kTcp), ProviderParamName);
 
-TEST(EngineTest, ShutdownCancelsExpectationsAndRemovePeerFromCallbackIsRefused) {
+TEST(TransferEngineTest, ShutdownCancelsExpectationsAndRemovePeerFromCallbackIsRefused) {
   Side a = MakeSide(1, 4096);
   auto self = a.engine->AddPeer(a.engine->address());
   ASSERT_TRUE(self.ok());
