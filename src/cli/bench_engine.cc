@@ -11,7 +11,9 @@
 // ceiling, and the medians over the rounds are printed.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -166,9 +168,16 @@ int RunBenchEngine(BenchEngineFlags& f) {
   const double kv_bytes_per_seq =
       static_cast<double>(f.prompt_len + 1) * kv.num_layers * kv.block_bytes() / kv.page_tokens;
   const int threads = f.model.threads;
-  auto gemm_rate = [&] {
-    return MeasureBf16GemmFlops(f.prompt_len, 2 * c.intermediate_size, c.hidden_size, threads,
-                                kWindowSeconds);
+  // oneDNN has no bf16 GEMM on CPUs without AVX-512 (e.g. an AVX2 host): the compute ceiling is
+  // then unknown (NaN, printed as such) and decode is bounded by bandwidth alone.
+  bool gemm_warned = false;
+  auto gemm_rate = [&]() -> Result<double> {
+    Result<double> rate = MeasureBf16GemmFlops(f.prompt_len, 2 * c.intermediate_size, c.hidden_size,
+                                               threads, kWindowSeconds);
+    if (rate.ok()) return rate;
+    if (!gemm_warned) PD_LOG_WARN("no GEMM ceiling on this CPU: {}", rate.status().ToString());
+    gemm_warned = true;
+    return std::numeric_limits<double>::quiet_NaN();
   };
 
   // One bandwidth buffer for every round (see MemoryBandwidthProbe).
@@ -195,7 +204,10 @@ int RunBenchEngine(BenchEngineFlags& f) {
       // A step reads every weight once whatever the batch, and each sequence's K/V; past the
       // bandwidth bound the GEMM rate bounds instead.
       const double step_bytes = weight_bytes + b * kv_bytes_per_seq;
-      const double ceiling = std::min(b * bandwidth / step_bytes, gemm / decode_flops_per_token);
+      const double compute_bound = gemm / decode_flops_per_token;
+      const double ceiling = std::isnan(compute_bound)
+                                 ? b * bandwidth / step_bytes
+                                 : std::min(b * bandwidth / step_bytes, compute_bound);
       decode[i].Add(t, b, step_bytes, ceiling);
     }
   }
