@@ -141,6 +141,7 @@ struct NodeServer::Impl {
 
   // A validated request, tokenized, ready to submit.
   struct Prepared {
+    std::string prefill_peer;  // X-Prefill-Peer (decode role)
     GenerationRequest request;
     std::vector<int32_t> prompt;
     ResponseContext ctx;
@@ -253,6 +254,7 @@ Status NodeServer::Impl::Submit(const Prepared& p, const std::shared_ptr<OutputC
   request.params = p.request.params;
   // The callback runs on the engine thread: it only queues.
   request.on_output = [channel](const RequestOutput& out) { channel->Push(out); };
+  if (model.submit) return model.submit(std::move(request), p.prefill_peer);
   return model.engine->Submit(std::move(request));
 }
 
@@ -286,9 +288,14 @@ void NodeServer::Impl::HandleGenerate(ApiKind kind, const httplib::Request& req,
     return SendError(res, ApiError{503, "service_unavailable_error", "loading",
                                    "the model is still loading", ""});
   }
+  if (!model.api_enabled) {
+    return SendError(res, ApiError{404, "invalid_request_error", "not_found",
+                                   "this is a prefill node; send requests to a decode node", ""});
+  }
   if (auto e = CheckOverload()) return SendError(res, *e);
   ApiResult<Prepared> prepared = Prepare(kind, req.body);
   if (!prepared.ok()) return SendError(res, prepared.error());
+  prepared.value().prefill_peer = req.get_header_value("X-Prefill-Peer");
   if (prepared.value().request.stream) {
     RespondStream(std::move(prepared.value()), res);
   } else {
@@ -462,7 +469,9 @@ void NodeServer::Impl::HandleHealth(httplib::Response& res) {
 
 void NodeServer::Impl::HandleMetrics(httplib::Response& res) {
   const EngineStats stats = ready.load() ? model.engine->stats() : EngineStats{};
-  res.set_content(metrics.Render(stats), "text/plain; version=0.0.4");
+  std::string text = metrics.Render(stats);
+  if (ready.load() && model.extra_metrics) text += model.extra_metrics();
+  res.set_content(text, "text/plain; version=0.0.4");
 }
 
 void NodeServer::Impl::HandleTokenize(const httplib::Request& req, httplib::Response& res) {
@@ -544,6 +553,14 @@ NodeServer::NodeServer(NodeServerOptions options)
              [impl](const httplib::Request&, httplib::Response& res) { impl->HandleHealth(res); });
   http_->Get("/metrics",
              [impl](const httplib::Request&, httplib::Response& res) { impl->HandleMetrics(res); });
+  http_->Get(R"(/internal/messenger/([a-z_]+))",
+             [impl](const httplib::Request& req, httplib::Response& res) {
+               if (!impl->ready.load()) return SendError(res, ErrorForHttpStatus(503));
+               const auto& routes = impl->model.internal_routes;
+               auto route = routes.find(req.matches[1]);
+               if (route == routes.end()) return SendError(res, ErrorForHttpStatus(404));
+               res.set_content(route->second(), "text/plain");
+             });
   http_->Post("/tokenize", [impl](const httplib::Request& req, httplib::Response& res) {
     impl->HandleTokenize(req, res);
   });
