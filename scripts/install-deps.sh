@@ -10,7 +10,7 @@ PACKAGES=(
   libdnnl-dev nlohmann-json3-dev libsentencepiece-dev libpcre2-dev
   libcli11-dev libspdlog-dev libfmt-dev
   libfabric-dev libfabric-bin libhwloc-dev hwloc
-  libcpp-httplib-dev
+  libcpp-httplib-dev qemu-user
   iproute2 procps curl
 )
 

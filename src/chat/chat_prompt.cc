@@ -5,21 +5,25 @@
 #include "chat/chat_template.h"
 #include "common/logging.h"
 
-namespace pdserve::server {
+namespace pdserve::chat {
 
 struct ChatPromptRenderer::Impl {
-  const Tokenizer* tokenizer = nullptr;
+  std::string bos_token;
+  std::string eos_token;
   std::optional<ChatTemplate> chat_template;  // unset: the plain fallback
 };
 
 ChatPromptRenderer::ChatPromptRenderer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ChatPromptRenderer::~ChatPromptRenderer() = default;
 
-Result<std::unique_ptr<ChatPromptRenderer>> ChatPromptRenderer::Create(const Tokenizer* tokenizer) {
+std::unique_ptr<ChatPromptRenderer> ChatPromptRenderer::Create(std::string_view chat_template,
+                                                               std::string bos_token,
+                                                               std::string eos_token) {
   auto impl = std::make_unique<Impl>();
-  impl->tokenizer = tokenizer;
-  if (tokenizer != nullptr && !tokenizer->chat_template().empty()) {
-    Result<ChatTemplate> parsed = ChatTemplate::Parse(tokenizer->chat_template());
+  impl->bos_token = std::move(bos_token);
+  impl->eos_token = std::move(eos_token);
+  if (!chat_template.empty()) {
+    Result<ChatTemplate> parsed = ChatTemplate::Parse(std::string(chat_template));
     if (!parsed.ok()) {
       // Completions still work; chat falls back to the plain format, loudly.
       PD_LOG_WARN("the model's chat_template does not parse ({}); chat uses the plain fallback",
@@ -41,8 +45,8 @@ Result<ChatPrompt> ChatPromptRenderer::Render(const nlohmann::json& messages,
   }
   ChatRenderOptions options;
   options.add_generation_prompt = add_generation_prompt;
-  options.bos_token = impl_->tokenizer->bos_token();
-  options.eos_token = impl_->tokenizer->eos_token();
+  options.bos_token = impl_->bos_token;
+  options.eos_token = impl_->eos_token;
   if (!tools.is_null()) options.extra["tools"] = tools;
   PD_ASSIGN_OR_RETURN(std::string text, impl_->chat_template->Render(messages, options));
   // The template writes BOS itself where the model wants it.
@@ -64,4 +68,4 @@ std::string RenderPlainChat(const nlohmann::json& messages, bool add_generation_
   return out;
 }
 
-}  // namespace pdserve::server
+}  // namespace pdserve::chat

@@ -1,18 +1,19 @@
 // ChatPromptRenderer: turns chat messages into the prompt text a model expects — through the
 // model's own chat template when it has one, else through the plain fallback documented in
-// docs/api.md ("<role>: <content>\n" per message, then "assistant: "). Immutable after
-// Create: Render is safe from any thread.
+// docs/api.md ("<role>: <content>\n" per message, then "assistant: "). Knows no tokenizer: the
+// caller hands over the template text and the BOS/EOS strings the template may print.
+// Immutable after Create: Render is safe from any thread.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
-#include "tokenizer/tokenizer.h"
 
-namespace pdserve::server {
+namespace pdserve::chat {
 
 struct ChatPrompt {
   std::string text;
@@ -22,8 +23,12 @@ struct ChatPrompt {
 
 class ChatPromptRenderer {
  public:
-  // tokenizer must outlive the renderer.
-  static Result<std::unique_ptr<ChatPromptRenderer>> Create(const Tokenizer* tokenizer);
+  // chat_template: the model's Jinja template (tokenizer_config.json), empty for none.
+  // bos_token/eos_token: the strings the template sees as bos_token and eos_token. A template
+  // that does not parse is logged and replaced by the plain fallback (completions still work),
+  // so Create does not fail on model data.
+  static std::unique_ptr<ChatPromptRenderer> Create(std::string_view chat_template,
+                                                    std::string bos_token, std::string eos_token);
   ChatPromptRenderer(const ChatPromptRenderer&) = delete;
   ChatPromptRenderer& operator=(const ChatPromptRenderer&) = delete;
   ~ChatPromptRenderer();
@@ -43,4 +48,4 @@ class ChatPromptRenderer {
 // The fallback format alone (for tests and docs).
 std::string RenderPlainChat(const nlohmann::json& messages, bool add_generation_prompt);
 
-}  // namespace pdserve::server
+}  // namespace pdserve::chat

@@ -19,6 +19,8 @@
 #include "bench/ceilings.h"
 #include "cli/commands.h"
 #include "cli/model_flags.h"
+#include "common/logging.h"
+#include "kernels/dispatch.h"
 
 namespace pdserve::cli {
 namespace {
@@ -29,6 +31,7 @@ struct BenchEngineFlags {
   int prompt_len = 512;
   int decode_steps = 8;  // at least this many timed steps per round
   int repeats = 3;
+  std::string kernels;  // kernel path; empty = PDSERVE_KERNELS or the best this CPU runs
 };
 
 double Seconds(std::chrono::steady_clock::time_point since) {
@@ -124,6 +127,12 @@ int RunBenchEngine(BenchEngineFlags& f) {
     }
   }
   if (batches.empty()) return Fail("--batch is empty");
+  if (Status s =
+          f.kernels.empty() ? kernels::SelectPathFromEnvironment() : kernels::SelectPath(f.kernels);
+      !s.ok()) {
+    return Fail(s.ToString());
+  }
+  PD_LOG_INFO("kernels: {}", kernels::DescribeSelection());
   PD_ASSIGN_OR_RETURN_CLI(ModelDir dir, LoadFromFlags(f.model));
   Transformer& model = *dir.transformer;
   const ModelConfig& c = dir.config;
@@ -192,9 +201,11 @@ int RunBenchEngine(BenchEngineFlags& f) {
   }
 
   std::printf(
+      "kernels: %s\n"
       "model %s: %d layers, hidden %d; a decode step reads %.0f MB of weights and %.1f MB of "
       "K/V per sequence\n",
-      dir.path.c_str(), c.num_layers, c.hidden_size, weight_bytes / 1e6, kv_bytes_per_seq / 1e6);
+      kernels::DescribeSelection().c_str(), dir.path.c_str(), c.num_layers, c.hidden_size,
+      weight_bytes / 1e6, kv_bytes_per_seq / 1e6);
   std::printf(
       "ceilings (median of the per-round measurements): oneDNN bf16 GEMM %.1f GFLOP/s "
       "(m=%d n=%d k=%d); memory read %.1f GB/s\n",
@@ -205,13 +216,14 @@ int RunBenchEngine(BenchEngineFlags& f) {
       "of its ceiling in a window as long, measured just before\n\n",
       f.repeats, kWindowSeconds);
   std::printf(
-      "| phase | batch | tokens/s (best run) | tokens/s (median run) | GFLOP/s or GB/s | "
+      "| phase | kernels | batch | tokens/s (best run) | tokens/s (median run) | GFLOP/s or GB/s | "
       "ceiling tokens/s | ratio |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
-  auto print_row = [](const std::string& phase, int batch, const Row& row, const char* unit) {
-    std::printf("| %s | %d | %.1f | %.1f | %.1f %s | %.1f | %.0f%% |\n", phase.c_str(), batch,
-                Median(row.best_tps), Median(row.median_tps), Median(row.achieved), unit,
-                Median(row.ceiling_tps), 100 * Median(row.ratio));
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  const std::string path(kernels::ActivePath());
+  auto print_row = [&path](const std::string& phase, int batch, const Row& row, const char* unit) {
+    std::printf("| %s | %s | %d | %.1f | %.1f | %.1f %s | %.1f | %.0f%% |\n", phase.c_str(),
+                path.c_str(), batch, Median(row.best_tps), Median(row.median_tps),
+                Median(row.achieved), unit, Median(row.ceiling_tps), 100 * Median(row.ratio));
   };
   print_row("prefill " + std::to_string(f.prompt_len), 1, prefill, "GFLOP/s");
   for (size_t i = 0; i < batches.size(); ++i) {
@@ -239,6 +251,9 @@ void AddBenchEngineCommand(CLI::App& bench, int* exit_code) {
                   "Rounds per figure, each with its own ceiling (medians reported)")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
+  cmd->add_option("--kernels", flags->kernels,
+                  "Kernel path: avx512, avx2, generic or auto (default: $PDSERVE_KERNELS, else "
+                  "the best this CPU runs)");
   cmd->callback([flags, exit_code] { *exit_code = RunBenchEngine(*flags); });
 }
 

@@ -11,6 +11,7 @@
 #include "cli/model_flags.h"
 #include "common/logging.h"
 #include "engine/engine.h"
+#include "kernels/dispatch.h"
 
 namespace pdserve::cli {
 namespace {
@@ -26,6 +27,9 @@ struct GenerateFlags {
 };
 
 int RunGenerate(GenerateFlags& f) {
+  // Before any kernel runs: a path this CPU lacks is an error here, not a SIGILL later.
+  if (Status s = kernels::SelectPathFromEnvironment(); !s.ok()) return Fail(s.ToString());
+  PD_LOG_INFO("kernels: {}", kernels::DescribeSelection());
   PD_ASSIGN_OR_RETURN_CLI(ModelDir dir, LoadFromFlags(f.model));
   std::vector<int32_t> prompt;
   if (!f.prompt_ids.empty()) {

@@ -1,5 +1,5 @@
 // `pdserve router`: the OpenAI-compatible front that spreads requests over nodes
-// (server/router.h). Runs until SIGINT/SIGTERM.
+// (router/router.h). Runs until SIGINT/SIGTERM.
 #include <csignal>
 #include <string>
 #include <vector>
@@ -25,7 +25,7 @@ struct RouterFlags {
 };
 
 int RunRouter(const RouterFlags& f) {
-  server::RouterOptions options;
+  router::RouterOptions options;
   PD_ASSIGN_OR_RETURN_CLI(HostPort listen, ParseHostPort(f.listen));
   options.host = listen.host;
   options.port = listen.port;
@@ -38,11 +38,11 @@ int RunRouter(const RouterFlags& f) {
   options.pool.failures_to_down = f.failures_to_down;
   // Signals are blocked before any thread starts, so only the sigwait below receives them.
   TerminationSignals signals;
-  PD_ASSIGN_OR_RETURN_CLI(auto router, server::Router::Create(options));
-  if (Status s = router->Start(); !s.ok()) return Fail(s.ToString());
+  PD_ASSIGN_OR_RETURN_CLI(auto front, router::Router::Create(options));
+  if (Status s = front->Start(); !s.ok()) return Fail(s.ToString());
   const int signal = signals.Wait();
   PD_LOG_INFO("router: signal {} received, stopping", signal);
-  router->Stop();
+  front->Stop();
   return 0;
 }
 

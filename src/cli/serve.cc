@@ -13,6 +13,7 @@
 #include "cli/model_flags.h"
 #include "cli/serve_messenger.h"
 #include "common/logging.h"
+#include "kernels/dispatch.h"
 #include "model/fingerprint.h"
 #include "server/node_registration.h"
 #include "server/node_server.h"
@@ -77,6 +78,9 @@ int RunServe(const ServeFlags& f) {
   node.Start();  // /health answers 503 while the model loads
   PD_LOG_INFO("listening on http://{}:{} (loading {})", options.host, node.port(), f.model.model);
 
+  // Before any kernel runs: a path this CPU lacks is an error here, not a SIGILL later.
+  if (Status s = kernels::SelectPathFromEnvironment(); !s.ok()) return Fail(s.ToString());
+  PD_LOG_INFO("kernels: {}", kernels::DescribeSelection());
   PD_ASSIGN_OR_RETURN_CLI(ModelDir dir, LoadFromFlags(f.model));
   EngineOptions engine_options = EngineOptionsFromFlags(f.model);
   engine_options.seed = f.seed;

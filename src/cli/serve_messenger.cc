@@ -6,6 +6,7 @@
 #include <httplib.h>
 
 #include "fabric/descriptors.h"
+#include "kernels/dispatch.h"
 
 namespace pdserve::cli {
 namespace {
@@ -77,6 +78,7 @@ Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFla
                                    " needs a cluster secret: --cluster-key or PDSERVE_CLUSTER_KEY");
   }
   options.model_fingerprint = fingerprint;
+  options.kernel_path = std::string(kernels::ActivePath());
   options.heartbeat_interval = std::chrono::milliseconds(flags.heartbeat_ms);
   options.peer_timeout = std::chrono::milliseconds(flags.peer_timeout_ms);
   options.handshake_timeout = std::chrono::milliseconds(flags.peer_timeout_ms);

@@ -110,9 +110,9 @@ std::string CpuList(const std::vector<int>& cpus) {
 }
 
 // Waits until every node is healthy. Fails if a node exits, a signal arrives or time runs out.
-Status WaitUntilHealthy(server::Router& router, int nodes, ChildProcesses& children,
+Status WaitUntilHealthy(router::Router& front, int nodes, ChildProcesses& children,
                         TerminationSignals& signals, Deadline deadline) {
-  while (router.nodes().HealthyCount() < nodes) {
+  while (front.nodes().HealthyCount() < nodes) {
     if (deadline.Passed()) return Status::DeadlineExceeded("nodes not healthy in time");
     for (const std::string& exited : children.ReapExited()) {
       return Status::Unavailable("a node stopped during startup: " + exited);
@@ -147,7 +147,7 @@ int RunUp(const UpFlags& f) {
   PD_ASSIGN_OR_RETURN_CLI(std::vector<NodeSpec> specs, PlanNodes(f, &plan));
 
   ChildProcesses children;  // its destructor stops any child still running
-  server::RouterOptions options;
+  router::RouterOptions options;
   options.host = f.host;
   options.port = f.port;
   options.api_key = f.api_key;
@@ -159,13 +159,13 @@ int RunUp(const UpFlags& f) {
   }
   // The router's threads inherit this pinning; children were pinned in Spawn.
   if (Status s = PinCurrentThread(plan.router_cpus); !s.ok()) PD_LOG_WARN("up: {}", s.ToString());
-  PD_ASSIGN_OR_RETURN_CLI(auto router, server::Router::Create(options));
-  if (Status s = router->Start(); !s.ok()) return Fail(s.ToString());
-  Status ready = WaitUntilHealthy(*router, static_cast<int>(specs.size()), children, signals,
+  PD_ASSIGN_OR_RETURN_CLI(auto front, router::Router::Create(options));
+  if (Status s = front->Start(); !s.ok()) return Fail(s.ToString());
+  Status ready = WaitUntilHealthy(*front, static_cast<int>(specs.size()), children, signals,
                                   Deadline::After(std::chrono::seconds(f.startup_timeout_s)));
   int exit_code = 0;
   if (ready.ok()) {
-    PrintReady(f, router->port(), specs.size());
+    PrintReady(f, front->port(), specs.size());
     while (signals.WaitFor(std::chrono::milliseconds(500)) == 0) {
       for (const std::string& exited : children.ReapExited()) {
         PD_LOG_WARN("up: node {}; the router sends its traffic elsewhere", exited);
@@ -175,7 +175,7 @@ int RunUp(const UpFlags& f) {
   } else if (ready.code() != StatusCode::kCancelled) {
     exit_code = Fail(ready.ToString());
   }
-  router->Stop();
+  front->Stop();
   children.StopAll(Deadline::After(std::chrono::seconds(f.stop_timeout_s)));
   return exit_code;
 }

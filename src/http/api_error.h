@@ -1,34 +1,70 @@
-// ApiError: an error answer in the OpenAI shape ({"error": {"message", "type", "code"}}) with
-// its HTTP status, and ApiResult<T>, a value or an ApiError. Plain values; thread-compatible.
-// No HTTP dependency, so request parsing that returns these can be fuzzed alone.
+// ApiError: an error answer in the OpenAI shape ({"error": {"message", "type", "code",
+// "param"}}) with its HTTP status, built only through the named constructors below so that one
+// kind of error has one status, type and code wherever node or router raises it; and
+// ApiResult<T>, a value or an ApiError. Plain values; thread-compatible. No HTTP dependency,
+// so request parsing that returns these can be fuzzed alone.
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 
 #include "common/status.h"
 
-namespace pdserve::server {
+namespace pdserve::http {
 
 struct ApiError {
-  int http_status = 400;
-  std::string type = "invalid_request_error";  // OpenAI error type
-  std::string code;                            // machine-readable reason
-  std::string message;                         // for humans; names the field at fault
-  std::string param;                           // the offending field, if one
+  int http_status = 500;
+  std::string type;     // OpenAI error type ("invalid_request_error", ...)
+  std::string code;     // machine-readable reason
+  std::string message;  // for humans; names the field at fault
+  std::string param;    // the offending field, if one
 
-  // {"error": {"message", "type", "code", "param"}} (param null when empty).
+  // 400 invalid_request_error; `code` says which rule the request broke ("invalid_json",
+  // "invalid_type", "missing_required", "unsupported_value", "invalid_value").
+  static ApiError InvalidRequest(std::string message, std::string param = "",
+                                 std::string code = "invalid_value");
+  // 401 invalid_api_key.
+  static ApiError Unauthorized();
+  // 404 not_found: no such route.
+  static ApiError NotFound(std::string_view method, std::string_view path);
+  // 404 model_not_found on param "model".
+  static ApiError ModelNotFound(std::string_view model);
+  // 405 method_not_allowed.
+  static ApiError MethodNotAllowed();
+  // 413 payload_too_large: the body exceeds the server's limit.
+  static ApiError PayloadTooLarge();
+  // 413 context_length_exceeded: the prompt does not fit the model.
+  static ApiError ContextLengthExceeded(std::string message, std::string param = "");
+  // 414 uri_too_long.
+  static ApiError UriTooLong();
+  // 429 rate_limit_error (sent with Retry-After).
+  static ApiError RateLimited(std::string message);
+  // 503 server_overloaded: too much queued work (sent with Retry-After).
+  static ApiError Overloaded(std::string message);
+  // 503 with a reason code: "loading", "shutting_down", "cancelled", "no_healthy_node" (sent
+  // with Retry-After).
+  static ApiError Unavailable(std::string message, std::string code);
+  // 504 timeout_error: "timeout" (no output in time) or "upstream_timeout" (router).
+  static ApiError Timeout(std::string message, std::string code = "timeout");
+  // 502 server_error: the router's node failed ("upstream_unreachable", "upstream_broken").
+  static ApiError BadGateway(std::string message, std::string code);
+  // 500 internal_error: a bug; the message says what.
+  static ApiError Internal(std::string message);
+  // Another 4xx/5xx status with no more specific constructor (httplib's own parse errors).
+  static ApiError ForHttpStatus(int http_status);
+  // Maps an engine/model Status to what a client should see: InvalidArgument -> 400,
+  // OutOfRange -> 413, ResourceExhausted/Unavailable -> 503, DeadlineExceeded -> 504,
+  // Cancelled -> 503 "cancelled", anything else -> 500.
+  static ApiError FromStatus(const Status& status);
+
+  // Whether a client should retry after a pause (429, 503): answers carry Retry-After.
+  bool retry_later() const { return http_status == 429 || http_status == 503; }
+  // {"error": {"message", "type", "code", "param"}} (param null when empty). Messages may
+  // quote client bytes: invalid UTF-8 is replaced, never thrown on.
   std::string ToJson() const;
 };
-
-// 400 invalid_request_error, code "invalid_value" unless given.
-ApiError BadRequest(std::string message, std::string param = "",
-                    std::string code = "invalid_value");
-// Maps an engine/model Status to the error a client should see (InvalidArgument -> 400,
-// OutOfRange -> 413, ResourceExhausted/Unavailable -> 503, DeadlineExceeded -> 504,
-// anything else -> 500).
-ApiError ApiErrorFromStatus(const Status& status);
 
 template <typename T>
 class ApiResult {
@@ -44,4 +80,4 @@ class ApiResult {
   std::variant<T, ApiError> data_;
 };
 
-}  // namespace pdserve::server
+}  // namespace pdserve::http

@@ -1,32 +1,28 @@
+// The public kernels: the ISA-independent parts (walkers, packing, OpenMP, scratch) once, the
+// inner loops from the active path's KernelTable. Compiled for baseline x86-64 (or any CPU).
 #include "kernels/kernels.h"
 
-// GCC 12's AVX-512 headers build some intrinsics from _mm*_undefined_*() values, which
-// -Wuninitialized reports inside the header; the values are overwritten, so silence it here.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-
 #include <algorithm>
-#include <array>
-#include <cmath>
-#include <cstring>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "common/check.h"
 #include "common/dtype.h"
+#include "kernels/kernel_table.h"
 
 namespace pdserve::kernels {
 namespace {
 
-// Tile shape of the matrix products: kTokens activation rows x kRows weight rows (F32) or
-// 4 x 16 packed columns (BF16), one accumulator each (24 of the 32 zmm registers). kTokenBlock
-// rows of x are processed per pass so they stay in L2 while every weight block streams past.
-constexpr int kRows = 4;
-constexpr int kTokens = 6;
-constexpr int kTokenBlock = 16 * kTokens;
-// Below this many multiply-adds a kernel runs on the calling thread only.
-constexpr int64_t kParallelMacs = int64_t{1} << 18;
+using internal::Active;
+using internal::kBlockCols;
+using internal::kBlockGroups;
+using internal::kGroupCols;
+using internal::kPairElems;
+using internal::kParallelMacs;
+using internal::kRows;
+using internal::kTokenBlock;
+using internal::kTokens;
 
 // body(i) for i in [0, n): split statically over the OpenMP team when `parallel`, otherwise on
 // the calling thread without opening a region at all. Even a one-thread region (an `if` clause
@@ -41,93 +37,6 @@ void ParallelFor(int64_t n, bool parallel, Body&& body) {
   }
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) body(i);
-}
-
-inline __mmask16 TailMask16(int remaining) {
-  return remaining >= 16 ? static_cast<__mmask16>(0xffff)
-                         : static_cast<__mmask16>((1u << remaining) - 1);
-}
-
-// Horizontal sums of 16 vectors at once: lane i of the result is the sum of the lanes of v[i].
-// A transposing tree (four shuffle-and-add rounds for all 16 sums instead of four rounds per
-// sum). Each sum is formed in the same order whatever its neighbours: lane i + lane i+8, then
-// +4, +2, +1, the tree of _mm512_reduce_add_ps. Callers rely on that for batch invariance:
-// a value does not depend on which other sums shared the call. Clobbers v.
-inline __m512 HorizontalSums16(__m512 (&v)[16]) {
-  // Round 1: lane i + lane i+8; v[2j] and v[2j+1] share a vector (256 bits each).
-  for (int j = 0; j < 8; ++j) {
-    v[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  }
-  // Round 2: +4; vector m holds sums 4m..4m+3, one per 128-bit quarter.
-  for (int j = 0; j < 4; ++j) {
-    v[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-  }
-  // Round 3: +2, within each quarter.
-  for (int j = 0; j < 2; ++j) {
-    v[j] = _mm512_add_ps(_mm512_shuffle_ps(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  }
-  // Round 4: +1. Lane 4q + j now holds the sum of v[4j + q]; a permutation restores order.
-  const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                    _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  return _mm512_permutexvar_ps(order, sums);
-}
-
-// Writes the horizontal sums of a tile's accumulators, acc[r][t] -> y[t0 + t][r0 + r].
-template <int R, int T>
-inline void StoreTile(const __m512 (&acc)[R][T], float* y, int n, int r0, int t0) {
-  constexpr int kCount = R * T;
-  for (int g = 0; g < kCount; g += 16) {
-    const int live = std::min(16, kCount - g);
-    __m512 v[16];
-    for (int i = 0; i < 16; ++i) {
-      const int idx = g + i;
-      v[i] = i < live ? acc[idx % R][idx / R] : _mm512_setzero_ps();
-    }
-    alignas(64) float sums[16];
-    _mm512_store_ps(sums, HorizontalSums16(v));
-    for (int i = 0; i < live; ++i) {
-      const int idx = g + i;
-      y[static_cast<size_t>(t0 + idx / R) * n + r0 + idx % R] = sums[i];
-    }
-  }
-}
-
-template <int R, int T>
-struct TileF32 {
-  static void Run(const float* x, const float* w, float* y, int n, int k, int r0, int t0);
-};
-template <int R, int T>
-void TileF32<R, T>::Run(const float* x, const float* w, float* y, int n, int k, int r0, int t0) {
-  __m512 acc[R][T];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-  const float* wr[R];
-  const float* xt[T];
-  for (int r = 0; r < R; ++r) wr[r] = w + static_cast<size_t>(r0 + r) * k;
-  for (int t = 0; t < T; ++t) xt[t] = x + static_cast<size_t>(t0 + t) * k;
-  for (int kk = 0; kk < k; kk += 16) {
-    __mmask16 mask = TailMask16(k - kk);
-    __m512 wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_ps(mask, wr[r] + kk);
-    for (int t = 0; t < T; ++t) {
-      __m512 xv = _mm512_maskz_loadu_ps(mask, xt[t] + kk);
-      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(xv, wv[r], acc[r][t]);
-    }
-  }
-  StoreTile<R, T>(acc, y, n, r0, t0);
-}
-
-using TileF32Fn = void (*)(const float*, const float*, float*, int, int, int, int);
-
-// Tiles of every token count 1..kTokens, so that the weight rows of a block are read once per
-// token block whatever the batch size (a 2-token decode step must not read weights twice).
-template <int R, size_t... T>
-constexpr std::array<TileF32Fn, kTokens + 1> TileF32Table(std::index_sequence<T...>) {
-  return {nullptr, &TileF32<R, static_cast<int>(T) + 1>::Run...};
 }
 
 // Walks a product's tiles: weight blocks in parallel, token blocks of kTokenBlock rows in
@@ -147,146 +56,12 @@ void ForEachTile(int m, int n, int k, int weight_blocks, TileAt&& tile) {
   }
 }
 
-// ---- BF16 products over packed weights ----
-//
-// Packed layout (PackBF16): 64-column blocks; within a block, for every pair p of the k
-// dimension, 4 groups of 16 columns, each group 16 x 2 BF16 values W[c][2p], W[c][2p+1] side
-// by side: exactly the operand vdpbf16ps multiplies a broadcast pair of x values with. Each
-// output lane then accumulates its own dot product over the pairs in order, with no horizontal
-// sums; its value depends only on its row of x and column of W (batch-invariant by
-// construction), and a block streams from memory as one contiguous run.
-constexpr int kGroupCols = 16;
-constexpr int kBlockGroups = 4;
-constexpr int kBlockCols = kGroupCols * kBlockGroups;
-constexpr int kPairElems = 2 * kBlockCols;  // BF16 values of one k pair in one block
-// Software prefetch along a block's contiguous stream (the hardware prefetchers stop at every
-// 4 KB page). Tiles of at least kPrefetchMinTokens rows are compute-heavy and leave the
-// hardware behind: they fetch every line of a pair 4 KB ahead. A tile of one to three rows is a
-// pure stream: one prefetch per pair (256 bytes, the adjacent-line prefetcher takes the rest)
-// 2 KB ahead. Measured on the decode shape (bench engine, alternating binaries): that read ~5%
-// faster than no software prefetch, where fetching every line 4 KB ahead was ~25% slower.
-constexpr int kPrefetchPairs = 16;
-constexpr int kStreamPrefetchPairs = 8;
-constexpr int kPrefetchMinTokens = 4;
-
-inline int Pairs(int k) { return (k + 1) / 2; }
-inline int ColBlocks(int n) { return (n + kBlockCols - 1) / kBlockCols; }
-
-// One tile: G groups of 16 columns of one block x T rows of x.
-template <int G, int T>
-struct TilePacked {
-  static void Run(const uint16_t* x, const uint16_t* block, float* y, int n, int k, int c0, int t0);
-};
-template <int G, int T>
-void TilePacked<G, T>::Run(const uint16_t* x, const uint16_t* block, float* y, int n, int k, int c0,
-                           int t0) {
-  __m512 acc[G][T];
-  for (int g = 0; g < G; ++g)
-    for (int t = 0; t < T; ++t) acc[g][t] = _mm512_setzero_ps();
-  const uint16_t* xt[T];
-  for (int t = 0; t < T; ++t) xt[t] = x + static_cast<size_t>(t0 + t) * k;
-  // One k pair: the broadcast pair x[t][2p], x[t][2p+1] of every row times 4 x 16 columns.
-  auto step = [&](int p, auto pair_bits) {
-    const uint16_t* wp = block + static_cast<size_t>(p) * kPairElems;
-    // The block's stream is contiguous: fetch its lines well ahead of use (the hardware
-    // prefetchers stop at every 4 KB page).
-    if constexpr (T >= kPrefetchMinTokens) {
-      for (int g = 0; g < G; ++g) {
-        _mm_prefetch(reinterpret_cast<const char*>(wp + kPrefetchPairs * kPairElems + 32 * g),
-                     _MM_HINT_T0);
-      }
-    } else {
-      _mm_prefetch(reinterpret_cast<const char*>(wp + kStreamPrefetchPairs * kPairElems),
-                   _MM_HINT_T0);
-    }
-    __m512bh wv[G];
-    for (int g = 0; g < G; ++g) wv[g] = (__m512bh)_mm512_loadu_si512(wp + 32 * g);
-    for (int t = 0; t < T; ++t) {
-      const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair_bits(xt[t], p)));
-      for (int g = 0; g < G; ++g) acc[g][t] = _mm512_dpbf16_ps(acc[g][t], xv, wv[g]);
-    }
-  };
-  const int full_pairs = k / 2;
-  for (int p = 0; p < full_pairs; ++p) {
-    step(p, [](const uint16_t* row, int q) {
-      uint32_t bits;
-      std::memcpy(&bits, row + 2 * q, sizeof(bits));
-      return bits;
-    });
-  }
-  if (k % 2 != 0) {  // the last pair holds one value; its partner is zero
-    step(full_pairs, [](const uint16_t* row, int q) { return uint32_t{row[2 * q]}; });
-  }
-  for (int t = 0; t < T; ++t) {
-    float* yr = y + static_cast<size_t>(t0 + t) * n + c0;
-    for (int g = 0; g < G; ++g) {
-      _mm512_mask_storeu_ps(yr + kGroupCols * g, TailMask16(n - c0 - kGroupCols * g), acc[g][t]);
-    }
-  }
-}
-
-using PackedTileFn = void (*)(const uint16_t*, const uint16_t*, float*, int, int, int, int);
-
-template <int G, size_t... T>
-constexpr std::array<PackedTileFn, kTokens + 1> PackedTiles(std::index_sequence<T...>) {
-  return {nullptr, &TilePacked<G, static_cast<int>(T) + 1>::Run...};
-}
-
-template <size_t... G>
-constexpr std::array<std::array<PackedTileFn, kTokens + 1>, kBlockGroups + 1> PackedTileTable(
-    std::index_sequence<G...>) {
-  return {std::array<PackedTileFn, kTokens + 1>{},
-          PackedTiles<static_cast<int>(G) + 1>(std::make_index_sequence<kTokens>())...};
-}
-
-// F32ToBF16 of n values on the calling thread, 16 lanes at a time (bit for bit: round to
-// nearest even, NaN stays NaN).
-void ToBF16Run(const float* src, uint16_t* dst, int64_t n) {
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
-  const __m512i inf = _mm512_set1_epi32(0x7f800000);
-  const __m512i bias = _mm512_set1_epi32(0x7fff);
-  const __m512i one = _mm512_set1_epi32(1);
-  const __m512i quiet = _mm512_set1_epi32(0x00400000);
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 mask = TailMask16(static_cast<int>(std::min<int64_t>(16, n - i)));
-    const __m512i u = _mm512_maskz_loadu_epi32(mask, src + i);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(bias, lsb));
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, quiet));
-    _mm256_mask_storeu_epi16(dst + i, mask, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
-  }
-}
-
-// e^x for 16 lanes: range reduction to r in [-ln2/2, ln2/2], degree-7 Taylor polynomial
-// (relative error < 1e-8 before float rounding), scaled by 2^n. Lane-wise, so deterministic.
-inline __m512 Exp512(__m512 x) {
-  const __m512 kLog2e = _mm512_set1_ps(1.44269504088896341f);
-  const __m512 kLn2Hi = _mm512_set1_ps(0.693359375f);
-  const __m512 kLn2Lo = _mm512_set1_ps(-2.12194440e-4f);
-  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)), _mm512_set1_ps(-103.0f));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, kLog2e), _MM_FROUND_TO_NEAREST_INT);
-  __m512 r = _mm512_fnmadd_ps(n, kLn2Hi, x);
-  r = _mm512_fnmadd_ps(n, kLn2Lo, r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
-
-constexpr int kMaxHeadChunks = 16;  // head_dim <= 256
-
 // Copies the K (or V) rows of positions [0, ctx) of one KV head out of the sequence's pages
 // into dst [ctx][head_dim] as floats. Within a page the rows of one head are contiguous, so
 // this is one run per page. The query heads of a GQA group then share the copy.
 template <typename KvElem>
-void GatherRows(const AttentionQuery& query, const KvCache& cache, int layer, int kv_head,
-                bool is_v, float* dst) {
+void GatherRows(const internal::KernelTable& path, const AttentionQuery& query,
+                const KvCache& cache, int layer, int kv_head, bool is_v, float* dst) {
   const KvLayout& layout = cache.layout();
   const size_t head_offset = static_cast<size_t>(kv_head) * layout.page_tokens * layout.head_dim;
   for (int64_t pos = 0, page = 0; pos < query.context_len; pos += layout.page_tokens, ++page) {
@@ -298,163 +73,19 @@ void GatherRows(const AttentionQuery& query, const KvCache& cache, int layer, in
     if constexpr (std::is_same_v<KvElem, float>) {
       std::copy(src, src + count, out);
     } else {
-      for (int64_t i = 0; i < count; i += 16) {
-        const __mmask16 mask = TailMask16(static_cast<int>(std::min<int64_t>(16, count - i)));
-        const __m256i raw = _mm256_maskz_loadu_epi16(mask, src + i);
-        _mm512_mask_storeu_ps(
-            out + i, mask, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16)));
-      }
+      path.widen_bf16(src, out, count);
     }
   }
-}
-
-// One stage of an in-register 16 x 16 transpose: within every 2B x 2B block, swaps the
-// off-diagonal B x B blocks (row i, lanes with bit B set <-> row i + B, lanes with bit B clear).
-template <int B>
-inline void TransposeStage(__m512 (&v)[16]) {
-  alignas(64) static constexpr auto kIndex = [] {
-    std::array<std::array<int32_t, 16>, 2> idx{};  // permutex2var: 0-15 first row, 16-31 second
-    for (int l = 0; l < 16; ++l) {
-      idx[0][l] = (l & B) != 0 ? 16 + l - B : l;
-      idx[1][l] = (l & B) != 0 ? 16 + l : l + B;
-    }
-    return idx;
-  }();
-  const __m512i lo = _mm512_load_si512(kIndex[0].data());
-  const __m512i hi = _mm512_load_si512(kIndex[1].data());
-  for (int i = 0; i < 16; ++i) {
-    if ((i & B) != 0) continue;
-    const __m512 a = v[i], b = v[i + B];
-    v[i] = _mm512_permutex2var_ps(a, lo, b);
-    v[i + B] = _mm512_permutex2var_ps(a, hi, b);
-  }
-}
-
-// rows [n][cols] (row-major) -> dst [cols][stride] (stride: n rounded up to 16); positions
-// n..stride-1 are zero.
-void TransposeRows(const float* rows, int64_t n, int cols, float* dst, int64_t stride) {
-  for (int64_t r0 = 0; r0 < stride; r0 += 16) {
-    for (int c0 = 0; c0 < cols; c0 += 16) {
-      const __mmask16 col_mask = TailMask16(cols - c0);
-      __m512 v[16];
-      for (int i = 0; i < 16; ++i) {
-        v[i] = r0 + i < n ? _mm512_maskz_loadu_ps(col_mask, rows + (r0 + i) * cols + c0)
-                          : _mm512_setzero_ps();
-      }
-      TransposeStage<8>(v);
-      TransposeStage<4>(v);
-      TransposeStage<2>(v);
-      TransposeStage<1>(v);
-      for (int i = 0; i < 16 && c0 + i < cols; ++i) {
-        _mm512_storeu_ps(dst + (c0 + i) * stride + r0, v[i]);
-      }
-    }
-  }
-}
-
-// Accumulators one AttendGroup may hold (of the 32 zmm registers).
-constexpr int kGroupRegisters = 28;
-constexpr int kMaxGroup = 8;
-constexpr int MaxGroup(int chunks) { return std::min(kMaxGroup, kGroupRegisters / chunks); }
-
-// G consecutive query heads of one query (q, out: [G][hd]) that share a KV head:
-// softmax(q . K^T * scale) . V over positions [0, ctx), with K transposed (keys_t [hd][stride])
-// and V row-major (values [ctx][hd]). Scores take 16 positions per vector, one lane per
-// position summing over d in order; one load of K^T[d] or of a V row chunk feeds all G heads.
-// `Chunks` = ceil(hd / 16) and G are template arguments so that the accumulators stay in
-// registers. scores: G * stride floats of scratch.
-template <int G, int Chunks>
-void AttendGroup(const float* q, const float* keys_t, int64_t stride, const float* values,
-                 int64_t ctx, int hd, float scale, float* out, float* scores) {
-  static_assert(G * Chunks <= kGroupRegisters);
-  const __m512 vscale = _mm512_set1_ps(scale);
-  __m512 vmax[G];
-  for (int h = 0; h < G; ++h) vmax[h] = _mm512_set1_ps(-INFINITY);
-  for (int64_t p0 = 0; p0 < ctx; p0 += 16) {
-    __m512 acc[G];
-    for (int h = 0; h < G; ++h) acc[h] = _mm512_setzero_ps();
-    for (int d = 0; d < hd; ++d) {
-      const __m512 k = _mm512_loadu_ps(keys_t + d * stride + p0);
-      for (int h = 0; h < G; ++h) {
-        acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h * hd + d]), k, acc[h]);
-      }
-    }
-    const __mmask16 mask = TailMask16(static_cast<int>(std::min<int64_t>(16, ctx - p0)));
-    for (int h = 0; h < G; ++h) {
-      const __m512 s = _mm512_mul_ps(acc[h], vscale);
-      _mm512_mask_storeu_ps(scores + h * stride + p0, mask, s);
-      vmax[h] = _mm512_mask_max_ps(vmax[h], mask, vmax[h], s);
-    }
-  }
-  // Softmax numerators and their sums, 16 positions at a time.
-  float inv_sum[G];
-  for (int h = 0; h < G; ++h) {
-    float* sh = scores + h * stride;
-    const __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(vmax[h]));
-    __m512 vsum = _mm512_setzero_ps();
-    for (int64_t p = 0; p < ctx; p += 16) {
-      const __mmask16 mask = TailMask16(static_cast<int>(std::min<int64_t>(16, ctx - p)));
-      __m512 e = Exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, sh + p), vm));
-      e = _mm512_maskz_mov_ps(mask, e);
-      _mm512_mask_storeu_ps(sh + p, mask, e);
-      vsum = _mm512_add_ps(vsum, e);
-    }
-    inv_sum[h] = 1.0f / _mm512_reduce_add_ps(vsum);
-  }
-  // Weighted sum of V rows, in position order.
-  __m512 acc[G][Chunks];
-  for (int h = 0; h < G; ++h)
-    for (int c = 0; c < Chunks; ++c) acc[h][c] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < ctx; ++p) {
-    const float* v = values + p * hd;
-    for (int c = 0; c < Chunks; ++c) {
-      const __m512 vc = _mm512_maskz_loadu_ps(TailMask16(hd - 16 * c), v + 16 * c);
-      for (int h = 0; h < G; ++h) {
-        acc[h][c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[h * stride + p]), vc, acc[h][c]);
-      }
-    }
-  }
-  for (int h = 0; h < G; ++h) {
-    const __m512 vinv = _mm512_set1_ps(inv_sum[h]);
-    for (int c = 0; c < Chunks; ++c) {
-      _mm512_mask_storeu_ps(out + h * hd + 16 * c, TailMask16(hd - 16 * c),
-                            _mm512_mul_ps(acc[h][c], vinv));
-    }
-  }
-}
-
-using AttendGroupFn = void (*)(const float*, const float*, int64_t, const float*, int64_t, int,
-                               float, float*, float*);
-template <int G, int Chunks>
-constexpr AttendGroupFn GroupFn() {
-  if constexpr (G * Chunks <= kGroupRegisters) {
-    return &AttendGroup<G, Chunks>;
-  } else {
-    return nullptr;
-  }
-}
-template <int Chunks, size_t... G>
-constexpr std::array<AttendGroupFn, kMaxGroup + 1> GroupRow(std::index_sequence<G...>) {
-  return {nullptr, GroupFn<static_cast<int>(G) + 1, Chunks>()...};
-}
-// kAttendGroup[chunks][g]: null where g * chunks exceeds the registers.
-template <size_t... C>
-constexpr std::array<std::array<AttendGroupFn, kMaxGroup + 1>, kMaxHeadChunks + 1> GroupTable(
-    std::index_sequence<C...>) {
-  return {std::array<AttendGroupFn, kMaxGroup + 1>{},
-          GroupRow<static_cast<int>(C) + 1>(std::make_index_sequence<kMaxGroup>())...};
 }
 
 template <typename KvElem>
 void PagedAttentionImpl(std::span<const AttentionQuery> queries, const KvCache& cache, int layer,
                         int num_heads, float scale) {
+  const internal::KernelTable& path = Active();
   const KvLayout& layout = cache.layout();
   const int kv_heads = layout.num_kv_heads;
   const int group = num_heads / kv_heads;
   const int hd = layout.head_dim;
-  static constexpr auto kAttendGroup = GroupTable(std::make_index_sequence<kMaxHeadChunks>());
-  const int chunks = (hd + 15) / 16;
-  const int max_group = MaxGroup(chunks);
   // Work items: runs of up to kQueryRun consecutive queries of one sequence (a prefill chunk)
   // x KV heads. A run copies its sequence's K/V rows once, for its longest context, and each
   // query attends to its own prefix of them.
@@ -489,20 +120,16 @@ void PagedAttentionImpl(std::span<const AttentionQuery> queries, const KvCache& 
         rows.resize(elems);
         keys_t.resize(elems);
         values.resize(elems);
-        scores.resize(static_cast<size_t>(stride) * kMaxGroup);
+        scores.resize(static_cast<size_t>(stride) * internal::kMaxGroup);
       }
-      GatherRows<KvElem>(queries[longest], cache, layer, kv_head, false, rows.data());
-      TransposeRows(rows.data(), ctx, hd, keys_t.data(), stride);
-      GatherRows<KvElem>(queries[longest], cache, layer, kv_head, true, values.data());
+      GatherRows<KvElem>(path, queries[longest], cache, layer, kv_head, false, rows.data());
+      path.transpose_rows(rows.data(), ctx, hd, keys_t.data(), stride);
+      GatherRows<KvElem>(path, queries[longest], cache, layer, kv_head, true, values.data());
       for (size_t q = first; q < last; ++q) {
         const AttentionQuery& query = queries[q];
-        for (int h = kv_head * group; h < (kv_head + 1) * group;) {
-          const int g = std::min(max_group, (kv_head + 1) * group - h);
-          kAttendGroup[chunks][g](query.q + static_cast<size_t>(h) * hd, keys_t.data(), stride,
-                                  values.data(), query.context_len, hd, scale,
-                                  query.out + static_cast<size_t>(h) * hd, scores.data());
-          h += g;
-        }
+        const size_t h = static_cast<size_t>(kv_head) * group;
+        path.attend_heads(query.q + h * hd, keys_t.data(), stride, values.data(), query.context_len,
+                          hd, scale, query.out + h * hd, scores.data(), group);
       }
     }
   }
@@ -510,13 +137,35 @@ void PagedAttentionImpl(std::span<const AttentionQuery> queries, const KvCache& 
 
 }  // namespace
 
+namespace internal {
+
+int Pairs(int k) { return (k + 1) / 2; }
+int ColBlocks(int n) { return (n + kBlockCols - 1) / kBlockCols; }
+
+float SumLaneTree16(const float* v) {
+  float s8[8], s4[4];
+  for (int i = 0; i < 8; ++i) s8[i] = v[i] + v[i + 8];
+  for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+void TransposeRowsScalar(const float* rows, int64_t n, int cols, float* dst, int64_t stride) {
+  for (int c = 0; c < cols; ++c) {
+    float* out = dst + c * stride;
+    for (int64_t r = 0; r < n; ++r) out[r] = rows[r * cols + c];
+    std::fill(out + n, out + stride, 0.0f);
+  }
+}
+
+}  // namespace internal
+
 size_t PackedBF16Elements(int n, int k) {
-  return static_cast<size_t>(ColBlocks(n)) * Pairs(k) * kPairElems;
+  return static_cast<size_t>(internal::ColBlocks(n)) * internal::Pairs(k) * kPairElems;
 }
 
 void PackBF16(const uint16_t* w, int n, int k, uint16_t* packed) {
-  const size_t block_elems = static_cast<size_t>(Pairs(k)) * kPairElems;
-  const int blocks = ColBlocks(n);
+  const size_t block_elems = static_cast<size_t>(internal::Pairs(k)) * kPairElems;
+  const int blocks = internal::ColBlocks(n);
   // Blocks are independent (and a whole model is packed at load): one per iteration.
   ParallelFor(blocks, static_cast<int64_t>(n) * k >= kParallelMacs, [&](int64_t block_index) {
     const int b = static_cast<int>(block_index);
@@ -532,85 +181,59 @@ void PackBF16(const uint16_t* w, int n, int k, uint16_t* packed) {
 
 void UnpackRowBF16(const uint16_t* packed, int n, int k, int row, float* out) {
   PD_CHECK(row >= 0 && row < n);
-  const uint16_t* src = packed + static_cast<size_t>(row / kBlockCols) * Pairs(k) * kPairElems +
+  const uint16_t* src = packed +
+                        static_cast<size_t>(row / kBlockCols) * internal::Pairs(k) * kPairElems +
                         2 * (row % kBlockCols);
   for (int i = 0; i < k; ++i)
     out[i] = BF16ToF32(src[static_cast<size_t>(i / 2) * kPairElems + i % 2]);
 }
 
 void MatMulBF16(const uint16_t* x, const uint16_t* packed_w, float* y, int m, int n, int k) {
-  static constexpr auto kTiles = PackedTileTable(std::make_index_sequence<kBlockGroups>());
-  const size_t block_elems = static_cast<size_t>(Pairs(k)) * kPairElems;
-  ForEachTile(m, n, k, ColBlocks(n), [&](int b, int t, int tokens) {
+  const internal::KernelTable& path = Active();
+  const size_t block_elems = static_cast<size_t>(internal::Pairs(k)) * kPairElems;
+  ForEachTile(m, n, k, internal::ColBlocks(n), [&](int b, int t, int tokens) {
     const int c0 = b * kBlockCols;
     const int groups = std::min(kBlockGroups, (n - c0 + kGroupCols - 1) / kGroupCols);
-    kTiles[groups][tokens](x, packed_w + b * block_elems, y, n, k, c0, t);
+    path.packed_tile(x, packed_w + b * block_elems, y, n, k, c0, t, groups, tokens);
   });
 }
 
 void MatMulF32(const float* x, const float* w, float* y, int m, int n, int k) {
-  static constexpr auto kBlockTiles = TileF32Table<kRows>(std::make_index_sequence<kTokens>());
-  static constexpr auto kRowTiles = TileF32Table<1>(std::make_index_sequence<kTokens>());
+  const internal::KernelTable& path = Active();
   ForEachTile(m, n, k, (n + kRows - 1) / kRows, [&](int b, int t, int tokens) {
     const int r0 = b * kRows;
-    if (r0 + kRows <= n) {
-      kBlockTiles[tokens](x, w, y, n, k, r0, t);
-    } else {
-      for (int r = r0; r < n; ++r) kRowTiles[tokens](x, w, y, n, k, r, t);
-    }
+    path.f32_tile(x, w, y, n, k, r0, t, std::min(kRows, n - r0), tokens);
   });
 }
 
 void ToBF16(const float* src, uint16_t* dst, size_t n) {
+  const internal::KernelTable& path = Active();
   const int64_t count = static_cast<int64_t>(n);
   constexpr int64_t kChunk = 4096;  // values per parallel chunk, a multiple of 16
   ParallelFor((count + kChunk - 1) / kChunk, count >= kParallelMacs / 4, [&](int64_t c) {
-    ToBF16Run(src + c * kChunk, dst + c * kChunk, std::min(kChunk, count - c * kChunk));
+    path.to_bf16(src + c * kChunk, dst + c * kChunk, std::min(kChunk, count - c * kChunk));
   });
 }
 
 void RmsNorm(const float* x, const float* weight, float* out, int rows, int dim, float eps) {
+  const internal::KernelTable& path = Active();
   ParallelFor(rows, static_cast<int64_t>(rows) * dim >= kParallelMacs / 8, [&](int64_t r) {
-    const float* xr = x + static_cast<size_t>(r) * dim;
-    float* yr = out + static_cast<size_t>(r) * dim;
-    __m512 acc = _mm512_setzero_ps();
-    for (int i = 0; i < dim; i += 16) {
-      __m512 v = _mm512_maskz_loadu_ps(TailMask16(dim - i), xr + i);
-      acc = _mm512_fmadd_ps(v, v, acc);
-    }
-    const float inv = 1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / dim + eps);
-    for (int i = 0; i < dim; ++i) yr[i] = xr[i] * inv * weight[i];
+    path.rms_norm_row(x + static_cast<size_t>(r) * dim, weight, out + static_cast<size_t>(r) * dim,
+                      dim, eps);
   });
 }
 
 void ApplyRope(float* x, int heads, int head_dim, const float* cos, const float* sin) {
-  const int half = head_dim / 2;
-  for (int h = 0; h < heads; ++h) {
-    float* v = x + static_cast<size_t>(h) * head_dim;
-    for (int i = 0; i < half; ++i) {
-      const float a = v[i];
-      const float b = v[i + half];
-      v[i] = a * cos[i] - b * sin[i];
-      v[i + half] = b * cos[i] + a * sin[i];
-    }
-  }
+  Active().apply_rope(x, heads, head_dim, cos, sin);
 }
 
 void SiluMul(const float* gate, const float* up, float* out, int n) {
-  const __m512 one = _mm512_set1_ps(1.0f);
-  for (int i = 0; i < n; i += 16) {
-    __mmask16 mask = TailMask16(n - i);
-    __m512 g = _mm512_maskz_loadu_ps(mask, gate + i);
-    __m512 u = _mm512_maskz_loadu_ps(mask, up + i);
-    __m512 e = Exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
-    __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, e));
-    _mm512_mask_storeu_ps(out + i, mask, _mm512_mul_ps(silu, u));
-  }
+  Active().silu_mul(gate, up, out, n);
 }
 
 void PagedAttention(std::span<const AttentionQuery> queries, const KvCache& cache, int layer,
                     int num_heads, float scale) {
-  PD_CHECK(cache.layout().head_dim <= 16 * kMaxHeadChunks);
+  PD_CHECK(cache.layout().head_dim <= 16 * internal::kMaxHeadChunks);
   if (cache.layout().dtype == KvDType::kF32) {
     PagedAttentionImpl<float>(queries, cache, layer, num_heads, scale);
   } else {

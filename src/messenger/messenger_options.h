@@ -17,10 +17,8 @@ struct MessengerOptions {
   // Digest of the model's config and weights (model/fingerprint.h) plus anything else that
   // changes the KV bits (weight dtype). Compared byte for byte.
   std::string model_fingerprint;
-  // The kernels' ISA path; both sides must compute the same bits.
-  // TODO(kernels): fill from kernels::ActivePath() once it exists; until then every node
-  // reports "unreported" and the check passes trivially.
-  std::string kernel_path = "unreported";
+  // The kernels' ISA path (kernels::ActivePath()); both sides must compute the same bits.
+  std::string kernel_path;
   // Heartbeats: sent every interval; a peer silent for peer_timeout is removed.
   std::chrono::milliseconds heartbeat_interval{250};
   std::chrono::milliseconds peer_timeout{3000};

@@ -6,10 +6,12 @@
 #include <cmath>
 #include <cstring>
 #include <numbers>
+#include <string>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 
 namespace pdserve {
@@ -128,7 +130,10 @@ size_t Transformer::MatrixBytes(const Matrix& m) {
 }
 
 Transformer::Transformer(ModelConfig config, ModelWeights weights, KvDType kv_dtype)
-    : config_(std::move(config)), weights_(std::move(weights)), kv_dtype_(kv_dtype) {
+    : config_(std::move(config)),
+      weights_(std::move(weights)),
+      kv_dtype_(kv_dtype),
+      kernel_path_(kernels::ActivePath()) {
   inv_freq_ = RopeInverseFrequencies(config_);
   layers_.resize(weights_.layers.size());
   // A tied embedding lives on only inside the output matrix (EmbedRow reads it from there).
@@ -216,7 +221,23 @@ void Transformer::EmbedRow(int32_t token, float* out) const {
   }
 }
 
+uint64_t Transformer::Fingerprint() const {
+  // FNV-1a, continued from the config's hash over "kernels=<path>".
+  uint64_t h = config_.Fingerprint();
+  for (char ch : std::string("kernels=") + std::string(kernel_path_)) {
+    h ^= static_cast<unsigned char>(ch);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
 Status Transformer::Validate(std::span<const SequenceChunk> chunks, const KvCache& cache) const {
+  if (kernels::ActivePath() != kernel_path_) {
+    return Status::FailedPrecondition(fmt::format(
+        "kernel path changed from {} to {} since the model was loaded (its fingerprint and KV "
+        "cache belong to {})",
+        kernel_path_, kernels::ActivePath(), kernel_path_));
+  }
   const KvLayout& l = cache.layout();
   if (l.num_layers != config_.num_layers || l.num_kv_heads != config_.num_kv_heads ||
       l.head_dim != config_.head_dim || l.dtype != kv_dtype_) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -55,6 +56,13 @@ class Transformer {
   KvLayout MakeKvLayout(int num_pages, int page_tokens) const;
   // Bytes of weights read per decode step (every matrix once).
   size_t WeightBytes() const;
+  // The kernel path this model runs on (kernels/dispatch.h), the one active when it was
+  // created; Forward fails if another has been selected since. Paths may differ in the last
+  // bits, so a KV cache is reproduced bit for bit only by the path that wrote it.
+  std::string_view kernel_path() const { return kernel_path_; }
+  // What a peer must match to continue this model's KV cache: the config's fingerprint
+  // (ModelConfig::Fingerprint) extended with the kernel path.
+  uint64_t Fingerprint() const;
 
   // Runs the chunks. logits receives one row of vocab_size floats per chunk with want_logits,
   // in chunk order. Errors: empty chunk, pages not covering the tokens, position beyond the
@@ -94,6 +102,7 @@ class Transformer {
   std::vector<LayerMatrices> layers_;
   Matrix lm_head_;
   KvDType kv_dtype_;
+  std::string_view kernel_path_;  // a name with static storage (kernels::ActivePath)
   std::vector<double> inv_freq_;  // RoPE inverse frequencies (with rope scaling applied)
 
   // Workspace, reused across calls (sized for the largest batch seen).

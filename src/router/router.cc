@@ -1,19 +1,23 @@
 #include "router/router.h"
 
 #include <csignal>
-#include <random>
 #include <sstream>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "common/logging.h"
+#include "http/request_id.h"
+#include "http/server_setup.h"
 
-namespace pdserve::server {
+namespace pdserve::router {
 
 namespace {
 
-constexpr char kRequestIdHeader[] = "X-Request-Id";
+using http::ApiError;
+using http::kRequestIdHeader;
+using http::SendError;
+
 // Headers a node needs from the client; everything else (hop-by-hop, encodings) stays here.
 constexpr const char* kForwardedHeaders[] = {"Content-Type", "Accept", "Authorization",
                                              "User-Agent"};
@@ -21,33 +25,8 @@ constexpr const char* kReturnedHeaders[] = {"Retry-After", "Cache-Control"};
 constexpr auto kRelayPollInterval = std::chrono::milliseconds(200);
 constexpr size_t kErrorBodyLimit = 64 << 10;
 
-void SetError(httplib::Response& res, int status, const std::string& message,
-              const std::string& type, const std::string& code) {
-  nlohmann::json body = {{"error", {{"message", message}, {"type", type}, {"code", code}}}};
-  res.status = status;
-  res.set_content(body.dump(), "application/json");
-}
-
-void SetUnavailable(httplib::Response& res, const std::string& message, const std::string& code) {
-  SetError(res, 503, message, "server_error", code);
-  res.set_header("Retry-After", "1");
-}
-
-std::string NewRequestId() {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string id = "req-";
-  uint64_t v = rng();
-  for (int i = 0; i < 16; ++i, v >>= 4) id += kHex[v & 15];
-  return id;
-}
-
-// The id the request travels under: the client's if it sent a sane one, else a new one.
-std::string RequestIdOf(const httplib::Request& req) {
-  std::string id = req.get_header_value(kRequestIdHeader);
-  const bool sane =
-      !id.empty() && id.size() <= 128 && id.find_first_of(" \t\r\n\"\\") == std::string::npos;
-  return sane ? id : NewRequestId();
+ApiError NoHealthyNode(std::string message) {
+  return ApiError::Unavailable(std::move(message), "no_healthy_node");
 }
 
 bool IsRetryableStatus(int status) { return status == 429 || status >= 500; }
@@ -78,6 +57,7 @@ Result<std::unique_ptr<Router>> Router::Create(RouterOptions options) {
   if (options.port < 0 || options.port > 65535) {
     return Status::InvalidArgument("port " + std::to_string(options.port) + " out of range");
   }
+  if (options.max_body_bytes == 0) return Status::InvalidArgument("max_body_bytes must be > 0");
   std::unique_ptr<Router> router(new Router(std::move(options)));
   for (const std::string& url : router->options_.nodes) {
     PD_RETURN_IF_ERROR(router->pool_.AddStatic(url));
@@ -93,21 +73,15 @@ Status Router::Start() {
   if (started_) return Status::FailedPrecondition("router already started");
   // A write to a client or node that went away must fail with EPIPE, not kill the process.
   std::signal(SIGPIPE, SIG_IGN);
+  http::ServerConfig config;
+  config.threads = options_.http_threads;
+  config.max_body_bytes = options_.max_body_bytes;
+  config.api_key = options_.api_key;
+  http::ConfigureServer(server_, config);
   InstallRoutes();
-  const int threads = options_.http_threads;
-  server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  server_.set_payload_max_length(options_.max_body_bytes);
-  server_.set_read_timeout(30, 0);
-  server_.set_write_timeout(30, 0);
-  if (options_.port == 0) {
-    port_ = server_.bind_to_any_port(options_.host);
-  } else {
-    port_ = server_.bind_to_port(options_.host, options_.port) ? options_.port : -1;
-  }
-  if (port_ <= 0) {
-    return Status::Unavailable("router cannot listen on " + options_.host + ":" +
-                               std::to_string(options_.port));
-  }
+  Result<int> port = http::BindServer(server_, options_.host, options_.port, config);
+  if (!port.ok()) return port.status();
+  port_ = *port;
   started_ = true;
   listen_thread_ = std::thread([this] { server_.listen_after_bind(); });
   health_thread_ = std::thread([this] { HealthLoop(); });
@@ -134,33 +108,6 @@ void Router::Stop() {
 }
 
 void Router::InstallRoutes() {
-  server_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    res.set_header(kRequestIdHeader, RequestIdOf(req));
-    const bool open = req.path == "/health" || req.path == "/metrics";
-    if (options_.api_key.empty() || open) return httplib::Server::HandlerResponse::Unhandled;
-    if (req.get_header_value("Authorization") == "Bearer " + options_.api_key) {
-      return httplib::Server::HandlerResponse::Unhandled;
-    }
-    SetError(res, 401, "missing or wrong API key (Authorization: Bearer KEY)",
-             "invalid_request_error", "invalid_api_key");
-    return httplib::Server::HandlerResponse::Handled;
-  });
-  // httplib's own errors (no route, body too large, bad request line) get the OpenAI shape.
-  server_.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
-                                                                    httplib::Response& res) {
-    if (!res.body.empty() || res.content_length_ > 0 || res.is_chunked_content_provider_) {
-      return httplib::Server::HandlerResponse::Unhandled;
-    }
-    if (res.status == 404) {
-      SetError(res, 404, "no route " + req.method + " " + req.path, "invalid_request_error",
-               "not_found");
-    } else if (res.status == 413) {
-      SetError(res, 413, "request body too large", "invalid_request_error", "request_too_large");
-    } else {
-      SetError(res, res.status, "bad request", "invalid_request_error", "bad_request");
-    }
-    return httplib::Server::HandlerResponse::Handled;
-  }));
   auto forward = [this](const httplib::Request& req, httplib::Response& res) {
     HandleForward(req, res);
   };
@@ -179,7 +126,7 @@ void Router::InstallRoutes() {
 
 void Router::HandleForward(const httplib::Request& req, httplib::Response& res) {
   const TimePoint start = Clock::now();
-  const std::string request_id = res.get_header_value(kRequestIdHeader);
+  const std::string request_id = http::RequestIdOf(res);
   UpstreamRequest upstream{req.method, req.target.empty() ? req.path : req.target, {}, req.body};
   for (const char* key : kForwardedHeaders) {
     if (req.has_header(key)) upstream.headers.emplace(key, req.get_header_value(key));
@@ -204,11 +151,11 @@ void Router::HandleForward(const httplib::Request& req, httplib::Response& res) 
       pool_.Release(node->url);
       if (head.status().code() == StatusCode::kDeadlineExceeded) {
         // The node took the request and went silent: it may still run it, so no retry.
-        SetError(res, 504, head.status().message(), "server_error", "upstream_timeout");
+        SendError(res, ApiError::Timeout(head.status().message(), "upstream_timeout"));
         failed = true;
         break;
       }
-      SetError(res, 502, head.status().message(), "server_error", "upstream_unreachable");
+      SendError(res, ApiError::BadGateway(head.status().message(), "upstream_unreachable"));
       failed = true;
       continue;
     }
@@ -233,7 +180,7 @@ void Router::HandleForward(const httplib::Request& req, httplib::Response& res) 
     pool_.Release(node->url);
     if (!body.ok()) {
       // Broken before the client saw a byte: another node may still answer.
-      SetError(res, 502, body.status().message(), "server_error", "upstream_broken");
+      SendError(res, ApiError::BadGateway(body.status().message(), "upstream_broken"));
       failed = true;
       continue;
     }
@@ -245,7 +192,7 @@ void Router::HandleForward(const httplib::Request& req, httplib::Response& res) 
   }
   if (outcome.attempts == 0 || (failed && res.status == 502 && pool_.HealthyCount() == 0)) {
     ++no_healthy_node_;
-    SetUnavailable(res, "no healthy node to serve the request", "no_healthy_node");
+    SendError(res, NoHealthyNode("no healthy node to serve the request"));
     failed = true;
   }
   outcome.status = res.status;
@@ -320,7 +267,7 @@ void Router::Finish(const std::string& request_id, const httplib::Request& req, 
 void Router::HandleHealth(httplib::Response& res) {
   const int healthy = pool_.HealthyCount();
   if (healthy == 0) {
-    SetUnavailable(res, "no healthy node", "no_healthy_node");
+    SendError(res, NoHealthyNode("no healthy node"));
     return;
   }
   nlohmann::json body = {{"status", "ok"}, {"healthy_nodes", healthy}, {"nodes", pool_.Size()}};
@@ -366,13 +313,14 @@ void Router::HandleMetrics(httplib::Response& res) {
 void Router::HandleRegister(const httplib::Request& req, httplib::Response& res) {
   nlohmann::json body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (!body.is_object() || !body.contains("url") || !body["url"].is_string()) {
-    SetError(res, 400, "expected {\"url\": \"http://host:port\"}", "invalid_request_error",
-             "invalid_registration");
+    SendError(res, ApiError::InvalidRequest("expected {\"url\": \"http://host:port\"}", "url",
+                                            "invalid_registration"));
     return;
   }
   Result<bool> added = pool_.Register(body["url"].get<std::string>());
   if (!added.ok()) {
-    SetError(res, 400, added.status().message(), "invalid_request_error", "invalid_registration");
+    SendError(res,
+              ApiError::InvalidRequest(added.status().message(), "url", "invalid_registration"));
     return;
   }
   if (*added) {
@@ -415,4 +363,4 @@ void Router::CheckAllNodes() {
   }
 }
 
-}  // namespace pdserve::server
+}  // namespace pdserve::router

@@ -2,7 +2,9 @@
 // the healthy node with the fewest outstanding requests, relays streamed (SSE) answers piece by
 // piece as they arrive, retries a request on another node while nothing has reached the client
 // yet, health-checks its nodes, and accepts node self-registration
-// (POST /internal/register {"url": "http://host:port"}).
+// (POST /internal/register {"url": "http://host:port"}). Server limits, request ids, the API
+// key and error shapes come from http/, shared with the node; the id the router chooses is
+// the one it forwards.
 //
 // Thread-safety: Create/Start/Stop from one controlling thread; HTTP handlers run on the
 // router's own thread pool; nodes() is thread-safe.
@@ -25,7 +27,7 @@
 #include "router/router_nodes.h"
 #include "router/router_upstream.h"
 
-namespace pdserve::server {
+namespace pdserve::router {
 
 struct RouterOptions {
   std::string host = "127.0.0.1";
@@ -107,4 +109,4 @@ class Router {
   std::atomic<int64_t> client_disconnects_{0};
 };
 
-}  // namespace pdserve::server
+}  // namespace pdserve::router

@@ -4,7 +4,7 @@
 #include <charconv>
 #include <limits>
 
-namespace pdserve::server {
+namespace pdserve::router {
 
 Result<NodeAddress> ParseNodeUrl(std::string_view text) {
   const std::string original(text);
@@ -165,4 +165,4 @@ int NodePool::Size() const {
   return static_cast<int>(nodes_.size());
 }
 
-}  // namespace pdserve::server
+}  // namespace pdserve::router

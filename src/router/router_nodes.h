@@ -14,7 +14,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 
-namespace pdserve::server {
+namespace pdserve::router {
 
 // A node's HTTP address. `url` is the normalized form "http://host:port" used as its key.
 struct NodeAddress {
@@ -95,4 +95,4 @@ class NodePool {
   size_t next_ = 0;          // GUARDED_BY(mu_); round-robin start among ties
 };
 
-}  // namespace pdserve::server
+}  // namespace pdserve::router

@@ -2,7 +2,7 @@
 
 #include <utility>
 
-namespace pdserve::server {
+namespace pdserve::router {
 
 namespace {
 
@@ -157,4 +157,4 @@ bool UpstreamExchange::connect_failed() const {
   return connect_failed_;
 }
 
-}  // namespace pdserve::server
+}  // namespace pdserve::router

@@ -19,7 +19,7 @@
 #include "common/status.h"
 #include "router/router_nodes.h"
 
-namespace pdserve::server {
+namespace pdserve::router {
 
 struct UpstreamRequest {
   std::string method;  // "GET" or "POST"
@@ -90,4 +90,4 @@ class UpstreamExchange {
   std::string error_;                 // GUARDED_BY(mu_); set if the exchange broke
 };
 
-}  // namespace pdserve::server
+}  // namespace pdserve::router

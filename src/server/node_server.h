@@ -4,8 +4,10 @@
 //
 // Threading: Bind/Start/SetModel/Stop are called by the owner (serve's main thread); Stop is
 // also safe from any thread. HTTP handlers run on cpp-httplib's pool; each one tokenizes,
-// validates, submits, then waits (always with a deadline) on its request's OutputChannel,
-// which the engine's callbacks fill without blocking.
+// validates, submits, then drains its request's outputs through one RequestDrain
+// (server/request_drain.h) whether it streams or answers whole, always with a deadline.
+// Server limits, request ids, the API key and error shapes come from http/server_setup.h,
+// shared with the router.
 #pragma once
 
 #include <atomic>
@@ -18,7 +20,6 @@
 #include <string>
 #include <thread>
 
-#include "chat/chat_prompt.h"
 #include "common/status.h"
 #include "engine/engine.h"
 #include "server/metrics.h"

@@ -10,6 +10,8 @@ namespace pdserve::server {
 namespace {
 
 using json = nlohmann::json;
+using http::ApiError;
+using http::ApiResult;
 using MaybeError = std::optional<ApiError>;
 
 #define PD_RETURN_IF_API_ERROR(expr) \
@@ -36,8 +38,8 @@ MaybeError CheckDepth(std::string_view body, int max_depth) {
       in_string = true;
     } else if (c == '[' || c == '{') {
       if (++depth > max_depth) {
-        return BadRequest(fmt::format("JSON nested deeper than {} levels", max_depth), "",
-                          "invalid_json");
+        return ApiError::InvalidRequest(fmt::format("JSON nested deeper than {} levels", max_depth),
+                                        "", "invalid_json");
       }
     } else if (c == ']' || c == '}') {
       --depth;
@@ -49,8 +51,10 @@ MaybeError CheckDepth(std::string_view body, int max_depth) {
 ApiResult<json> ParseObject(std::string_view body, const ParseLimits& limits) {
   PD_RETURN_IF_API_ERROR(CheckDepth(body, limits.max_json_depth));
   json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return BadRequest("request body is not valid JSON", "", "invalid_json");
-  if (!j.is_object()) return BadRequest("request body must be a JSON object", "", "invalid_json");
+  if (j.is_discarded())
+    return ApiError::InvalidRequest("request body is not valid JSON", "", "invalid_json");
+  if (!j.is_object())
+    return ApiError::InvalidRequest("request body must be a JSON object", "", "invalid_json");
   return j;
 }
 
@@ -61,7 +65,8 @@ const json* Field(const json& obj, const char* name) {
 }
 
 ApiError TypeError(const char* name, const char* expected) {
-  return BadRequest(fmt::format("'{}' must be {}", name, expected), name, "invalid_type");
+  return ApiError::InvalidRequest(fmt::format("'{}' must be {}", name, expected), name,
+                                  "invalid_type");
 }
 
 MaybeError ReadBool(const json& obj, const char* name, bool* out) {
@@ -83,11 +88,12 @@ MaybeError ReadString(const json& obj, const char* name, std::string* out) {
 MaybeError CheckIntValue(const json& v, const char* name, int64_t lo, int64_t hi, int64_t* out) {
   if (!v.is_number_integer()) return TypeError(name, "an integer");
   if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi)) {
-    return BadRequest(fmt::format("'{}' must be in [{}, {}]", name, lo, hi), name);
+    return ApiError::InvalidRequest(fmt::format("'{}' must be in [{}, {}]", name, lo, hi), name);
   }
   const int64_t x = v.get<int64_t>();
   if (x < lo || x > hi) {
-    return BadRequest(fmt::format("'{}' must be in [{}, {}], got {}", name, lo, hi, x), name);
+    return ApiError::InvalidRequest(
+        fmt::format("'{}' must be in [{}, {}], got {}", name, lo, hi, x), name);
   }
   *out = x;
   return std::nullopt;
@@ -109,7 +115,7 @@ MaybeError ReadFloat(const json& obj, const char* name, double lo, double hi, fl
   if (!v->is_number()) return TypeError(name, "a number");
   const double x = v->get<double>();
   if (!std::isfinite(x) || x < lo || x > hi) {
-    return BadRequest(fmt::format("'{}' must be in [{}, {}]", name, lo, hi), name);
+    return ApiError::InvalidRequest(fmt::format("'{}' must be in [{}, {}]", name, lo, hi), name);
   }
   *out = static_cast<float>(x);
   return std::nullopt;
@@ -135,8 +141,8 @@ MaybeError ReadStop(const json& obj, const ParseLimits& limits, std::vector<std:
   }
   if (!v->is_array()) return TypeError("stop", "a string or a list of strings");
   if (static_cast<int>(v->size()) > limits.max_stop_strings) {
-    return BadRequest(fmt::format("'stop' holds more than {} strings", limits.max_stop_strings),
-                      "stop");
+    return ApiError::InvalidRequest(
+        fmt::format("'stop' holds more than {} strings", limits.max_stop_strings), "stop");
   }
   for (const json& s : *v) {
     if (!s.is_string()) return TypeError("stop", "a string or a list of strings");
@@ -150,10 +156,11 @@ MaybeError ReadCommon(const json& j, const ParseLimits& limits, GenerationReques
   PD_RETURN_IF_API_ERROR(ReadString(j, "model", &r->model));
   int64_t n = 1;
   PD_RETURN_IF_API_ERROR(ReadInt(j, "n", 1, 128, &n));
-  if (n != 1) return BadRequest("only 'n' = 1 is supported", "n", "unsupported_value");
+  if (n != 1)
+    return ApiError::InvalidRequest("only 'n' = 1 is supported", "n", "unsupported_value");
   int64_t best_of = 1;
   PD_RETURN_IF_API_ERROR(ReadInt(j, "best_of", 1, 128, &best_of));
-  if (best_of != 1) return BadRequest("only 'best_of' = 1 is supported", "best_of");
+  if (best_of != 1) return ApiError::InvalidRequest("only 'best_of' = 1 is supported", "best_of");
   SamplingParams& p = r->params;
   int64_t max_tokens = 0;
   // max_completion_tokens (newer chat name) wins over max_tokens when both are given.
@@ -163,7 +170,7 @@ MaybeError ReadCommon(const json& j, const ParseLimits& limits, GenerationReques
   if (r->max_tokens_set) p.max_tokens = static_cast<int>(max_tokens);
   PD_RETURN_IF_API_ERROR(ReadFloat(j, "temperature", 0.0, 2.0, &p.temperature));
   PD_RETURN_IF_API_ERROR(ReadFloat(j, "top_p", 0.0, 1.0, &p.top_p));
-  if (p.top_p <= 0.0f) return BadRequest("'top_p' must be in (0, 1]", "top_p");
+  if (p.top_p <= 0.0f) return ApiError::InvalidRequest("'top_p' must be in (0, 1]", "top_p");
   int64_t top_k = 0;
   PD_RETURN_IF_API_ERROR(ReadInt(j, "top_k", -1, INT32_MAX, &top_k));
   p.top_k = static_cast<int>(top_k);
@@ -189,13 +196,14 @@ MaybeError ReadCommon(const json& j, const ParseLimits& limits, GenerationReques
 
 MaybeError ValidateParams(const GenerationRequest& r, const ParseLimits& limits) {
   Status s = r.params.Validate(limits.vocab_size > 0 ? limits.vocab_size : INT32_MAX);
-  if (!s.ok()) return BadRequest(s.message());
+  if (!s.ok()) return ApiError::InvalidRequest(s.message());
   return std::nullopt;
 }
 
 MaybeError ReadPrompt(const json& j, const ParseLimits& limits, GenerationRequest* r) {
   const json* p = Field(j, "prompt");
-  if (p == nullptr) return BadRequest("'prompt' is required", "prompt", "missing_required");
+  if (p == nullptr)
+    return ApiError::InvalidRequest("'prompt' is required", "prompt", "missing_required");
   if (p->is_string()) {
     r->prompt_text = p->get<std::string>();
     return std::nullopt;
@@ -206,7 +214,8 @@ MaybeError ReadPrompt(const json& j, const ParseLimits& limits, GenerationReques
   if (first.is_string() || first.is_array()) {
     // A batch: only one prompt per request is supported.
     if (p->size() != 1) {
-      return BadRequest("only one prompt per request is supported", "prompt", "unsupported_value");
+      return ApiError::InvalidRequest("only one prompt per request is supported", "prompt",
+                                      "unsupported_value");
     }
     if (first.is_string()) {
       r->prompt_text = first.get<std::string>();
@@ -227,13 +236,14 @@ MaybeError ReadMessage(const json& m, json* out) {
   if (role == nullptr || !role->is_string()) return TypeError("messages[].role", "a string");
   const std::string& r = role->get_ref<const std::string&>();
   if (r != "system" && r != "user" && r != "assistant" && r != "tool" && r != "developer") {
-    return BadRequest(fmt::format("unknown message role '{}'", r), "messages[].role");
+    return ApiError::InvalidRequest(fmt::format("unknown message role '{}'", r), "messages[].role");
   }
   *out = m;
   const json* content = Field(m, "content");
   std::string text;
   if (content == nullptr) {
-    if (r != "assistant") return BadRequest("'messages[].content' is required", "messages");
+    if (r != "assistant")
+      return ApiError::InvalidRequest("'messages[].content' is required", "messages");
   } else if (content->is_string()) {
     text = content->get<std::string>();
   } else if (content->is_array()) {
@@ -241,8 +251,8 @@ MaybeError ReadMessage(const json& m, json* out) {
       if (!part.is_object()) return TypeError("messages[].content[]", "an object");
       const json* type = Field(part, "type");
       if (type == nullptr || !type->is_string() || type->get<std::string>() != "text") {
-        return BadRequest("only content parts of type 'text' are supported", "messages[].content",
-                          "unsupported_value");
+        return ApiError::InvalidRequest("only content parts of type 'text' are supported",
+                                        "messages[].content", "unsupported_value");
       }
       const json* t = Field(part, "text");
       if (t == nullptr || !t->is_string())
@@ -258,9 +268,10 @@ MaybeError ReadMessage(const json& m, json* out) {
 
 MaybeError ReadMessages(const json& j, json* out) {
   const json* msgs = Field(j, "messages");
-  if (msgs == nullptr) return BadRequest("'messages' is required", "messages", "missing_required");
+  if (msgs == nullptr)
+    return ApiError::InvalidRequest("'messages' is required", "messages", "missing_required");
   if (!msgs->is_array()) return TypeError("messages", "a list of objects");
-  if (msgs->empty()) return BadRequest("'messages' must not be empty", "messages");
+  if (msgs->empty()) return ApiError::InvalidRequest("'messages' must not be empty", "messages");
   *out = json::array();
   for (const json& m : *msgs) {
     json normalised;
@@ -274,9 +285,9 @@ MaybeError ReadMessages(const json& j, json* out) {
 MaybeError RejectUnsupported(const json& j) {
   bool echo = false;
   PD_RETURN_IF_API_ERROR(ReadBool(j, "echo", &echo));
-  if (echo) return BadRequest("'echo' is not supported", "echo", "unsupported_value");
+  if (echo) return ApiError::InvalidRequest("'echo' is not supported", "echo", "unsupported_value");
   if (Field(j, "suffix") != nullptr) {
-    return BadRequest("'suffix' is not supported", "suffix", "unsupported_value");
+    return ApiError::InvalidRequest("'suffix' is not supported", "suffix", "unsupported_value");
   }
   return std::nullopt;
 }
@@ -318,7 +329,7 @@ ApiResult<GenerationRequest> ParseChatRequest(std::string_view body, const Parse
   int64_t top = -1;
   PD_RETURN_IF_API_ERROR(ReadInt(j, "top_logprobs", 0, SamplingParams::kMaxLogprobs, &top));
   if (top >= 0 && !r.logprobs) {
-    return BadRequest("'top_logprobs' requires 'logprobs': true", "top_logprobs");
+    return ApiError::InvalidRequest("'top_logprobs' requires 'logprobs': true", "top_logprobs");
   }
   if (top > 0) r.params.logprobs = static_cast<int>(top);
   if (const json* tools = Field(j, "tools")) {
@@ -348,7 +359,8 @@ ApiResult<TokenizeRequest> ParseTokenizeRequest(std::string_view body, const Par
     return r;
   }
   if (Field(j, "prompt") == nullptr) {
-    return BadRequest("'prompt' or 'messages' is required", "prompt", "missing_required");
+    return ApiError::InvalidRequest("'prompt' or 'messages' is required", "prompt",
+                                    "missing_required");
   }
   PD_RETURN_IF_API_ERROR(ReadString(j, "prompt", &r.prompt));
   return r;
@@ -359,7 +371,8 @@ ApiResult<std::vector<int32_t>> ParseDetokenizeRequest(std::string_view body,
   ApiResult<json> parsed = ParseObject(body, limits);
   if (!parsed.ok()) return parsed.error();
   const json* tokens = Field(parsed.value(), "tokens");
-  if (tokens == nullptr) return BadRequest("'tokens' is required", "tokens", "missing_required");
+  if (tokens == nullptr)
+    return ApiError::InvalidRequest("'tokens' is required", "tokens", "missing_required");
   if (!tokens->is_array()) return TypeError("tokens", "a list of token ids");
   std::vector<int32_t> ids;
   PD_RETURN_IF_API_ERROR(ReadTokenIds(*tokens, "tokens", limits, &ids));

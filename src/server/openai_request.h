@@ -56,12 +56,14 @@ struct TokenizeRequest {
   bool add_generation_prompt = true;
 };
 
-ApiResult<GenerationRequest> ParseCompletionRequest(std::string_view body,
+http::ApiResult<GenerationRequest> ParseCompletionRequest(std::string_view body,
+                                                          const ParseLimits& limits);
+http::ApiResult<GenerationRequest> ParseChatRequest(std::string_view body,
                                                     const ParseLimits& limits);
-ApiResult<GenerationRequest> ParseChatRequest(std::string_view body, const ParseLimits& limits);
-ApiResult<TokenizeRequest> ParseTokenizeRequest(std::string_view body, const ParseLimits& limits);
+http::ApiResult<TokenizeRequest> ParseTokenizeRequest(std::string_view body,
+                                                      const ParseLimits& limits);
 // /detokenize: {"tokens": [int...]} -> the ids.
-ApiResult<std::vector<int32_t>> ParseDetokenizeRequest(std::string_view body,
-                                                       const ParseLimits& limits);
+http::ApiResult<std::vector<int32_t>> ParseDetokenizeRequest(std::string_view body,
+                                                             const ParseLimits& limits);
 
 }  // namespace pdserve::server

@@ -88,8 +88,6 @@ std::string DumpJson(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-std::string SseEvent(const std::string& json_text) { return "data: " + json_text + "\n\n"; }
-
 std::string FormatResponse(const ResponseContext& ctx, const GenerationResult& result) {
   json j = Envelope(ctx, /*chunk=*/false);
   size_t offset = 0;

@@ -1,6 +1,7 @@
 // Formatting of OpenAI-shaped responses: the whole body of a non-streamed completion or chat
-// completion, and the SSE chunks of a streamed one. Pure functions; safe from any thread.
-// Text is dumped with invalid UTF-8 replaced, so no client or model byte can make them throw.
+// completion, and the JSON of each chunk of a streamed one (framed by http/sse.h). Pure functions;
+// safe from any thread. Text is dumped with invalid UTF-8 replaced, so no client or model byte can
+// make them throw.
 #pragma once
 
 #include <cstdint>
@@ -53,10 +54,6 @@ std::string FormatChunk(const ResponseContext& ctx, const ChunkContent& content,
                         size_t* text_offset);
 // The final chunk of stream_options.include_usage: empty choices and the usage.
 std::string FormatUsageChunk(const ResponseContext& ctx, int prompt_tokens, int completion_tokens);
-
-// "data: <json>\n\n".
-std::string SseEvent(const std::string& json);
-inline constexpr char kSseDone[] = "data: [DONE]\n\n";
 
 // Dumps j compactly with invalid UTF-8 replaced by U+FFFD.
 std::string DumpJson(const nlohmann::json& j);

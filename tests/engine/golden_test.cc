@@ -1,6 +1,7 @@
 // The real trained model: ../shared/models/stories260K with golden outputs computed in float64
 // by an independent implementation. The engine (and `pdserve generate`) must reproduce every
-// greedy continuation token for token and the last-position top-5 logits within 1e-3 relative.
+// greedy continuation token for token and the last-position top-5 logits within 1e-3 relative,
+// on every kernel path this CPU runs (kernels/dispatch.h; a path it lacks is SKIPPED loudly).
 #include <array>
 #include <cstdio>
 #include <fstream>
@@ -11,6 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include "engine_test_util.h"
+#include "kernels/dispatch.h"
+#include "model/model_dir.h"
+#include "testing/kernel_paths.h"
 #include "testing/test_paths.h"
 
 namespace pdserve {
@@ -34,7 +38,14 @@ std::string RunCommand(const std::string& cmd) {
   return out;
 }
 
-TEST(GoldenTest, EngineReproducesEveryGreedyContinuation) {
+// Parameter: the kernel path, selected in SetUp.
+class GoldenTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { ::pdserve::testing::UseKernelPath(GetParam()); }
+  void TearDown() override { (void)kernels::SelectPath("auto"); }
+};
+
+TEST_P(GoldenTest, EngineReproducesEveryGreedyContinuation) {
   PD_REQUIRE_SHARED(kModel);
   const std::string dir = ::pdserve::testing::SharedPath(kModel);
   ::pdserve::testing::EngineFixture fx(dir, {.page_tokens = 4, .max_batch_tokens = 16});
@@ -55,7 +66,7 @@ TEST(GoldenTest, EngineReproducesEveryGreedyContinuation) {
   }
 }
 
-TEST(GoldenTest, LastPositionLogitsWithinOneThousandthRelative) {
+TEST_P(GoldenTest, LastPositionLogitsWithinOneThousandthRelative) {
   PD_REQUIRE_SHARED(kModel);
   const std::string dir = ::pdserve::testing::SharedPath(kModel);
   const nlohmann::json golden = ReadGolden();
@@ -73,7 +84,7 @@ TEST(GoldenTest, LastPositionLogitsWithinOneThousandthRelative) {
   }
 }
 
-TEST(GoldenTest, GenerateCommandPrintsTheGoldenTokens) {
+TEST_P(GoldenTest, GenerateCommandPrintsTheGoldenTokens) {
   PD_REQUIRE_SHARED(kModel);
   const std::string bin = ::pdserve::testing::BinaryPath("src/cli/pdserve");
   const std::string dir = ::pdserve::testing::SharedPath(kModel);
@@ -81,15 +92,55 @@ TEST(GoldenTest, GenerateCommandPrintsTheGoldenTokens) {
   ASSERT_EQ(golden["cases"].size(), 5u);
   for (const auto& c : golden["cases"]) {
     const auto want = c["greedy_ids"].get<std::vector<int32_t>>();
-    const std::string cmd = bin + " generate --model " + dir + " --prompt '" +
-                            c["prompt"].get<std::string>() + "' --max-tokens " +
-                            std::to_string(want.size()) + " --ignore-eos --json 2>/dev/null";
+    const std::string cmd = "PDSERVE_KERNELS=" + GetParam() + " " + bin + " generate --model " +
+                            dir + " --prompt '" + c["prompt"].get<std::string>() +
+                            "' --max-tokens " + std::to_string(want.size()) +
+                            " --ignore-eos --json 2>/dev/null";
     auto out = nlohmann::json::parse(RunCommand(cmd), nullptr, false);
     ASSERT_TRUE(out.is_object()) << cmd;
     EXPECT_EQ(out["prompt_ids"].get<std::vector<int32_t>>(),
               c["prompt_ids"].get<std::vector<int32_t>>());
     EXPECT_EQ(out["token_ids"].get<std::vector<int32_t>>(), want) << cmd;
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, GoldenTest,
+                         ::testing::ValuesIn(::pdserve::testing::KernelPathNames()),
+                         [](const auto& info) { return info.param; });
+
+// The model's fingerprint names the kernel path it was loaded on, and it refuses to run on
+// another: a KV cache is reproduced bit for bit only by the path that wrote it.
+TEST(GoldenFingerprintTest, TransformerIsPinnedToItsKernelPath) {
+  PD_REQUIRE_SHARED(kModel);
+  const std::string dir = ::pdserve::testing::SharedPath(kModel);
+  ModelDirOptions options;
+  options.load_tokenizer = false;
+  ASSERT_TRUE(kernels::SelectPath("generic").ok());
+  auto generic = LoadModelDir(dir, options);
+  ASSERT_TRUE(generic.ok()) << generic.status().ToString();
+  EXPECT_EQ(generic->transformer->kernel_path(), "generic");
+  const std::vector<std::string_view> supported = kernels::SupportedPaths();
+  ASSERT_TRUE(kernels::SelectPath(supported.front()).ok());
+  if (supported.front() == "generic") {
+    (void)kernels::SelectPath("auto");
+    GTEST_SKIP() << "this CPU runs only the generic path; no second path to compare with";
+  }
+  auto best = LoadModelDir(dir, options);
+  ASSERT_TRUE(best.ok()) << best.status().ToString();
+  EXPECT_EQ(best->transformer->kernel_path(), supported.front());
+  EXPECT_NE(best->transformer->Fingerprint(), generic->transformer->Fingerprint());
+  // The generic model, asked to run while another path is active, refuses.
+  auto cache = KvCache::Create(generic->transformer->MakeKvLayout(4, 16));
+  ASSERT_TRUE(cache.ok());
+  const std::vector<int32_t> tokens = {1, 2, 3};
+  const std::vector<PageId> pages = {0};
+  const SequenceChunk chunk{.tokens = tokens, .start = 0, .pages = pages, .want_logits = true};
+  std::vector<float> logits;
+  const Status s = generic->transformer->Forward({&chunk, 1}, **cache, &logits);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  ASSERT_TRUE(kernels::SelectPath("generic").ok());
+  EXPECT_TRUE(generic->transformer->Forward({&chunk, 1}, **cache, &logits).ok());
+  (void)kernels::SelectPath("auto");
 }
 
 }  // namespace

@@ -1,18 +1,29 @@
 // The compute kernels against float64 loops, and the batch invariance the disaggregated design
-// relies on (DESIGN.md §6): a row's result is bit-identical whatever else shares the call.
+// relies on (DESIGN.md §6): a row's result is bit-identical whatever else shares the call. Every
+// test runs on every kernel path compiled in (kernels/dispatch.h); a path this CPU cannot run
+// is reported SKIPPED with the features it lacks.
 #include "kernels/kernels.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/dtype.h"
+#include "kernels/dispatch.h"
+#include "testing/kernel_paths.h"
 
 namespace pdserve {
 namespace {
+
+using ::pdserve::testing::KernelPathNames;
+using ::pdserve::testing::UseKernelPath;
 
 std::vector<uint16_t> RandomBF16(size_t count, std::mt19937& rng) {
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
@@ -29,10 +40,29 @@ struct Shape {
 const Shape kShapes[] = {{1, 1, 1},   {3, 17, 33},   {7, 64, 64},  {13, 100, 31},
                          {1, 130, 7}, {20, 65, 200}, {97, 48, 96}, {6, 200, 1025}};
 
-class PackedMatMulTest : public ::testing::TestWithParam<Shape> {};
+// Parameters: (kernel path, shape); the path is selected in SetUp.
+template <typename Param>
+class OnEveryPath : public ::testing::TestWithParam<std::tuple<std::string, Param>> {
+ protected:
+  void SetUp() override { UseKernelPath(std::get<0>(this->GetParam())); }
+  void TearDown() override { (void)kernels::SelectPath("auto"); }
+  const Param& param() const { return std::get<1>(this->GetParam()); }
+};
+
+class PathTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { UseKernelPath(GetParam()); }
+  void TearDown() override { (void)kernels::SelectPath("auto"); }
+};
+
+std::string ShapeName(const Shape& s) {
+  return std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k);
+}
+
+class PackedMatMulTest : public OnEveryPath<Shape> {};
 
 TEST_P(PackedMatMulTest, MatchesFloat64Loops) {
-  const auto [m, n, k] = GetParam();
+  const auto [m, n, k] = param();
   std::mt19937 rng(m * 1000003 + n * 1009 + k);
   const std::vector<uint16_t> x = RandomBF16(static_cast<size_t>(m) * k, rng);
   const std::vector<uint16_t> w = RandomBF16(static_cast<size_t>(n) * k, rng);
@@ -57,7 +87,7 @@ TEST_P(PackedMatMulTest, MatchesFloat64Loops) {
 }
 
 TEST_P(PackedMatMulTest, UnpackRowRecoversEveryRow) {
-  const auto [m, n, k] = GetParam();
+  const auto [m, n, k] = param();
   (void)m;
   std::mt19937 rng(n * 31 + k);
   const std::vector<uint16_t> w = RandomBF16(static_cast<size_t>(n) * k, rng);
@@ -72,7 +102,13 @@ TEST_P(PackedMatMulTest, UnpackRowRecoversEveryRow) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, PackedMatMulTest, ::testing::ValuesIn(kShapes));
+INSTANTIATE_TEST_SUITE_P(Paths, PackedMatMulTest,
+                         ::testing::Combine(::testing::ValuesIn(KernelPathNames()),
+                                            ::testing::ValuesIn(kShapes)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" +
+                                  ShapeName(std::get<1>(info.param));
+                         });
 
 // Every row of a product over rows [first, first + count) equals that row computed alone, bit
 // for bit, for every window of a 40-row batch (tile tails of every size are exercised).
@@ -96,7 +132,7 @@ void ExpectRowsIndependentOfBatch(const std::vector<Elem>& x, const Elem* w, int
   }
 }
 
-TEST(MatMulInvarianceTest, Bf16RowsDoNotDependOnTheBatch) {
+TEST_P(PathTest, Bf16RowsDoNotDependOnTheBatch) {
   std::mt19937 rng(7);
   const int n = 136, k = 77;
   const std::vector<uint16_t> x = RandomBF16(40 * k, rng);
@@ -106,7 +142,7 @@ TEST(MatMulInvarianceTest, Bf16RowsDoNotDependOnTheBatch) {
   ExpectRowsIndependentOfBatch(x, packed.data(), n, k, kernels::MatMulBF16);
 }
 
-TEST(MatMulInvarianceTest, F32RowsDoNotDependOnTheBatch) {
+TEST_P(PathTest, F32RowsDoNotDependOnTheBatch) {
   std::mt19937 rng(8);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   const int n = 37, k = 70;
@@ -116,7 +152,7 @@ TEST(MatMulInvarianceTest, F32RowsDoNotDependOnTheBatch) {
   ExpectRowsIndependentOfBatch(x, w.data(), n, k, kernels::MatMulF32);
 }
 
-TEST(ToBF16Test, MatchesTheScalarRoundingBitForBit) {
+TEST_P(PathTest, ToBF16MatchesTheScalarRoundingBitForBit) {
   // Ties, NaNs (quiet and signalling), infinities, denormals, zeros, and random values; an odd
   // count so that the masked tail runs.
   std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
@@ -152,7 +188,7 @@ struct AttentionCase {
 const AttentionShape kAttentionShapes[] = {
     {4, 2, 40, 70}, {14, 2, 64, 300}, {7, 1, 128, 70}, {4, 4, 16, 530}};
 
-class PagedAttentionTest : public ::testing::TestWithParam<AttentionShape> {};
+class PagedAttentionTest : public OnEveryPath<AttentionShape> {};
 
 AttentionCase MakeCase(const AttentionShape& shape) {
   AttentionCase c;
@@ -210,7 +246,7 @@ std::vector<float> RunAttention(const AttentionCase& c, int page_tokens, bool to
 }
 
 TEST_P(PagedAttentionTest, MatchesFloat64Softmax) {
-  const AttentionCase c = MakeCase(GetParam());
+  const AttentionCase c = MakeCase(param());
   const std::vector<float> out = RunAttention(c, 16, true);
   const int group = c.heads / c.kv_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
@@ -241,7 +277,7 @@ TEST_P(PagedAttentionTest, MatchesFloat64Softmax) {
 }
 
 TEST_P(PagedAttentionTest, ResultsDoNotDependOnBatchOrPageSize) {
-  const AttentionCase c = MakeCase(GetParam());
+  const AttentionCase c = MakeCase(param());
   const std::vector<float> base = RunAttention(c, 16, true);
   for (int page_tokens : {1, 3, 16, 64}) {
     for (bool together : {true, false}) {
@@ -252,13 +288,196 @@ TEST_P(PagedAttentionTest, ResultsDoNotDependOnBatchOrPageSize) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, PagedAttentionTest, ::testing::ValuesIn(kAttentionShapes),
-                         [](const ::testing::TestParamInfo<AttentionShape>& info) {
-                           return std::to_string(info.param.heads) + "heads" +
-                                  std::to_string(info.param.kv_heads) + "kv" +
-                                  std::to_string(info.param.head_dim) + "dim" +
-                                  std::to_string(info.param.ctx) + "ctx";
+INSTANTIATE_TEST_SUITE_P(Paths, PagedAttentionTest,
+                         ::testing::Combine(::testing::ValuesIn(KernelPathNames()),
+                                            ::testing::ValuesIn(kAttentionShapes)),
+                         [](const auto& info) {
+                           const AttentionShape& s = std::get<1>(info.param);
+                           return std::get<0>(info.param) + "_" + std::to_string(s.heads) +
+                                  "heads" + std::to_string(s.kv_heads) + "kv" +
+                                  std::to_string(s.head_dim) + "dim" + std::to_string(s.ctx) +
+                                  "ctx";
                          });
+
+INSTANTIATE_TEST_SUITE_P(Paths, PathTest, ::testing::ValuesIn(KernelPathNames()),
+                         [](const auto& info) { return info.param; });
+
+TEST_P(PathTest, RmsNormSiluMulAndRopeMatchFloat64) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  const int rows = 3, dim = 83;  // a partial 16-lane chunk
+  std::vector<float> x(rows * dim), weight(dim), out(rows * dim);
+  for (float& v : x) v = dist(rng);
+  for (float& v : weight) v = dist(rng);
+  kernels::RmsNorm(x.data(), weight.data(), out.data(), rows, dim, 1e-5f);
+  for (int r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int i = 0; i < dim; ++i) ss += static_cast<double>(x[r * dim + i]) * x[r * dim + i];
+    const double inv = 1.0 / std::sqrt(ss / dim + 1e-5);
+    for (int i = 0; i < dim; ++i) {
+      const double want = x[r * dim + i] * inv * weight[i];
+      ASSERT_NEAR(out[r * dim + i], want, 1e-5 * std::abs(want) + 1e-6) << r << "," << i;
+    }
+  }
+  // SiluMul over gates from -100 to 100 (e^x saturates and underflows at the ends).
+  const int n = 203;
+  std::vector<float> gate(n), up(n), act(n);
+  for (int i = 0; i < n; ++i) {
+    gate[i] = -100.0f + 200.0f * i / (n - 1) + 0.37f;
+    up[i] = dist(rng);
+  }
+  kernels::SiluMul(gate.data(), up.data(), act.data(), n);
+  for (int i = 0; i < n; ++i) {
+    const double g = gate[i];
+    const double want = g / (1.0 + std::exp(-g)) * up[i];
+    ASSERT_NEAR(act[i], want, 2e-6 * std::abs(want) + 1e-30) << "gate " << g;
+  }
+  // RoPE: rotating by (cos, sin) keeps each pair's length and matches the float64 rotation.
+  const int heads = 2, head_dim = 10, half = head_dim / 2;
+  std::vector<float> v(heads * head_dim), cos(half), sin(half);
+  for (float& e : v) e = dist(rng);
+  for (int i = 0; i < half; ++i) {
+    cos[i] = static_cast<float>(std::cos(0.3 * (i + 1)));
+    sin[i] = static_cast<float>(std::sin(0.3 * (i + 1)));
+  }
+  std::vector<float> rotated = v;
+  kernels::ApplyRope(rotated.data(), heads, head_dim, cos.data(), sin.data());
+  for (int h = 0; h < heads; ++h) {
+    for (int i = 0; i < half; ++i) {
+      const double a = v[h * head_dim + i], b = v[h * head_dim + i + half];
+      EXPECT_NEAR(rotated[h * head_dim + i], a * cos[i] - b * sin[i], 1e-5);
+      EXPECT_NEAR(rotated[h * head_dim + i + half], b * cos[i] + a * sin[i], 1e-5);
+    }
+  }
+}
+
+// Everything a forward pass computes, on the active path, as raw floats.
+std::vector<float> RunEveryKernel() {
+  std::mt19937 rng(21);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> all;
+  auto append = [&](const std::vector<float>& v) { all.insert(all.end(), v.begin(), v.end()); };
+  {  // BF16 product: tiles of 1..6 rows, partial groups and blocks, odd k.
+    const int m = 11, n = 150, k = 301;
+    std::vector<uint16_t> x(m * k), w(n * k);
+    for (uint16_t& e : x) e = F32ToBF16(dist(rng));
+    for (uint16_t& e : w) e = F32ToBF16(dist(rng));
+    std::vector<uint16_t> packed(kernels::PackedBF16Elements(n, k));
+    kernels::PackBF16(w.data(), n, k, packed.data());
+    std::vector<float> y(m * n);
+    for (int rows = 1; rows <= m; rows += 2) {
+      kernels::MatMulBF16(x.data(), packed.data(), y.data(), rows, n, k);
+      append(y);
+    }
+  }
+  {  // F32 product and RmsNorm, k not a multiple of 16 or 8.
+    const int m = 7, n = 9, k = 45;
+    std::vector<float> x(m * k), w(n * k), y(m * n);
+    for (float& e : x) e = dist(rng);
+    for (float& e : w) e = dist(rng);
+    kernels::MatMulF32(x.data(), w.data(), y.data(), m, n, k);
+    append(y);
+    std::vector<float> normed(m * k);
+    kernels::RmsNorm(x.data(), w.data(), normed.data(), m, k, 1e-6f);
+    append(normed);
+    std::vector<float> act(m * k);
+    for (float& e : x) e *= 30.0f;  // reach the clamps of e^x
+    kernels::SiluMul(x.data(), w.data(), act.data(), m * k);
+    append(act);
+    std::vector<float> rope(w.begin(), w.begin() + 40);
+    kernels::ApplyRope(rope.data(), 2, 20, x.data(), x.data() + 10);
+    append(rope);
+  }
+  for (KvDType dtype : {KvDType::kF32, KvDType::kBF16}) {  // attention, both cache types
+    const AttentionCase c = MakeCase({6, 2, 72, 45});
+    KvLayout layout{.num_layers = 1,
+                    .num_kv_heads = c.kv_heads,
+                    .head_dim = c.head_dim,
+                    .page_tokens = 8,
+                    .dtype = dtype,
+                    .num_pages = 6};
+    auto cache = KvCache::Create(layout);
+    EXPECT_TRUE(cache.ok());
+    std::vector<PageId> table = {5, 0, 4, 1, 3, 2};
+    const size_t kv_row = static_cast<size_t>(c.kv_heads) * c.head_dim;
+    const size_t q_row = static_cast<size_t>(c.heads) * c.head_dim;
+    std::vector<float> out(c.q.size());
+    std::vector<kernels::AttentionQuery> queries;
+    for (int pos = 0; pos < c.ctx; ++pos) {
+      kernels::StoreKv(**cache, 0, table[pos / 8], pos % 8, &c.k[pos * kv_row], &c.v[pos * kv_row]);
+      queries.push_back({.q = &c.q[pos * q_row],
+                         .out = &out[pos * q_row],
+                         .pages = table.data(),
+                         .context_len = pos + 1});
+    }
+    kernels::PagedAttention(queries, **cache, 0, c.heads, 0.125f);
+    append(out);
+  }
+  return all;
+}
+
+// The SIMD paths compute in the generic path's order (kernel_table.h), so on normal numbers
+// they agree with it bit for bit.
+TEST_P(PathTest, AgreesWithTheGenericPathBitForBit) {
+  if (GetParam() == "generic") GTEST_SKIP() << "generic is the reference of this test";
+  const std::vector<float> got = RunEveryKernel();
+  ASSERT_TRUE(kernels::SelectPath("generic").ok());
+  const std::vector<float> want = RunEveryKernel();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0)
+        << "value " << i << ": " << GetParam() << " " << got[i] << ", generic " << want[i];
+  }
+}
+
+TEST(KernelDispatchTest, GenericIsAlwaysSupportedAndAutoPicksTheBest) {
+  const std::vector<std::string_view> supported = kernels::SupportedPaths();
+  ASSERT_FALSE(supported.empty());
+  EXPECT_EQ(supported.back(), "generic");
+  ASSERT_TRUE(kernels::SelectPath("auto").ok());
+  EXPECT_EQ(kernels::ActivePath(), supported.front());
+  ASSERT_TRUE(kernels::SelectPath("generic").ok());
+  EXPECT_EQ(kernels::ActivePath(), "generic");
+  EXPECT_NE(kernels::DescribeSelection().find("generic"), std::string::npos);
+  ASSERT_TRUE(kernels::SelectPath("").ok());
+  EXPECT_EQ(kernels::ActivePath(), supported.front());
+}
+
+TEST(KernelDispatchTest, UnknownPathIsAnErrorAndKeepsTheSelection) {
+  ASSERT_TRUE(kernels::SelectPath("generic").ok());
+  const Status s = kernels::SelectPath("sse9");
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("sse9"), std::string::npos) << s.ToString();
+  EXPECT_EQ(kernels::ActivePath(), "generic");
+  (void)kernels::SelectPath("auto");
+}
+
+TEST(KernelDispatchTest, PathTheCpuLacksIsAnErrorNamingWhatIsMissing) {
+  const std::vector<std::string_view> supported = kernels::SupportedPaths();
+  for (std::string_view path : kernels::KnownPaths()) {
+    if (std::find(supported.begin(), supported.end(), path) != supported.end()) continue;
+    const Status s = kernels::SelectPath(path);
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << path;
+    EXPECT_NE(s.message().find(std::string(path)), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("lacks"), std::string::npos) << s.ToString();
+    return;
+  }
+  GTEST_SKIP() << "this CPU runs every kernel path; nothing to refuse";
+}
+
+TEST(KernelDispatchTest, EnvironmentVariableSelectsOrFailsClearly) {
+  ASSERT_EQ(setenv("PDSERVE_KERNELS", "generic", 1), 0);
+  EXPECT_TRUE(kernels::SelectPathFromEnvironment().ok());
+  EXPECT_EQ(kernels::ActivePath(), "generic");
+  EXPECT_NE(kernels::DescribeSelection().find("PDSERVE_KERNELS=generic"), std::string::npos);
+  ASSERT_EQ(setenv("PDSERVE_KERNELS", "bogus", 1), 0);
+  const Status s = kernels::SelectPathFromEnvironment();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("PDSERVE_KERNELS"), std::string::npos) << s.ToString();
+  ASSERT_EQ(unsetenv("PDSERVE_KERNELS"), 0);
+  EXPECT_TRUE(kernels::SelectPathFromEnvironment().ok());
+  EXPECT_EQ(kernels::ActivePath(), kernels::SupportedPaths().front());
+}
 
 }  // namespace
 }  // namespace pdserve

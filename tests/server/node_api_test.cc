@@ -267,6 +267,24 @@ TEST_F(NodeApiTest, ModelsHealthMetricsAndRequestIds) {
   EXPECT_EQ(MetricValue(text, "pdserve:inter_token_latency_seconds_count"), 3);
 }
 
+// The node applies the router's request-id policy: a safe id (what a router forwards) is
+// kept, anything else is replaced, so node and router agree on every id they both keep.
+TEST_F(NodeApiTest, RequestIdPolicyMatchesTheRouters) {
+  auto client = node_->Client();
+  const std::string router_made = "req-0123456789abcdef";
+  auto kept = client.Get("/v1/models", {{"X-Request-Id", router_made}});
+  ASSERT_TRUE(kept);
+  EXPECT_EQ(kept->get_header_value("X-Request-Id"), router_made);
+  for (const std::string& bad : {std::string(100, 'x'), std::string("a<b>{c}"),
+                                 std::string("id;rm"), std::string("caf\xc3\xa9")}) {
+    auto r = client.Get("/v1/models", {{"X-Request-Id", bad}});
+    ASSERT_TRUE(r) << bad;
+    const std::string chosen = r->get_header_value("X-Request-Id");
+    EXPECT_NE(chosen, bad);
+    EXPECT_TRUE(chosen.starts_with("req-")) << chosen;
+  }
+}
+
 TEST_F(NodeApiTest, StopStringEndsTheCompletion) {
   auto client = node_->Client();
   json body = {

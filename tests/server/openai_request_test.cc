@@ -1,8 +1,6 @@
 // Unit tests of request parsing and validation (server/openai_request.h): no HTTP, no model.
 #include "server/openai_request.h"
 
-#include "chat/chat_prompt.h"
-
 #include <gtest/gtest.h>
 
 namespace pdserve::server {
@@ -112,25 +110,6 @@ TEST(OpenAiRequestTest, TokenizeAndDetokenize) {
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d.value(), (std::vector<int32_t>{1, 2}));
   EXPECT_FALSE(ParseDetokenizeRequest(R"({"tokens": [1, 512]})", Limits()).ok());
-}
-
-TEST(OpenAiRequestTest, ErrorJsonHasTheOpenAiShape) {
-  ApiError e = BadRequest("bad 'x'", "x");
-  const auto j = nlohmann::json::parse(e.ToJson());
-  EXPECT_EQ(j["error"]["message"], "bad 'x'");
-  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
-  EXPECT_EQ(j["error"]["code"], "invalid_value");
-  EXPECT_EQ(j["error"]["param"], "x");
-  EXPECT_EQ(ApiErrorFromStatus(Status::OutOfRange("long")).http_status, 413);
-  EXPECT_EQ(ApiErrorFromStatus(Status::ResourceExhausted("full")).http_status, 503);
-  EXPECT_EQ(ApiErrorFromStatus(Status::Internal("bug")).http_status, 500);
-}
-
-TEST(ChatPromptTest, PlainFallbackFormat) {
-  const auto msgs = nlohmann::json::parse(
-      R"([{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}])");
-  EXPECT_EQ(RenderPlainChat(msgs, true), "system: s\nuser: hi\nassistant: ");
-  EXPECT_EQ(RenderPlainChat(msgs, false), "system: s\nuser: hi\n");
 }
 
 }  // namespace

@@ -19,7 +19,7 @@
 #include "server/router_test_util.h"
 #include "testing/test_paths.h"
 
-namespace pdserve::server {
+namespace pdserve::router {
 namespace {
 
 using nlohmann::json;
@@ -383,6 +383,25 @@ TEST(RouterTest, RequestIdIsForwardedAndReturned) {
   EXPECT_EQ(r->get_header_value("X-Request-Id"), a.last_request_id());
 }
 
+// An id the shared policy refuses (too long, unsafe bytes) is replaced by the router, which
+// forwards its own id, so the node works under the id the client got back; logging the
+// client's bytes raw, or a node choosing a different id, would break the trail.
+TEST(RouterTest, UnsafeRequestIdIsReplacedAndTheReplacementForwarded) {
+  FakeNode a("a");
+  auto router = StartRouter(WithNodes({a.url()}));
+  ASSERT_TRUE(router && WaitHealthyNodes(*router, 1));
+  auto client = ClientFor(*router);
+  for (const std::string& bad : {std::string(100, 'x'), std::string("a<b>{c}"),
+                                 std::string("id;rm"), std::string("caf\xc3\xa9")}) {
+    auto r = client.Post("/v1/completions", {{"X-Request-Id", bad}}, "{}", "application/json");
+    ASSERT_TRUE(r) << bad;
+    const std::string chosen = r->get_header_value("X-Request-Id");
+    EXPECT_NE(chosen, bad);
+    EXPECT_TRUE(chosen.starts_with("req-")) << chosen;
+    EXPECT_EQ(a.last_request_id(), chosen) << "the node must see the router's id";
+  }
+}
+
 TEST(RouterTest, RegistrationAddsANode) {
   FakeNode a("a");
   auto router = StartRouter(RouterOptions());
@@ -430,7 +449,7 @@ TEST(RouterTest, ErrorsHaveOpenAiShape) {
       {"/v1/completions", {}, "{}", 401, "invalid_api_key"},
       {"/v1/completions", {{"Authorization", "Bearer nope"}}, "{}", 401, "invalid_api_key"},
       {"/v1/nothing", auth, "{}", 404, "not_found"},
-      {"/v1/completions", auth, std::string(4096, 'x'), 413, "request_too_large"},
+      {"/v1/completions", auth, std::string(4096, 'x'), 413, "payload_too_large"},
   };
   for (const Case& c : cases) {
     auto r = client.Post(c.path, c.headers, c.body, "application/json");
@@ -583,4 +602,4 @@ TEST_F(RouterClusterTest, NodeRegistersItself) {
 }
 
 }  // namespace
-}  // namespace pdserve::server
+}  // namespace pdserve::router

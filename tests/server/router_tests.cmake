@@ -2,4 +2,4 @@
 pdserve_add_test(router_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/router_test.cc ${CMAKE_CURRENT_SOURCE_DIR}/up_test.cc
           ${CMAKE_CURRENT_SOURCE_DIR}/router_test_util.cc
-  LIBS pdserve_server pdserve_router pdserve_test_models LABELS threaded TIMEOUT 300)
+  LIBS pdserve_router pdserve_test_models LABELS threaded TIMEOUT 300)

@@ -1,0 +1,53 @@
+// Server setup shared by node and router: one function gives an httplib::Server its limits,
+// deadlines, thread pool, TCP_NODELAY, request ids, API-key check and OpenAI-shaped errors for
+// what httplib rejects itself; one binds it. Call both from the owning thread before the
+// server listens; the handlers they install run on the server's pool and share no state.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include <httplib.h>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "http/api_error.h"
+
+namespace pdserve::http {
+
+struct ServerConfig {
+  // Each open connection holds one thread (a stream for its whole length): this caps them.
+  int threads = 64;
+  size_t max_body_bytes = size_t{4} << 20;
+  // Request line and header lines are capped by httplib at build time (8 KiB each,
+  // CPPHTTPLIB_REQUEST_URI_MAX_LENGTH / CPPHTTPLIB_HEADER_MAX_LENGTH); longer ones get 414/400.
+  Duration read_timeout = std::chrono::seconds(30);   // a client silent this long is dropped
+  Duration write_timeout = std::chrono::seconds(30);  // a client not reading this long, too
+  Duration keep_alive_timeout = std::chrono::seconds(5);
+  size_t keep_alive_max_requests = 5;  // requests per connection (httplib's default)
+  std::string api_key;                 // non-empty: "Authorization: Bearer <key>" required
+  // Paths served without the key, so that probes and scrapers need none.
+  std::vector<std::string> open_paths = {"/health", "/metrics"};
+  // httplib listens with a backlog of 5; bursts of clients need more (see BindServer).
+  int listen_backlog = 1024;
+};
+
+// Applies `config` to `server` and installs its pre-routing handler (request id, API key),
+// error handler (404/405/413/414/400 from httplib in the OpenAI shape) and exception handler
+// (500). Call before adding routes' own handlers of those kinds (there are none elsewhere).
+void ConfigureServer(httplib::Server& server, const ServerConfig& config);
+
+// Binds host:port (port 0: any free port) and raises the listen backlog to
+// `config.listen_backlog`. Returns the bound port; Unavailable names the address on failure.
+Result<int> BindServer(httplib::Server& server, const std::string& host, int port,
+                       const ServerConfig& config);
+
+// Answers `res` with `error`: its status, JSON body and, for 429/503, Retry-After.
+void SendError(httplib::Response& res, const ApiError& error);
+
+// The id ConfigureServer's pre-routing handler chose for the request `res` answers.
+std::string RequestIdOf(const httplib::Response& res);
+
+}  // namespace pdserve::http

@@ -1,0 +1,172 @@
+#include "kernels/dispatch.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+
+#include "kernels/kernel_table.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+namespace pdserve::kernels {
+namespace {
+
+using internal::KernelTable;
+
+// The CPU features a path needs, as named in /proc/cpuinfo and __builtin_cpu_supports.
+std::vector<std::string_view> MissingFeatures(const KernelTable& path) {
+  std::vector<std::string_view> missing;
+#if defined(__x86_64__)
+  if (&path == &internal::kGenericKernels) return missing;
+  __builtin_cpu_init();
+  // The OS must save the YMM (and for AVX-512 the opmask and ZMM) state across context
+  // switches, or the instructions fault although CPUID lists them.
+  uint32_t eax = 0, ebx = 0, ecx = 0, edx = 0;
+  uint64_t xcr0 = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_OSXSAVE) != 0) {
+    uint32_t lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    xcr0 = (uint64_t{hi} << 32) | lo;
+  }
+  if ((xcr0 & 0x6) != 0x6) missing.push_back("os-avx-state");
+  if (!__builtin_cpu_supports("avx2")) missing.push_back("avx2");
+  if (!__builtin_cpu_supports("fma")) missing.push_back("fma");
+  if (!__builtin_cpu_supports("f16c")) missing.push_back("f16c");
+  if (&path == &internal::kAvx512Kernels) {
+    if ((xcr0 & 0xe6) != 0xe6) missing.push_back("os-avx512-state");
+    if (!__builtin_cpu_supports("avx512f")) missing.push_back("avx512f");
+    if (!__builtin_cpu_supports("avx512bw")) missing.push_back("avx512bw");
+    if (!__builtin_cpu_supports("avx512vl")) missing.push_back("avx512vl");
+    if (!__builtin_cpu_supports("avx512dq")) missing.push_back("avx512dq");
+    if (!__builtin_cpu_supports("avx512bf16")) missing.push_back("avx512bf16");
+    if (!__builtin_cpu_supports("bmi2")) missing.push_back("bmi2");
+  }
+#else
+  (void)path;
+#endif
+  return missing;
+}
+
+// Best first.
+std::vector<const KernelTable*> AllPaths() {
+#if defined(__x86_64__)
+  return {&internal::kAvx512Kernels, &internal::kAvx2Kernels, &internal::kGenericKernels};
+#else
+  return {&internal::kGenericKernels};
+#endif
+}
+
+std::string Join(const std::vector<std::string_view>& names) {
+  std::string out;
+  for (std::string_view n : names) {
+    if (!out.empty()) out += ", ";
+    out += n;
+  }
+  return out;
+}
+
+// The selection is process-wide state by nature: the kernels are free functions called from
+// everywhere, and the CPU they run on is one. The pointer is read on every kernel call; the
+// mutex orders selections and guards the description.
+std::atomic<const KernelTable*> g_active{nullptr};
+std::mutex g_mutex;
+std::string g_how;  // guarded by g_mutex
+
+Status SelectLocked(std::string_view name, std::string how) {
+  const KernelTable* chosen = nullptr;
+  if (name.empty() || name == "auto") {
+    for (const KernelTable* p : AllPaths()) {
+      if (MissingFeatures(*p).empty()) {
+        chosen = p;
+        break;
+      }
+    }
+  } else {
+    for (const KernelTable* p : AllPaths()) {
+      if (name == p->name) chosen = p;
+    }
+    if (chosen == nullptr) {
+      return Status::InvalidArgument("unknown kernel path '" + std::string(name) +
+                                     "' (known: " + Join(KnownPaths()) + ")");
+    }
+    if (auto missing = MissingFeatures(*chosen); !missing.empty()) {
+      return Status::FailedPrecondition("kernel path '" + std::string(name) +
+                                        "' cannot run on this CPU: it lacks " + Join(missing) +
+                                        " (supported: " + Join(SupportedPaths()) + ")");
+    }
+  }
+  g_how = std::move(how);
+  g_active.store(chosen, std::memory_order_release);
+  return Status::Ok();
+}
+
+std::string EnvironmentChoice() {
+  const char* env = std::getenv("PDSERVE_KERNELS");
+  return env == nullptr ? std::string() : std::string(env);
+}
+
+std::string HowFromName(std::string_view name, bool from_env) {
+  if (name.empty() || name == "auto") return "auto: best of " + Join(SupportedPaths());
+  return (from_env ? "PDSERVE_KERNELS=" : "selected ") + std::string(name) + "; CPU supports " +
+         Join(SupportedPaths());
+}
+
+}  // namespace
+
+std::vector<std::string_view> KnownPaths() {
+  std::vector<std::string_view> names;
+  for (const KernelTable* p : AllPaths()) names.emplace_back(p->name);
+  return names;
+}
+
+std::vector<std::string_view> SupportedPaths() {
+  std::vector<std::string_view> names;
+  for (const KernelTable* p : AllPaths()) {
+    if (MissingFeatures(*p).empty()) names.emplace_back(p->name);
+  }
+  return names;
+}
+
+std::string_view ActivePath() { return internal::Active().name; }
+
+Status SelectPath(std::string_view name) {
+  std::lock_guard lock(g_mutex);
+  return SelectLocked(name, HowFromName(name, false));
+}
+
+Status SelectPathFromEnvironment() {
+  const std::string name = EnvironmentChoice();
+  std::lock_guard lock(g_mutex);
+  Status s = SelectLocked(name, HowFromName(name, true));
+  if (!s.ok()) return Status(s.code(), "PDSERVE_KERNELS: " + s.message());
+  return s;
+}
+
+std::string DescribeSelection() {
+  const std::string_view name = ActivePath();
+  std::lock_guard lock(g_mutex);
+  return std::string(name) + " (" + g_how + ")";
+}
+
+namespace internal {
+
+const KernelTable& Active() {
+  const KernelTable* table = g_active.load(std::memory_order_acquire);
+  if (table != nullptr) return *table;
+  std::lock_guard lock(g_mutex);
+  if (g_active.load(std::memory_order_relaxed) == nullptr) {
+    // Nobody selected: honour PDSERVE_KERNELS if it names a path this CPU runs, else the best.
+    // (The CLI selects explicitly at start-up and fails on a bad value; library users that
+    // never select must not crash on one.)
+    const std::string name = EnvironmentChoice();
+    if (!SelectLocked(name, HowFromName(name, true)).ok()) {
+      (void)SelectLocked("auto", HowFromName("auto", false));
+    }
+  }
+  return *g_active.load(std::memory_order_acquire);
+}
+
+}  // namespace internal
+}  // namespace pdserve::kernels

@@ -1,0 +1,37 @@
+// Which kernel path runs the functions of kernels.h: "avx512" (AVX-512 with BF16 dot
+// products), "avx2" (AVX2 + FMA + F16C, x86-64-v3) or "generic" (plain C++, any CPU). The best
+// path the CPU (and OS) supports is chosen on the first kernel call, unless PDSERVE_KERNELS or
+// SelectPath names one. Every path is batch-invariant by itself; different paths may differ in
+// the last bits (see kernels.h), so a KV cache is only reusable by the path that wrote it.
+//
+// Select before kernels run: call SelectPath / SelectPathFromEnvironment from main() or a test
+// while no kernel is running on another thread. ActivePath and SupportedPaths are safe from any
+// thread.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace pdserve::kernels {
+
+// Every path name this build knows, best first.
+std::vector<std::string_view> KnownPaths();
+// The paths this CPU can run, best first ("generic" always).
+std::vector<std::string_view> SupportedPaths();
+// The path the kernels run on now (selecting the default on first use).
+std::string_view ActivePath();
+
+// Makes `name` the active path. "auto" or "" selects the best supported path. Errors:
+// InvalidArgument for an unknown name, FailedPrecondition naming the CPU features missing
+// for a path this CPU cannot run.
+Status SelectPath(std::string_view name);
+// SelectPath(getenv("PDSERVE_KERNELS")), "auto" when unset; an error names the variable.
+Status SelectPathFromEnvironment();
+// One line for start-up logs: "avx2 (auto: best this CPU supports of avx2, generic)" or
+// "generic (PDSERVE_KERNELS=generic; CPU supports avx2, generic)".
+std::string DescribeSelection();
+
+}  // namespace pdserve::kernels

@@ -1,0 +1,95 @@
+// Internals of src/kernels, shared by the three kernel paths (kernels_avx512.cc, kernels_avx2.cc,
+// kernels_generic.cc) and the code common to them (kernels.cc, dispatch.cc). Not for use
+// outside src/kernels. Everything here is safe from any thread; KernelTable entries follow the
+// threading rules of kernels.h.
+//
+// One rule keeps the paths apart: an ISA file is compiled with its own -m flags, so nothing it
+// defines may be an inline function or template that other files define too, or the linker may
+// keep the ISA file's copy for everyone and run AVX-512 code on an AVX2 CPU. Hence this header
+// holds constants and declarations of functions defined in kernels.cc (baseline x86-64) only;
+// the ISA files keep their code in an unnamed namespace and use no out-of-line std templates
+// (a ctest checks the symbols of their objects).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pdserve::kernels::internal {
+
+// Rows of x per tile of the matrix-product walker, and rows kept in L2 while every weight
+// block streams past (DESIGN.md §6: tiles never change a value, only the speed).
+constexpr int kTokens = 6;
+constexpr int kTokenBlock = 16 * kTokens;
+// Weight rows per tile of the F32 product.
+constexpr int kRows = 4;
+// Below this many multiply-adds a kernel runs on the calling thread only.
+constexpr int64_t kParallelMacs = int64_t{1} << 18;
+
+// Packed BF16 layout (PackBF16): 64-column blocks; within a block, for every pair p of the k
+// dimension, 4 groups of 16 columns, each group 16 x 2 BF16 values W[c][2p], W[c][2p+1] side by
+// side (one 32-bit word per column: even element low, odd element high). Each output column
+// accumulates its own dot product over the pairs in order, odd product then even product (the
+// order of vdpbf16ps), so its value depends only on its row of x and column of W.
+constexpr int kGroupCols = 16;
+constexpr int kBlockGroups = 4;
+constexpr int kBlockCols = kGroupCols * kBlockGroups;
+constexpr int kPairElems = 2 * kBlockCols;  // BF16 values of one k pair in one block
+
+// Attention: head_dim <= 16 * kMaxHeadChunks; at most kMaxGroup query heads share one pass.
+constexpr int kMaxHeadChunks = 16;
+constexpr int kMaxGroup = 8;
+
+// One kernel path: the ISA-specific pieces behind the public functions of kernels.h. The
+// walkers, packing and scratch management that do not depend on the ISA live in kernels.cc.
+struct KernelTable {
+  const char* name;
+  // One tile of MatMulBF16: `groups` 16-column groups of the packed block at `block` (first
+  // column c0) x `tokens` rows of x from t0; tokens <= kTokens.
+  void (*packed_tile)(const uint16_t* x, const uint16_t* block, float* y, int n, int k, int c0,
+                      int t0, int groups, int tokens);
+  // One tile of MatMulF32: weight rows [r0, r0 + rows) x rows [t0, t0 + tokens) of x; rows <=
+  // kRows, tokens <= kTokens. Each output sums 16 lanes (lane j: elements j, j + 16, ...) with
+  // FMA, then lane i + lane i+8, +4, +2, +1.
+  void (*f32_tile)(const float* x, const float* w, float* y, int n, int k, int r0, int t0, int rows,
+                   int tokens);
+  // F32ToBF16 of n values on the calling thread.
+  void (*to_bf16)(const float* src, uint16_t* dst, int64_t n);
+  // One row of RmsNorm (16-lane FMA sum of squares, the same lane tree).
+  void (*rms_norm_row)(const float* x, const float* weight, float* out, int dim, float eps);
+  void (*apply_rope)(float* x, int heads, int head_dim, const float* cos, const float* sin);
+  void (*silu_mul)(const float* gate, const float* up, float* out, int n);
+  // BF16 -> F32 of n values (a page run of the KV cache).
+  void (*widen_bf16)(const uint16_t* src, float* dst, int64_t n);
+  // rows [n][cols] -> dst [cols][stride] (stride: n rounded up to 16); positions n..stride-1
+  // are zero.
+  void (*transpose_rows)(const float* rows, int64_t n, int cols, float* dst, int64_t stride);
+  // `heads` consecutive query heads of one query that share a KV head: softmax(q . K^T * scale)
+  // . V over positions [0, ctx), keys_t [hd][stride], values [ctx][hd]. A score is one lane per
+  // position summing over d in order (FMA); the softmax sum is 16 lanes (position mod 16) and
+  // the lane tree. scores: kMaxGroup * stride floats of scratch.
+  void (*attend_heads)(const float* q, const float* keys_t, int64_t stride, const float* values,
+                       int64_t ctx, int hd, float scale, float* out, float* scores, int heads);
+};
+
+// The paths compiled into this binary (the x86 ones only on x86-64), defined in their files.
+extern const KernelTable kGenericKernels;
+#if defined(__x86_64__)
+extern const KernelTable kAvx2Kernels;
+extern const KernelTable kAvx512Kernels;
+#endif
+
+// The selected path (dispatch.cc); selects the best one this CPU supports on first use.
+const KernelTable& Active();
+
+// Exact sum of 16 values in the lane tree of _mm512_reduce_add_ps: lane i + lane i+8, then
+// +4, +2, +1 (for paths that reduce outside registers).
+float SumLaneTree16(const float* v);
+
+// Pairs of the k dimension and 64-column blocks of a packed matrix.
+int Pairs(int k);
+int ColBlocks(int n);
+
+// Scalar transpose with the contract of KernelTable::transpose_rows.
+void TransposeRowsScalar(const float* rows, int64_t n, int cols, float* dst, int64_t stride);
+
+}  // namespace pdserve::kernels::internal

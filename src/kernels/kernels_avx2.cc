@@ -1,0 +1,411 @@
+// The avx2 kernel path: AVX2 + FMA + F16C (x86-64-v3). This file alone is compiled with those
+// flags; dispatch.cc runs it only on a CPU (and OS) that has them. See kernel_table.h for the
+// rule that keeps its code out of the other paths.
+//
+// It computes what the avx512 path computes, in the same order, on 8-lane vectors: a 16-lane
+// accumulator of avx512 is two 8-lane halves (lanes 0-7, 8-15) reduced by the same lane tree,
+// and vdpbf16ps is two FMAs per pair, odd product first (exact products, so FMA = mul + add).
+// Only where vdpbf16ps flushes denormal inputs or results to zero may the two differ.
+#include <immintrin.h>
+
+#include <cstring>
+#include <utility>
+
+#include "kernels/kernel_table.h"
+
+namespace pdserve::kernels {
+namespace {
+
+using internal::kBlockGroups;
+using internal::kGroupCols;
+using internal::kMaxGroup;
+using internal::kPairElems;
+using internal::kRows;
+using internal::SumLaneTree16;
+
+// std::min without its out-of-line copy (kernel_table.h).
+template <typename T>
+constexpr T Min(T a, T b) {
+  return b < a ? b : a;
+}
+
+// All-ones in lanes [0, remaining), for maskload/maskstore.
+inline __m256i TailMask8(int64_t remaining) {
+  const int live = static_cast<int>(Min<int64_t>(remaining, 8));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(live), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+inline __m256 LoadTail(const float* p, int64_t remaining) {
+  if (remaining >= 8) return _mm256_loadu_ps(p);
+  if (remaining <= 0) return _mm256_setzero_ps();
+  return _mm256_maskload_ps(p, TailMask8(remaining));
+}
+
+inline void StoreTail(float* p, int64_t remaining, __m256 v) {
+  if (remaining >= 8) {
+    _mm256_storeu_ps(p, v);
+  } else if (remaining > 0) {
+    _mm256_maskstore_ps(p, TailMask8(remaining), v);
+  }
+}
+
+// The lane tree of a 16-lane value held as two halves.
+inline float SumHalves(__m256 lo, __m256 hi) {
+  alignas(32) float lanes[16];
+  _mm256_store_ps(lanes, lo);
+  _mm256_store_ps(lanes + 8, hi);
+  return SumLaneTree16(lanes);
+}
+
+// ---- BF16 products over packed weights (layout: kernel_table.h) ----
+//
+// A 16-column group of one pair is 64 bytes: two loads of 8 columns, each column a 32-bit word
+// holding its even element in the low half and its odd element in the high half. Shifting left
+// by 16 gives the even elements as F32, masking the low half off gives the odd ones.
+constexpr int kStreamPrefetchPairs = 8;  // as the avx512 path: 2 KB ahead along the block
+// Accumulators per micro tile: G groups x 2 halves x T rows <= 8 of the 16 ymm registers.
+constexpr int kMicroRows = 4;
+
+template <int G, int T>
+void MicroTile(const uint16_t* x, const uint16_t* block, float* y, int n, int k, int c0, int t0) {
+  __m256 acc[G][2][T];
+  for (int g = 0; g < G; ++g)
+    for (int h = 0; h < 2; ++h)
+      for (int t = 0; t < T; ++t) acc[g][h][t] = _mm256_setzero_ps();
+  const uint16_t* xt[T];
+  for (int t = 0; t < T; ++t) xt[t] = x + static_cast<size_t>(t0 + t) * k;
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  auto step = [&](int p, auto pair_bits) {
+    const uint16_t* wp = block + static_cast<size_t>(p) * kPairElems;
+    for (int g = 0; g < G; ++g) {
+      _mm_prefetch(reinterpret_cast<const char*>(wp + kStreamPrefetchPairs * kPairElems + 32 * g),
+                   _MM_HINT_T0);
+    }
+    __m256 xe[T], xo[T];
+    for (int t = 0; t < T; ++t) {
+      const __m256i bits = _mm256_set1_epi32(static_cast<int>(pair_bits(xt[t], p)));
+      xe[t] = _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16));
+      xo[t] = _mm256_castsi256_ps(_mm256_and_si256(bits, high));
+    }
+    for (int g = 0; g < G; ++g) {
+      for (int h = 0; h < 2; ++h) {
+        const __m256i w =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 32 * g + 16 * h));
+        const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+        const __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(w, high));
+        for (int t = 0; t < T; ++t) {
+          acc[g][h][t] = _mm256_fmadd_ps(xo[t], wo, acc[g][h][t]);
+          acc[g][h][t] = _mm256_fmadd_ps(xe[t], we, acc[g][h][t]);
+        }
+      }
+    }
+  };
+  const int full_pairs = k / 2;
+  for (int p = 0; p < full_pairs; ++p) {
+    step(p, [](const uint16_t* row, int q) {
+      uint32_t bits;
+      std::memcpy(&bits, row + 2 * q, sizeof(bits));
+      return bits;
+    });
+  }
+  if (k % 2 != 0) {  // the last pair holds one value; its partner is zero
+    step(full_pairs, [](const uint16_t* row, int q) { return uint32_t{row[2 * q]}; });
+  }
+  for (int t = 0; t < T; ++t) {
+    float* yr = y + static_cast<size_t>(t0 + t) * n;
+    for (int g = 0; g < G; ++g) {
+      for (int h = 0; h < 2; ++h) {
+        const int c = c0 + kGroupCols * g + 8 * h;
+        StoreTail(yr + c, n - c, acc[g][h][t]);
+      }
+    }
+  }
+}
+
+using MicroTileFn = void (*)(const uint16_t*, const uint16_t*, float*, int, int, int, int);
+
+template <int G, int T>
+constexpr MicroTileFn MicroFn() {
+  if constexpr (G * T <= 4) {
+    return &MicroTile<G, T>;
+  } else {
+    return nullptr;
+  }
+}
+
+template <int G, size_t... T>
+constexpr void FillRow(MicroTileFn (&row)[kMicroRows + 1], std::index_sequence<T...>) {
+  ((row[T + 1] = MicroFn<G, static_cast<int>(T) + 1>()), ...);
+}
+
+struct MicroTable {
+  MicroTileFn fn[kBlockGroups + 1][kMicroRows + 1] = {};
+  constexpr MicroTable() {
+    FillRow<1>(fn[1], std::make_index_sequence<kMicroRows>());
+    FillRow<2>(fn[2], std::make_index_sequence<kMicroRows>());
+    FillRow<3>(fn[3], std::make_index_sequence<kMicroRows>());
+    FillRow<4>(fn[4], std::make_index_sequence<kMicroRows>());
+  }
+};
+
+// A walker tile split into micro tiles of at most 8 accumulators: all groups for one row
+// (decode streams the block once), fewer groups for more rows. The later micro tiles of a tile
+// read the block from cache.
+void PackedTile(const uint16_t* x, const uint16_t* block, float* y, int n, int k, int c0, int t0,
+                int groups, int tokens) {
+  static constexpr MicroTable kTiles;
+  for (int t = 0; t < tokens;) {
+    const int rows = Min(tokens - t, tokens == 2 ? 2 : kMicroRows);
+    const int step = rows == 1 ? groups : Min(groups, 4 / rows);
+    for (int g = 0; g < groups; g += step) {
+      const int gs = Min(step, groups - g);
+      kTiles.fn[gs][rows](x, block + 32 * g, y, n, k, c0 + kGroupCols * g, t0 + t);
+    }
+    t += rows;
+  }
+}
+
+// ---- F32 products ----
+//
+// The 16 lanes of an avx512 accumulator are independent: the low half (elements kk..kk+7 of
+// every 16) and the high half are summed in two passes, R weight rows x T rows of x each.
+template <int R, int T>
+void TileF32(const float* x, const float* w, float* y, int n, int k, int r0, int t0) {
+  alignas(32) float halves[R][T][16];
+  for (int half = 0; half < 2; ++half) {
+    __m256 acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    // Every 16-element chunk, as avx512 (a lane past k still adds 0 * 0).
+    for (int kk = 0; kk < k; kk += 16) {
+      const int at = kk + 8 * half;
+      __m256 wv[R];
+      for (int r = 0; r < R; ++r)
+        wv[r] = LoadTail(w + static_cast<size_t>(r0 + r) * k + at, k - at);
+      for (int t = 0; t < T; ++t) {
+        const __m256 xv = LoadTail(x + static_cast<size_t>(t0 + t) * k + at, k - at);
+        for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(xv, wv[r], acc[r][t]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) _mm256_store_ps(halves[r][t] + 8 * half, acc[r][t]);
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) {
+      y[static_cast<size_t>(t0 + t) * n + r0 + r] = SumLaneTree16(halves[r][t]);
+    }
+  }
+}
+
+void F32Tile(const float* x, const float* w, float* y, int n, int k, int r0, int t0, int rows,
+             int tokens) {
+  for (int t = 0; t < tokens; t += 2) {
+    const bool two = tokens - t >= 2;
+    if (rows == kRows) {
+      (two ? TileF32<kRows, 2> : TileF32<kRows, 1>)(x, w, y, n, k, r0, t0 + t);
+    } else {
+      for (int r = r0; r < r0 + rows; ++r)
+        (two ? TileF32<1, 2> : TileF32<1, 1>)(x, w, y, n, k, r, t0 + t);
+    }
+    if (!two) break;
+  }
+}
+
+// F32ToBF16 (round to nearest even, NaN stays NaN), 8 lanes at a time.
+void ToBF16Run(const float* src, uint16_t* dst, int64_t n) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  const __m256i inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i bias = _mm256_set1_epi32(0x7fff);
+  const __m256i one = _mm256_set1_epi32(1);
+  const __m256i quiet = _mm256_set1_epi32(0x00400000);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256i u = _mm256_castps_si256(LoadTail(src + i, n - i));
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(bias, lsb));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(u, quiet), nan);
+    r = _mm256_srli_epi32(r, 16);
+    // 32 -> 16 bits: packus works within 128-bit lanes; the permute joins the two halves.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    const __m128i out = _mm256_castsi256_si128(packed);
+    if (n - i >= 8) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), out);
+    } else {
+      alignas(16) uint16_t tail[8];
+      _mm_store_si128(reinterpret_cast<__m128i*>(tail), out);
+      std::memcpy(dst + i, tail, sizeof(uint16_t) * (n - i));
+    }
+  }
+}
+
+void WidenBF16(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_ps(dst + i,
+                     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16)));
+  }
+  for (; i < n; ++i) {
+    const uint32_t bits = uint32_t{src[i]} << 16;
+    std::memcpy(dst + i, &bits, sizeof(bits));
+  }
+}
+
+// e^x, 8 lanes: the avx512 path's Exp512 step for step. vscalefps (p * 2^n, one rounding) is
+// p * 2^n by exponent bits for n >= -126; below, where the result is denormal, p * 2^(n + 64)
+// (exact) times 2^-64 rounds once as well.
+inline __m256 Exp256(__m256 x) {
+  const __m256 kLog2e = _mm256_set1_ps(1.44269504088896341f);
+  const __m256 kLn2Hi = _mm256_set1_ps(0.693359375f);
+  const __m256 kLn2Lo = _mm256_set1_ps(-2.12194440e-4f);
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)), _mm256_set1_ps(-103.0f));
+  const __m256 n =
+      _mm256_round_ps(_mm256_mul_ps(x, kLog2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, kLn2Hi, x);
+  r = _mm256_fnmadd_ps(n, kLn2Lo, r);
+  __m256 p = _mm256_set1_ps(1.0f / 5040);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256i tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(-126), ni);
+  const __m256i shifted = _mm256_add_epi32(ni, _mm256_and_si256(tiny, _mm256_set1_epi32(64)));
+  const __m256 scale =
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(shifted, _mm256_set1_epi32(127)), 23));
+  const __m256 fix =
+      _mm256_blendv_ps(_mm256_set1_ps(1.0f), _mm256_set1_ps(0x1p-64f), _mm256_castsi256_ps(tiny));
+  return _mm256_mul_ps(_mm256_mul_ps(p, scale), fix);
+}
+
+void SiluMul(const float* gate, const float* up, float* out, int n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (int i = 0; i < n; i += 8) {
+    const __m256 g = LoadTail(gate + i, n - i);
+    const __m256 u = LoadTail(up + i, n - i);
+    const __m256 e = Exp256(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, e));
+    StoreTail(out + i, n - i, _mm256_mul_ps(silu, u));
+  }
+}
+
+void RmsNormRow(const float* xr, const float* weight, float* yr, int dim, float eps) {
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  for (int i = 0; i < dim; i += 16) {
+    const __m256 a = LoadTail(xr + i, dim - i);
+    const __m256 b = LoadTail(xr + i + 8, dim - i - 8);
+    lo = _mm256_fmadd_ps(a, a, lo);
+    hi = _mm256_fmadd_ps(b, b, hi);
+  }
+  const float inv = 1.0f / __builtin_sqrtf(SumHalves(lo, hi) / dim + eps);
+  for (int i = 0; i < dim; ++i) yr[i] = xr[i] * inv * weight[i];
+}
+
+// ---- Attention ----
+//
+// G heads of one query that share a KV head (the avx512 AttendGroup on 8 lanes): scores take 8
+// positions per vector, one lane per position summing over d in order; the softmax sum keeps
+// the 16 lanes of avx512 as two halves; the weighted sum of V rows runs over positions in order
+// for each 8-column chunk of head_dim.
+template <int G>
+void AttendGroup(const float* q, const float* keys_t, int64_t stride, const float* values,
+                 int64_t ctx, int hd, float scale, float* out, float* scores) {
+  const __m256 vscale = _mm256_set1_ps(scale);
+  __m256 vmax[G];
+  for (int h = 0; h < G; ++h) vmax[h] = _mm256_set1_ps(-__builtin_inff());
+  // keys_t and scores rows hold `stride` (a multiple of 16) positions: whole vectors fit.
+  for (int64_t p0 = 0; p0 < ctx; p0 += 8) {
+    __m256 acc[G];
+    for (int h = 0; h < G; ++h) acc[h] = _mm256_setzero_ps();
+    for (int d = 0; d < hd; ++d) {
+      const __m256 k = _mm256_loadu_ps(keys_t + d * stride + p0);
+      for (int h = 0; h < G; ++h) {
+        acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(q[h * hd + d]), k, acc[h]);
+      }
+    }
+    const __m256 live = _mm256_castsi256_ps(TailMask8(ctx - p0));
+    for (int h = 0; h < G; ++h) {
+      const __m256 s = _mm256_mul_ps(acc[h], vscale);
+      _mm256_storeu_ps(scores + h * stride + p0, s);
+      vmax[h] = _mm256_blendv_ps(vmax[h], _mm256_max_ps(vmax[h], s), live);
+    }
+  }
+  float inv_sum[G];
+  for (int h = 0; h < G; ++h) {
+    float* sh = scores + h * stride;
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, vmax[h]);
+    float m = lanes[0];
+    for (int i = 1; i < 8; ++i) m = m > lanes[i] ? m : lanes[i];
+    const __m256 vm = _mm256_set1_ps(m);
+    __m256 vsum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t p = 0; p < ctx; p += 8) {
+      const __m256 live = _mm256_castsi256_ps(TailMask8(ctx - p));
+      const __m256 e = _mm256_and_ps(Exp256(_mm256_sub_ps(_mm256_loadu_ps(sh + p), vm)), live);
+      _mm256_storeu_ps(sh + p, e);
+      vsum[(p / 8) % 2] = _mm256_add_ps(vsum[(p / 8) % 2], e);
+    }
+    inv_sum[h] = 1.0f / SumHalves(vsum[0], vsum[1]);
+  }
+  for (int c = 0; c < hd; c += 8) {
+    __m256 acc[G];
+    for (int h = 0; h < G; ++h) acc[h] = _mm256_setzero_ps();
+    for (int64_t p = 0; p < ctx; ++p) {
+      const __m256 vc = LoadTail(values + p * hd + c, hd - c);
+      for (int h = 0; h < G; ++h) {
+        acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(scores[h * stride + p]), vc, acc[h]);
+      }
+    }
+    for (int h = 0; h < G; ++h) {
+      StoreTail(out + h * hd + c, hd - c, _mm256_mul_ps(acc[h], _mm256_set1_ps(inv_sum[h])));
+    }
+  }
+}
+
+using AttendGroupFn = void (*)(const float*, const float*, int64_t, const float*, int64_t, int,
+                               float, float*, float*);
+
+template <size_t... G>
+constexpr void FillGroups(AttendGroupFn (&fns)[kMaxGroup + 1], std::index_sequence<G...>) {
+  ((fns[G + 1] = &AttendGroup<static_cast<int>(G) + 1>), ...);
+}
+
+struct GroupTable {
+  AttendGroupFn fn[kMaxGroup + 1] = {};
+  constexpr GroupTable() { FillGroups(fn, std::make_index_sequence<kMaxGroup>()); }
+};
+
+void AttendHeads(const float* q, const float* keys_t, int64_t stride, const float* values,
+                 int64_t ctx, int hd, float scale, float* out, float* scores, int heads) {
+  static constexpr GroupTable kGroups;
+  for (int h = 0; h < heads;) {
+    const int g = Min(kMaxGroup, heads - h);
+    kGroups.fn[g](q + static_cast<size_t>(h) * hd, keys_t, stride, values, ctx, hd, scale,
+                  out + static_cast<size_t>(h) * hd, scores);
+    h += g;
+  }
+}
+
+#include "kernels/kernels_scalar.inc"
+
+}  // namespace
+
+namespace internal {
+const KernelTable kAvx2Kernels = {
+    .name = "avx2",
+    .packed_tile = PackedTile,
+    .f32_tile = F32Tile,
+    .to_bf16 = ToBF16Run,
+    .rms_norm_row = RmsNormRow,
+    .apply_rope = ApplyRope,
+    .silu_mul = SiluMul,
+    .widen_bf16 = WidenBF16,
+    .transpose_rows = TransposeRowsScalar,
+    .attend_heads = AttendHeads,
+};
+}  // namespace internal
+
+}  // namespace pdserve::kernels

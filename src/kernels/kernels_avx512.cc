@@ -1,0 +1,467 @@
+// The avx512 kernel path: AVX-512F/BW/VL/DQ with BF16 dot products (vdpbf16ps). This file
+// alone is compiled with those flags; dispatch.cc runs it only on a CPU (and OS) that has
+// them. See kernel_table.h for the rule that keeps its code out of the other paths.
+#include "kernels/kernel_table.h"
+
+// GCC 12's AVX-512 headers build some intrinsics from _mm*_undefined_*() values, which
+// -Wuninitialized reports inside the header; the values are overwritten, so silence it here.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
+#include <cstring>
+#include <utility>
+
+namespace pdserve::kernels {
+namespace {
+
+using internal::kBlockGroups;
+using internal::kGroupCols;
+using internal::kMaxGroup;
+using internal::kMaxHeadChunks;
+using internal::kPairElems;
+using internal::kRows;
+using internal::kTokens;
+
+// Tile shape of the matrix products: kTokens activation rows x kRows weight rows (F32) or
+// 4 x 16 packed columns (BF16), one accumulator each (24 of the 32 zmm registers).
+
+// std::min and std::array without their out-of-line copies (kernel_table.h).
+template <typename T>
+constexpr T Min(T a, T b) {
+  return b < a ? b : a;
+}
+template <typename T, int N>
+struct Array {
+  T v[N];
+  constexpr T& operator[](int i) { return v[i]; }
+  constexpr const T& operator[](int i) const { return v[i]; }
+};
+
+inline __mmask16 TailMask16(int remaining) {
+  return remaining >= 16 ? static_cast<__mmask16>(0xffff)
+                         : static_cast<__mmask16>((1u << remaining) - 1);
+}
+
+// Horizontal sums of 16 vectors at once: lane i of the result is the sum of the lanes of v[i].
+// A transposing tree (four shuffle-and-add rounds for all 16 sums instead of four rounds per
+// sum). Each sum is formed in the same order whatever its neighbours: lane i + lane i+8, then
+// +4, +2, +1, the tree of _mm512_reduce_add_ps. Callers rely on that for batch invariance:
+// a value does not depend on which other sums shared the call. Clobbers v.
+inline __m512 HorizontalSums16(__m512 (&v)[16]) {
+  // Round 1: lane i + lane i+8; v[2j] and v[2j+1] share a vector (256 bits each).
+  for (int j = 0; j < 8; ++j) {
+    v[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // Round 2: +4; vector m holds sums 4m..4m+3, one per 128-bit quarter.
+  for (int j = 0; j < 4; ++j) {
+    v[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  // Round 3: +2, within each quarter.
+  for (int j = 0; j < 2; ++j) {
+    v[j] = _mm512_add_ps(_mm512_shuffle_ps(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // Round 4: +1. Lane 4q + j now holds the sum of v[4j + q]; a permutation restores order.
+  const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, sums);
+}
+
+// Writes the horizontal sums of a tile's accumulators, acc[r][t] -> y[t0 + t][r0 + r].
+template <int R, int T>
+inline void StoreTile(const __m512 (&acc)[R][T], float* y, int n, int r0, int t0) {
+  constexpr int kCount = R * T;
+  for (int g = 0; g < kCount; g += 16) {
+    const int live = Min(16, kCount - g);
+    __m512 v[16];
+    for (int i = 0; i < 16; ++i) {
+      const int idx = g + i;
+      v[i] = i < live ? acc[idx % R][idx / R] : _mm512_setzero_ps();
+    }
+    alignas(64) float sums[16];
+    _mm512_store_ps(sums, HorizontalSums16(v));
+    for (int i = 0; i < live; ++i) {
+      const int idx = g + i;
+      y[static_cast<size_t>(t0 + idx / R) * n + r0 + idx % R] = sums[i];
+    }
+  }
+}
+
+template <int R, int T>
+struct TileF32 {
+  static void Run(const float* x, const float* w, float* y, int n, int k, int r0, int t0);
+};
+template <int R, int T>
+void TileF32<R, T>::Run(const float* x, const float* w, float* y, int n, int k, int r0, int t0) {
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  const float* wr[R];
+  const float* xt[T];
+  for (int r = 0; r < R; ++r) wr[r] = w + static_cast<size_t>(r0 + r) * k;
+  for (int t = 0; t < T; ++t) xt[t] = x + static_cast<size_t>(t0 + t) * k;
+  for (int kk = 0; kk < k; kk += 16) {
+    __mmask16 mask = TailMask16(k - kk);
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_ps(mask, wr[r] + kk);
+    for (int t = 0; t < T; ++t) {
+      __m512 xv = _mm512_maskz_loadu_ps(mask, xt[t] + kk);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(xv, wv[r], acc[r][t]);
+    }
+  }
+  StoreTile<R, T>(acc, y, n, r0, t0);
+}
+
+using TileF32Fn = void (*)(const float*, const float*, float*, int, int, int, int);
+
+// Tiles of every token count 1..kTokens, so that the weight rows of a block are read once per
+// token block whatever the batch size (a 2-token decode step must not read weights twice).
+template <int R, size_t... T>
+constexpr Array<TileF32Fn, kTokens + 1> TileF32Table(std::index_sequence<T...>) {
+  return {nullptr, &TileF32<R, static_cast<int>(T) + 1>::Run...};
+}
+
+// Walks a product's tiles: weight blocks in parallel, token blocks of kTokenBlock rows in
+
+// ---- BF16 products over packed weights (layout: kernel_table.h) ----
+//
+// Each group of the packed layout is exactly the operand vdpbf16ps multiplies a broadcast pair
+// of x values with, so a block streams from memory as one contiguous run.
+// Software prefetch along a block's contiguous stream (the hardware prefetchers stop at every
+// 4 KB page). Tiles of at least kPrefetchMinTokens rows are compute-heavy and leave the
+// hardware behind: they fetch every line of a pair 4 KB ahead. A tile of one to three rows is a
+// pure stream: one prefetch per pair (256 bytes, the adjacent-line prefetcher takes the rest)
+// 2 KB ahead. Measured on the decode shape (bench engine, alternating binaries): that read ~5%
+// faster than no software prefetch, where fetching every line 4 KB ahead was ~25% slower.
+constexpr int kPrefetchPairs = 16;
+constexpr int kStreamPrefetchPairs = 8;
+constexpr int kPrefetchMinTokens = 4;
+
+// One tile: G groups of 16 columns of one block x T rows of x.
+template <int G, int T>
+struct TilePacked {
+  static void Run(const uint16_t* x, const uint16_t* block, float* y, int n, int k, int c0, int t0);
+};
+template <int G, int T>
+void TilePacked<G, T>::Run(const uint16_t* x, const uint16_t* block, float* y, int n, int k, int c0,
+                           int t0) {
+  __m512 acc[G][T];
+  for (int g = 0; g < G; ++g)
+    for (int t = 0; t < T; ++t) acc[g][t] = _mm512_setzero_ps();
+  const uint16_t* xt[T];
+  for (int t = 0; t < T; ++t) xt[t] = x + static_cast<size_t>(t0 + t) * k;
+  // One k pair: the broadcast pair x[t][2p], x[t][2p+1] of every row times 4 x 16 columns.
+  auto step = [&](int p, auto pair_bits) {
+    const uint16_t* wp = block + static_cast<size_t>(p) * kPairElems;
+    // The block's stream is contiguous: fetch its lines well ahead of use (the hardware
+    // prefetchers stop at every 4 KB page).
+    if constexpr (T >= kPrefetchMinTokens) {
+      for (int g = 0; g < G; ++g) {
+        _mm_prefetch(reinterpret_cast<const char*>(wp + kPrefetchPairs * kPairElems + 32 * g),
+                     _MM_HINT_T0);
+      }
+    } else {
+      _mm_prefetch(reinterpret_cast<const char*>(wp + kStreamPrefetchPairs * kPairElems),
+                   _MM_HINT_T0);
+    }
+    __m512bh wv[G];
+    for (int g = 0; g < G; ++g) wv[g] = (__m512bh)_mm512_loadu_si512(wp + 32 * g);
+    for (int t = 0; t < T; ++t) {
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair_bits(xt[t], p)));
+      for (int g = 0; g < G; ++g) acc[g][t] = _mm512_dpbf16_ps(acc[g][t], xv, wv[g]);
+    }
+  };
+  const int full_pairs = k / 2;
+  for (int p = 0; p < full_pairs; ++p) {
+    step(p, [](const uint16_t* row, int q) {
+      uint32_t bits;
+      std::memcpy(&bits, row + 2 * q, sizeof(bits));
+      return bits;
+    });
+  }
+  if (k % 2 != 0) {  // the last pair holds one value; its partner is zero
+    step(full_pairs, [](const uint16_t* row, int q) { return uint32_t{row[2 * q]}; });
+  }
+  for (int t = 0; t < T; ++t) {
+    float* yr = y + static_cast<size_t>(t0 + t) * n + c0;
+    for (int g = 0; g < G; ++g) {
+      _mm512_mask_storeu_ps(yr + kGroupCols * g, TailMask16(n - c0 - kGroupCols * g), acc[g][t]);
+    }
+  }
+}
+
+using PackedTileFn = void (*)(const uint16_t*, const uint16_t*, float*, int, int, int, int);
+
+template <int G, size_t... T>
+constexpr Array<PackedTileFn, kTokens + 1> PackedTiles(std::index_sequence<T...>) {
+  return {nullptr, &TilePacked<G, static_cast<int>(T) + 1>::Run...};
+}
+
+template <size_t... G>
+constexpr Array<Array<PackedTileFn, kTokens + 1>, kBlockGroups + 1> PackedTileTable(
+    std::index_sequence<G...>) {
+  return {Array<PackedTileFn, kTokens + 1>{},
+          PackedTiles<static_cast<int>(G) + 1>(std::make_index_sequence<kTokens>())...};
+}
+
+// F32ToBF16 of n values on the calling thread, 16 lanes at a time (bit for bit: round to
+// nearest even, NaN stays NaN).
+void ToBF16Run(const float* src, uint16_t* dst, int64_t n) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  const __m512i inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i bias = _mm512_set1_epi32(0x7fff);
+  const __m512i one = _mm512_set1_epi32(1);
+  const __m512i quiet = _mm512_set1_epi32(0x00400000);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mask = TailMask16(static_cast<int>(Min<int64_t>(16, n - i)));
+    const __m512i u = _mm512_maskz_loadu_epi32(mask, src + i);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(bias, lsb));
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, quiet));
+    _mm256_mask_storeu_epi16(dst + i, mask, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+  }
+}
+
+// e^x for 16 lanes: range reduction to r in [-ln2/2, ln2/2], degree-7 Taylor polynomial
+// (relative error < 1e-8 before float rounding), scaled by 2^n. Lane-wise, so deterministic.
+inline __m512 Exp512(__m512 x) {
+  const __m512 kLog2e = _mm512_set1_ps(1.44269504088896341f);
+  const __m512 kLn2Hi = _mm512_set1_ps(0.693359375f);
+  const __m512 kLn2Lo = _mm512_set1_ps(-2.12194440e-4f);
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)), _mm512_set1_ps(-103.0f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, kLog2e), _MM_FROUND_TO_NEAREST_INT);
+  __m512 r = _mm512_fnmadd_ps(n, kLn2Hi, x);
+  r = _mm512_fnmadd_ps(n, kLn2Lo, r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+// BF16 -> F32 of n values (a page run of the KV cache), 16 at a time.
+void WidenBF16(const uint16_t* src, float* out, int64_t count) {
+  for (int64_t i = 0; i < count; i += 16) {
+    const __mmask16 mask = TailMask16(static_cast<int>(Min<int64_t>(16, count - i)));
+    const __m256i raw = _mm256_maskz_loadu_epi16(mask, src + i);
+    _mm512_mask_storeu_ps(out + i, mask,
+                          _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16)));
+  }
+}
+
+// One stage of an in-register 16 x 16 transpose: within every 2B x 2B block, swaps the
+// off-diagonal B x B blocks (row i, lanes with bit B set <-> row i + B, lanes with bit B clear).
+template <int B>
+inline void TransposeStage(__m512 (&v)[16]) {
+  alignas(64) static constexpr auto kIndex = [] {
+    Array<Array<int32_t, 16>, 2> idx{};  // permutex2var: 0-15 first row, 16-31 second
+    for (int l = 0; l < 16; ++l) {
+      idx[0][l] = (l & B) != 0 ? 16 + l - B : l;
+      idx[1][l] = (l & B) != 0 ? 16 + l : l + B;
+    }
+    return idx;
+  }();
+  const __m512i lo = _mm512_load_si512(kIndex[0].v);
+  const __m512i hi = _mm512_load_si512(kIndex[1].v);
+  for (int i = 0; i < 16; ++i) {
+    if ((i & B) != 0) continue;
+    const __m512 a = v[i], b = v[i + B];
+    v[i] = _mm512_permutex2var_ps(a, lo, b);
+    v[i + B] = _mm512_permutex2var_ps(a, hi, b);
+  }
+}
+
+// rows [n][cols] (row-major) -> dst [cols][stride] (stride: n rounded up to 16); positions
+// n..stride-1 are zero.
+void TransposeRows(const float* rows, int64_t n, int cols, float* dst, int64_t stride) {
+  for (int64_t r0 = 0; r0 < stride; r0 += 16) {
+    for (int c0 = 0; c0 < cols; c0 += 16) {
+      const __mmask16 col_mask = TailMask16(cols - c0);
+      __m512 v[16];
+      for (int i = 0; i < 16; ++i) {
+        v[i] = r0 + i < n ? _mm512_maskz_loadu_ps(col_mask, rows + (r0 + i) * cols + c0)
+                          : _mm512_setzero_ps();
+      }
+      TransposeStage<8>(v);
+      TransposeStage<4>(v);
+      TransposeStage<2>(v);
+      TransposeStage<1>(v);
+      for (int i = 0; i < 16 && c0 + i < cols; ++i) {
+        _mm512_storeu_ps(dst + (c0 + i) * stride + r0, v[i]);
+      }
+    }
+  }
+}
+
+// Accumulators one AttendGroup may hold (of the 32 zmm registers).
+constexpr int kGroupRegisters = 28;
+constexpr int MaxGroup(int chunks) { return Min(kMaxGroup, kGroupRegisters / chunks); }
+
+// G consecutive query heads of one query (q, out: [G][hd]) that share a KV head:
+// softmax(q . K^T * scale) . V over positions [0, ctx), with K transposed (keys_t [hd][stride])
+// and V row-major (values [ctx][hd]). Scores take 16 positions per vector, one lane per
+// position summing over d in order; one load of K^T[d] or of a V row chunk feeds all G heads.
+// `Chunks` = ceil(hd / 16) and G are template arguments so that the accumulators stay in
+// registers. scores: G * stride floats of scratch.
+template <int G, int Chunks>
+void AttendGroup(const float* q, const float* keys_t, int64_t stride, const float* values,
+                 int64_t ctx, int hd, float scale, float* out, float* scores) {
+  static_assert(G * Chunks <= kGroupRegisters);
+  const __m512 vscale = _mm512_set1_ps(scale);
+  __m512 vmax[G];
+  for (int h = 0; h < G; ++h) vmax[h] = _mm512_set1_ps(-__builtin_inff());
+  for (int64_t p0 = 0; p0 < ctx; p0 += 16) {
+    __m512 acc[G];
+    for (int h = 0; h < G; ++h) acc[h] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; ++d) {
+      const __m512 k = _mm512_loadu_ps(keys_t + d * stride + p0);
+      for (int h = 0; h < G; ++h) {
+        acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h * hd + d]), k, acc[h]);
+      }
+    }
+    const __mmask16 mask = TailMask16(static_cast<int>(Min<int64_t>(16, ctx - p0)));
+    for (int h = 0; h < G; ++h) {
+      const __m512 s = _mm512_mul_ps(acc[h], vscale);
+      _mm512_mask_storeu_ps(scores + h * stride + p0, mask, s);
+      vmax[h] = _mm512_mask_max_ps(vmax[h], mask, vmax[h], s);
+    }
+  }
+  // Softmax numerators and their sums, 16 positions at a time.
+  float inv_sum[G];
+  for (int h = 0; h < G; ++h) {
+    float* sh = scores + h * stride;
+    const __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(vmax[h]));
+    __m512 vsum = _mm512_setzero_ps();
+    for (int64_t p = 0; p < ctx; p += 16) {
+      const __mmask16 mask = TailMask16(static_cast<int>(Min<int64_t>(16, ctx - p)));
+      __m512 e = Exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, sh + p), vm));
+      e = _mm512_maskz_mov_ps(mask, e);
+      _mm512_mask_storeu_ps(sh + p, mask, e);
+      vsum = _mm512_add_ps(vsum, e);
+    }
+    inv_sum[h] = 1.0f / _mm512_reduce_add_ps(vsum);
+  }
+  // Weighted sum of V rows, in position order.
+  __m512 acc[G][Chunks];
+  for (int h = 0; h < G; ++h)
+    for (int c = 0; c < Chunks; ++c) acc[h][c] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < ctx; ++p) {
+    const float* v = values + p * hd;
+    for (int c = 0; c < Chunks; ++c) {
+      const __m512 vc = _mm512_maskz_loadu_ps(TailMask16(hd - 16 * c), v + 16 * c);
+      for (int h = 0; h < G; ++h) {
+        acc[h][c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[h * stride + p]), vc, acc[h][c]);
+      }
+    }
+  }
+  for (int h = 0; h < G; ++h) {
+    const __m512 vinv = _mm512_set1_ps(inv_sum[h]);
+    for (int c = 0; c < Chunks; ++c) {
+      _mm512_mask_storeu_ps(out + h * hd + 16 * c, TailMask16(hd - 16 * c),
+                            _mm512_mul_ps(acc[h][c], vinv));
+    }
+  }
+}
+
+using AttendGroupFn = void (*)(const float*, const float*, int64_t, const float*, int64_t, int,
+                               float, float*, float*);
+template <int G, int Chunks>
+constexpr AttendGroupFn GroupFn() {
+  if constexpr (G * Chunks <= kGroupRegisters) {
+    return &AttendGroup<G, Chunks>;
+  } else {
+    return nullptr;
+  }
+}
+template <int Chunks, size_t... G>
+constexpr Array<AttendGroupFn, kMaxGroup + 1> GroupRow(std::index_sequence<G...>) {
+  return {nullptr, GroupFn<static_cast<int>(G) + 1, Chunks>()...};
+}
+// kAttendGroup[chunks][g]: null where g * chunks exceeds the registers.
+template <size_t... C>
+constexpr Array<Array<AttendGroupFn, kMaxGroup + 1>, kMaxHeadChunks + 1> GroupTable(
+    std::index_sequence<C...>) {
+  return {Array<AttendGroupFn, kMaxGroup + 1>{},
+          GroupRow<static_cast<int>(C) + 1>(std::make_index_sequence<kMaxGroup>())...};
+}
+
+// The heads of one GQA group, as many at a time as fit the registers.
+void AttendHeads(const float* q, const float* keys_t, int64_t stride, const float* values,
+                 int64_t ctx, int hd, float scale, float* out, float* scores, int heads) {
+  static constexpr auto kAttendGroup = GroupTable(std::make_index_sequence<kMaxHeadChunks>());
+  const int chunks = (hd + 15) / 16;
+  const int max_group = MaxGroup(chunks);
+  for (int h = 0; h < heads;) {
+    const int g = Min(max_group, heads - h);
+    kAttendGroup[chunks][g](q + static_cast<size_t>(h) * hd, keys_t, stride, values, ctx, hd, scale,
+                            out + static_cast<size_t>(h) * hd, scores);
+    h += g;
+  }
+}
+
+void PackedTile(const uint16_t* x, const uint16_t* block, float* y, int n, int k, int c0, int t0,
+                int groups, int tokens) {
+  static constexpr auto kTiles = PackedTileTable(std::make_index_sequence<kBlockGroups>());
+  kTiles[groups][tokens](x, block, y, n, k, c0, t0);
+}
+
+void F32Tile(const float* x, const float* w, float* y, int n, int k, int r0, int t0, int rows,
+             int tokens) {
+  static constexpr auto kBlockTiles = TileF32Table<kRows>(std::make_index_sequence<kTokens>());
+  static constexpr auto kRowTiles = TileF32Table<1>(std::make_index_sequence<kTokens>());
+  if (rows == kRows) {
+    kBlockTiles[tokens](x, w, y, n, k, r0, t0);
+  } else {
+    for (int r = r0; r < r0 + rows; ++r) kRowTiles[tokens](x, w, y, n, k, r, t0);
+  }
+}
+
+void RmsNormRow(const float* xr, const float* weight, float* yr, int dim, float eps) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int i = 0; i < dim; i += 16) {
+    __m512 v = _mm512_maskz_loadu_ps(TailMask16(dim - i), xr + i);
+    acc = _mm512_fmadd_ps(v, v, acc);
+  }
+  const float inv = 1.0f / __builtin_sqrtf(_mm512_reduce_add_ps(acc) / dim + eps);
+  for (int i = 0; i < dim; ++i) yr[i] = xr[i] * inv * weight[i];
+}
+
+#include "kernels/kernels_scalar.inc"
+
+void SiluMul(const float* gate, const float* up, float* out, int n) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int i = 0; i < n; i += 16) {
+    __mmask16 mask = TailMask16(n - i);
+    __m512 g = _mm512_maskz_loadu_ps(mask, gate + i);
+    __m512 u = _mm512_maskz_loadu_ps(mask, up + i);
+    __m512 e = Exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, e));
+    _mm512_mask_storeu_ps(out + i, mask, _mm512_mul_ps(silu, u));
+  }
+}
+
+}  // namespace
+
+namespace internal {
+const KernelTable kAvx512Kernels = {
+    .name = "avx512",
+    .packed_tile = PackedTile,
+    .f32_tile = F32Tile,
+    .to_bf16 = ToBF16Run,
+    .rms_norm_row = RmsNormRow,
+    .apply_rope = ApplyRope,
+    .silu_mul = SiluMul,
+    .widen_bf16 = WidenBF16,
+    .transpose_rows = TransposeRows,
+    .attend_heads = AttendHeads,
+};
+}  // namespace internal
+
+}  // namespace pdserve::kernels

@@ -1,0 +1,166 @@
+// The generic kernel path: plain C++ for any CPU, in the reduction order of the SIMD paths
+// (kernel_table.h). Explicit std::fma where they fuse, and no contraction by the compiler
+// (-ffp-contract=off), so its values are those of its source on every architecture. Slow by
+// design; it is the fallback and the reference the other paths are tested against.
+#include <cmath>
+#include <cstring>
+
+#include "common/dtype.h"
+#include "kernels/kernel_table.h"
+
+namespace pdserve::kernels {
+namespace {
+
+using internal::kBlockCols;
+using internal::kGroupCols;
+using internal::kMaxGroup;
+using internal::kPairElems;
+using internal::SumLaneTree16;
+
+// One k pair of x row `row` as (even, odd) floats; the odd half of a last, partial pair is 0.
+inline void PairOf(const uint16_t* row, int k, int p, float* even, float* odd) {
+  *even = BF16ToF32(row[2 * p]);
+  *odd = 2 * p + 1 < k ? BF16ToF32(row[2 * p + 1]) : 0.0f;
+}
+
+void PackedTile(const uint16_t* x, const uint16_t* block, float* y, int n, int k, int c0, int t0,
+                int groups, int tokens) {
+  const int cols = groups * kGroupCols;
+  const int pairs = internal::Pairs(k);
+  float acc[kBlockCols];
+  for (int t = t0; t < t0 + tokens; ++t) {
+    const uint16_t* row = x + static_cast<size_t>(t) * k;
+    for (int c = 0; c < cols; ++c) acc[c] = 0.0f;
+    for (int p = 0; p < pairs; ++p) {
+      float xe, xo;
+      PairOf(row, k, p, &xe, &xo);
+      const uint16_t* wp = block + static_cast<size_t>(p) * kPairElems;
+      // vdpbf16ps: odd product, then even; a BF16 x BF16 product is exact in F32, so each
+      // step equals an FMA.
+      for (int c = 0; c < cols; ++c) {
+        acc[c] = acc[c] + xo * BF16ToF32(wp[2 * c + 1]);
+        acc[c] = acc[c] + xe * BF16ToF32(wp[2 * c]);
+      }
+    }
+    float* yr = y + static_cast<size_t>(t) * n + c0;
+    for (int c = 0; c < cols && c0 + c < n; ++c) yr[c] = acc[c];
+  }
+}
+
+// 16 lanes over k (lane j: elements j, j + 16, ...; missing elements are zeros, as a masked
+// load gives them), then the lane tree.
+float DotLanes16(const float* x, const float* w, int k) {
+  float acc[16] = {};
+  for (int kk = 0; kk < k; kk += 16) {
+    for (int j = 0; j < 16; ++j) {
+      const bool live = kk + j < k;
+      acc[j] = std::fma(live ? x[kk + j] : 0.0f, live ? w[kk + j] : 0.0f, acc[j]);
+    }
+  }
+  return SumLaneTree16(acc);
+}
+
+void F32Tile(const float* x, const float* w, float* y, int n, int k, int r0, int t0, int rows,
+             int tokens) {
+  for (int t = t0; t < t0 + tokens; ++t) {
+    for (int r = r0; r < r0 + rows; ++r) {
+      y[static_cast<size_t>(t) * n + r] =
+          DotLanes16(x + static_cast<size_t>(t) * k, w + static_cast<size_t>(r) * k, k);
+    }
+  }
+}
+
+void ToBF16Run(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = F32ToBF16(src[i]);
+}
+
+void RmsNormRow(const float* xr, const float* weight, float* yr, int dim, float eps) {
+  const float inv = 1.0f / std::sqrt(DotLanes16(xr, xr, dim) / dim + eps);
+  for (int i = 0; i < dim; ++i) yr[i] = xr[i] * inv * weight[i];
+}
+
+// The e^x of the SIMD paths, one lane: clamp, n = round(x / ln2), r = x - n ln2 in two FMA
+// steps, degree-7 Taylor polynomial by FMA (Horner), times 2^n with one rounding.
+float Exp(float x) {
+  x = x < 88.3762626647949f ? x : 88.3762626647949f;  // minps/maxps order: NaN -> the bound
+  x = x > -103.0f ? x : -103.0f;
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = std::fma(-n, 0.693359375f, x);
+  r = std::fma(-n, -2.12194440e-4f, r);
+  float p = 1.0f / 5040;
+  p = std::fma(p, r, 1.0f / 720);
+  p = std::fma(p, r, 1.0f / 120);
+  p = std::fma(p, r, 1.0f / 24);
+  p = std::fma(p, r, 1.0f / 6);
+  p = std::fma(p, r, 0.5f);
+  p = std::fma(p, r, 1.0f);
+  p = std::fma(p, r, 1.0f);
+  return std::ldexp(p, static_cast<int>(n));
+}
+
+void SiluMul(const float* gate, const float* up, float* out, int n) {
+  for (int i = 0; i < n; ++i) {
+    const float g = gate[i];
+    const float silu = g / (1.0f + Exp(0.0f - g));
+    out[i] = silu * up[i];
+  }
+}
+
+void WidenBF16(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = BF16ToF32(src[i]);
+}
+
+// One query head: scores one position at a time over d in order, softmax with a 16-lane sum
+// (lane = position mod 16) and the lane tree, then the weighted sum of V rows in position order.
+void AttendHead(const float* q, const float* keys_t, int64_t stride, const float* values,
+                int64_t ctx, int hd, float scale, float* out, float* scores) {
+  float max_score = -INFINITY;
+  for (int64_t p = 0; p < ctx; ++p) {
+    float acc = 0.0f;
+    for (int d = 0; d < hd; ++d) acc = std::fma(q[d], keys_t[d * stride + p], acc);
+    scores[p] = acc * scale;
+    max_score = max_score > scores[p] ? max_score : scores[p];
+  }
+  float lanes[16] = {};
+  for (int64_t p = 0; p < ctx; ++p) {
+    scores[p] = Exp(scores[p] - max_score);
+    lanes[p % 16] = lanes[p % 16] + scores[p];
+  }
+  const float inv_sum = 1.0f / SumLaneTree16(lanes);
+  float acc[16 * internal::kMaxHeadChunks] = {};
+  for (int64_t p = 0; p < ctx; ++p) {
+    const float* v = values + p * hd;
+    for (int d = 0; d < hd; ++d) acc[d] = std::fma(scores[p], v[d], acc[d]);
+  }
+  for (int d = 0; d < hd; ++d) out[d] = acc[d] * inv_sum;
+}
+
+void AttendHeads(const float* q, const float* keys_t, int64_t stride, const float* values,
+                 int64_t ctx, int hd, float scale, float* out, float* scores, int heads) {
+  static_assert(kMaxGroup >= 1);
+  for (int h = 0; h < heads; ++h) {
+    AttendHead(q + static_cast<size_t>(h) * hd, keys_t, stride, values, ctx, hd, scale,
+               out + static_cast<size_t>(h) * hd, scores);
+  }
+}
+
+#include "kernels/kernels_scalar.inc"
+
+}  // namespace
+
+namespace internal {
+const KernelTable kGenericKernels = {
+    .name = "generic",
+    .packed_tile = PackedTile,
+    .f32_tile = F32Tile,
+    .to_bf16 = ToBF16Run,
+    .rms_norm_row = RmsNormRow,
+    .apply_rope = ApplyRope,
+    .silu_mul = SiluMul,
+    .widen_bf16 = WidenBF16,
+    .transpose_rows = TransposeRowsScalar,
+    .attend_heads = AttendHeads,
+};
+}  // namespace internal
+
+}  // namespace pdserve::kernels

@@ -1,0 +1,257 @@
+// Tests of http/: the error vocabulary, the request-id policy, SSE framing and the server
+// setup node and router share (a real httplib server on 127.0.0.1).
+#include <dirent.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "http/api_error.h"
+#include "http/request_id.h"
+#include "http/server_setup.h"
+#include "http/sse.h"
+
+namespace pdserve::http {
+namespace {
+
+using nlohmann::json;
+
+TEST(ApiErrorTest, NamedConstructorsCarryStatusTypeAndCode) {
+  struct Case {
+    ApiError e;
+    int status;
+    const char* type;
+    const char* code;
+  };
+  const Case cases[] = {
+      {ApiError::InvalidRequest("m"), 400, "invalid_request_error", "invalid_value"},
+      {ApiError::InvalidRequest("m", "p", "invalid_json"), 400, "invalid_request_error",
+       "invalid_json"},
+      {ApiError::Unauthorized(), 401, "invalid_request_error", "invalid_api_key"},
+      {ApiError::NotFound("GET", "/x"), 404, "invalid_request_error", "not_found"},
+      {ApiError::ModelNotFound("gpt-9"), 404, "invalid_request_error", "model_not_found"},
+      {ApiError::MethodNotAllowed(), 405, "invalid_request_error", "method_not_allowed"},
+      {ApiError::PayloadTooLarge(), 413, "invalid_request_error", "payload_too_large"},
+      {ApiError::ContextLengthExceeded("m"), 413, "invalid_request_error",
+       "context_length_exceeded"},
+      {ApiError::UriTooLong(), 414, "invalid_request_error", "uri_too_long"},
+      {ApiError::RateLimited("m"), 429, "rate_limit_error", "rate_limit_exceeded"},
+      {ApiError::Overloaded("m"), 503, "service_unavailable_error", "server_overloaded"},
+      {ApiError::Unavailable("m", "loading"), 503, "service_unavailable_error", "loading"},
+      {ApiError::Timeout("m"), 504, "timeout_error", "timeout"},
+      {ApiError::BadGateway("m", "upstream_broken"), 502, "server_error", "upstream_broken"},
+      {ApiError::Internal("m"), 500, "internal_error", "internal_error"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(c.e.http_status, c.status) << c.code;
+    EXPECT_EQ(c.e.type, c.type) << c.code;
+    EXPECT_EQ(c.e.code, c.code);
+    EXPECT_EQ(c.e.retry_later(), c.status == 429 || c.status == 503) << c.code;
+  }
+  EXPECT_EQ(ApiError::ModelNotFound("gpt-9").param, "model");
+  EXPECT_NE(ApiError::NotFound("POST", "/v1/x").message.find("POST /v1/x"), std::string::npos);
+}
+
+TEST(ApiErrorTest, JsonHasTheOpenAiShape) {
+  const json j = json::parse(ApiError::InvalidRequest("bad 'x'", "x").ToJson());
+  EXPECT_EQ(j["error"]["message"], "bad 'x'");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["code"], "invalid_value");
+  EXPECT_EQ(j["error"]["param"], "x");
+  EXPECT_TRUE(json::parse(ApiError::Internal("m").ToJson())["error"]["param"].is_null());
+  // Client bytes that are not UTF-8 are replaced, not thrown on.
+  const json bad = json::parse(ApiError::NotFound("GET", "/\xff\xfe").ToJson());
+  EXPECT_TRUE(bad["error"]["message"].is_string());
+}
+
+TEST(ApiErrorTest, FromStatusMapsEngineErrors) {
+  EXPECT_EQ(ApiError::FromStatus(Status::InvalidArgument("x")).http_status, 400);
+  EXPECT_EQ(ApiError::FromStatus(Status::OutOfRange("long")).code, "context_length_exceeded");
+  EXPECT_EQ(ApiError::FromStatus(Status::ResourceExhausted("full")).http_status, 503);
+  EXPECT_EQ(ApiError::FromStatus(Status::Unavailable("busy")).code, "server_overloaded");
+  EXPECT_EQ(ApiError::FromStatus(Status::DeadlineExceeded("late")).http_status, 504);
+  EXPECT_EQ(ApiError::FromStatus(Status::Cancelled("gone")).code, "cancelled");
+  EXPECT_EQ(ApiError::FromStatus(Status::Internal("bug")).http_status, 500);
+}
+
+TEST(RequestIdTest, PolicyKeepsShortSafeIdsOnly) {
+  EXPECT_TRUE(IsSafeRequestId("abc-123"));
+  EXPECT_TRUE(IsSafeRequestId("0f8c2b1e-9a3d-4c55-b0e1-7a2c9d3e4f10"));  // a UUID
+  EXPECT_TRUE(IsSafeRequestId("trace:span.1_2"));
+  EXPECT_TRUE(IsSafeRequestId(std::string(kMaxRequestIdLength, 'a')));
+  EXPECT_FALSE(IsSafeRequestId(""));
+  EXPECT_FALSE(IsSafeRequestId(std::string(kMaxRequestIdLength + 1, 'a')));
+  for (const char* bad :
+       {"a b", "a\"b", "a\\b", "a<b>", "{x}", "id;rm", "a/b", "caf\xc3\xa9", "a\x01", "a\tb"}) {
+    EXPECT_FALSE(IsSafeRequestId(bad)) << bad;
+  }
+  EXPECT_EQ(ChooseRequestId("abc-123"), "abc-123");
+  const std::string fresh = ChooseRequestId("a<b>");
+  EXPECT_TRUE(fresh.starts_with("req-"));
+  // What the router makes, the node keeps: the id survives the hop.
+  std::set<std::string> ids;
+  for (int i = 0; i < 100; ++i) {
+    const std::string id = NewRequestId();
+    EXPECT_TRUE(IsSafeRequestId(id)) << id;
+    EXPECT_EQ(ChooseRequestId(id), id);
+    ids.insert(id);
+  }
+  EXPECT_EQ(ids.size(), 100u) << "ids repeat";
+}
+
+TEST(SseTest, Framing) {
+  EXPECT_EQ(SseEvent("{}"), "data: {}\n\n");
+  EXPECT_EQ(std::string(kSseDone), "data: [DONE]\n\n");
+  const std::string e = SseError(ApiError::Timeout("slow"));
+  ASSERT_TRUE(e.starts_with("data: ") && e.ends_with("\n\n")) << e;
+  const json j = json::parse(e.substr(6, e.size() - 8));
+  EXPECT_EQ(j["error"]["code"], "timeout");
+}
+
+// TCP_NODELAY of the server side of the connection from `client_port` to `server_port`
+// (-1 if not found): the accepted socket is found among this process's descriptors.
+int AcceptedSocketNoDelay(int server_port, int client_port) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int result = -1;
+  while (dirent* e = readdir(dir)) {
+    const int fd = std::atoi(e->d_name);
+    if (fd <= 2 || fd == dirfd(dir)) continue;
+    sockaddr_in local{}, peer{};
+    socklen_t llen = sizeof(local), plen = sizeof(peer);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0 ||
+        local.sin_family != AF_INET || ntohs(local.sin_port) != server_port) {
+      continue;
+    }
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) != 0 ||
+        ntohs(peer.sin_port) != client_port) {
+      continue;
+    }
+    int on = 0;
+    socklen_t len = sizeof(on);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, &len) == 0) result = on != 0 ? 1 : 0;
+  }
+  closedir(dir);
+  return result;
+}
+
+class ServerSetupTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ServerConfig config;
+    config.threads = 4;
+    config.max_body_bytes = 1024;
+    config.api_key = "sekret";
+    ConfigureServer(server_, config);
+    server_.Post("/echo", [](const httplib::Request& req, httplib::Response& res) {
+      res.set_content(req.body, "text/plain");
+    });
+    server_.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("ok", "text/plain");
+    });
+    server_.Get("/throw", [](const httplib::Request&, httplib::Response&) {
+      throw std::runtime_error("boom");
+    });
+    server_.Get("/busy", [](const httplib::Request&, httplib::Response& res) {
+      SendError(res, ApiError::Overloaded("later"));
+    });
+    // Reports the server side's TCP_NODELAY of this very connection.
+    server_.Get("/nodelay", [this](const httplib::Request& req, httplib::Response& res) {
+      res.set_content(std::to_string(AcceptedSocketNoDelay(port_, req.remote_port)), "text/plain");
+    });
+    Result<int> port = BindServer(server_, "127.0.0.1", 0, config);
+    ASSERT_TRUE(port.ok()) << port.status().ToString();
+    port_ = *port;
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  void TearDown() override {
+    server_.stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  httplib::Client Client() const {
+    httplib::Client client("127.0.0.1", port_);
+    client.set_read_timeout(10, 0);
+    return client;
+  }
+  static void ExpectError(const httplib::Result& r, int status, const std::string& code) {
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, status) << r->body;
+    const json j = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << r->body;
+    EXPECT_EQ(j["error"]["code"], code) << r->body;
+    EXPECT_TRUE(j["error"]["message"].is_string());
+    EXPECT_TRUE(j["error"]["type"].is_string());
+  }
+
+  const httplib::Headers auth_ = {{"Authorization", "Bearer sekret"}};
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+TEST_F(ServerSetupTest, ApiKeyIsCheckedExceptOnOpenPaths) {
+  auto client = Client();
+  ExpectError(client.Post("/echo", "hi", "text/plain"), 401, "invalid_api_key");
+  ExpectError(client.Post("/echo", {{"Authorization", "Bearer nope"}}, "hi", "text/plain"), 401,
+              "invalid_api_key");
+  ExpectError(client.Post("/echo", {{"Authorization", "Bearer sekret2"}}, "hi", "text/plain"), 401,
+              "invalid_api_key");
+  auto ok = client.Post("/echo", auth_, "hi", "text/plain");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  EXPECT_EQ(ok->body, "hi");
+  auto health = client.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200) << "probes need no key";
+}
+
+TEST_F(ServerSetupTest, HttplibErrorsGetTheOpenAiShape) {
+  auto client = Client();
+  ExpectError(client.Post("/nothing", auth_, "{}", "application/json"), 404, "not_found");
+  ExpectError(client.Post("/echo", auth_, std::string(4096, 'x'), "text/plain"), 413,
+              "payload_too_large");
+  ExpectError(client.Get("/throw", auth_), 500, "internal_error");
+  auto busy = client.Get("/busy", auth_);
+  ExpectError(busy, 503, "server_overloaded");
+  EXPECT_EQ(busy->get_header_value("Retry-After"), "1");
+}
+
+TEST_F(ServerSetupTest, RequestIdIsKeptWhenSafeElseMade) {
+  auto client = Client();
+  httplib::Headers with_id = auth_;
+  with_id.emplace("X-Request-Id", "abc-123");
+  auto kept = client.Post("/echo", with_id, "x", "text/plain");
+  ASSERT_TRUE(kept);
+  EXPECT_EQ(kept->get_header_value("X-Request-Id"), "abc-123");
+  httplib::Headers bad_id = auth_;
+  bad_id.emplace("X-Request-Id", std::string(100, 'x'));
+  auto replaced = client.Post("/echo", bad_id, "x", "text/plain");
+  ASSERT_TRUE(replaced);
+  EXPECT_TRUE(replaced->get_header_value("X-Request-Id").starts_with("req-"));
+  // Errors answered before routing carry an id too.
+  auto refused = client.Post("/echo", "x", "text/plain");
+  ASSERT_TRUE(refused);
+  EXPECT_FALSE(refused->get_header_value("X-Request-Id").empty());
+}
+
+TEST_F(ServerSetupTest, AcceptedSocketsHaveTcpNoDelay) {
+  auto r = Client().Get("/nodelay", auth_);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  ASSERT_NE(r->body, "-1") << "the accepted socket was not found among the descriptors";
+  EXPECT_EQ(r->body, "1");
+}
+
+}  // namespace
+}  // namespace pdserve::http
