@@ -1,6 +1,6 @@
-// `pdserve serve`: one node of the serving cluster. Today --role colocated (prefill and
-// decode in one engine) behind the OpenAI-compatible HTTP API of server/node_server.h;
-// prefill/decode roles arrive with the KV messenger.
+// `pdserve serve`: one node of the serving cluster behind the OpenAI-compatible HTTP API of
+// server/node_server.h. --role colocated: prefill and decode in one engine. --role prefill /
+// decode: disaggregated, joined by the KV messenger (cli/serve_messenger.h, docs/messenger.md).
 #include <pthread.h>
 #include <signal.h>
 
@@ -11,8 +11,10 @@
 
 #include "cli/commands.h"
 #include "cli/model_flags.h"
+#include "cli/serve_messenger.h"
 #include "common/logging.h"
 #include "kernels/dispatch.h"
+#include "model/fingerprint.h"
 #include "server/node_registration.h"
 #include "server/node_server.h"
 
@@ -21,6 +23,7 @@ namespace {
 
 struct ServeFlags {
   ModelFlags model;
+  MessengerFlags messenger;
   std::string role = "colocated";
   std::string listen = "127.0.0.1:8000";
   std::string api_key;
@@ -47,10 +50,6 @@ bool SplitHostPort(const std::string& s, std::string* host, int* port) {
 }
 
 int RunServe(const ServeFlags& f) {
-  if (f.role != "colocated") {
-    return Fail("--role " + f.role +
-                " requires the KV messenger, not built yet; use --role colocated");
-  }
   server::NodeServerOptions options;
   if (!SplitHostPort(f.listen, &options.host, &options.port)) {
     return Fail("--listen must be HOST:PORT, got '" + f.listen + "'");
@@ -90,6 +89,14 @@ int RunServe(const ServeFlags& f) {
   served.tokenizer = std::move(dir.tokenizer);
   PD_ASSIGN_OR_RETURN_CLI(served.engine, Engine::Create(std::move(dir.transformer),
                                                         served.tokenizer.get(), engine_options));
+  NodeMessenger messenger;  // destroyed after node.Stop() stopped the engine, before the engine
+  if (f.role != "colocated") {
+    PD_ASSIGN_OR_RETURN_CLI(std::string fingerprint, ModelFingerprint(dir.path, dir.config));
+    // The weights' dtype changes the forward pass, hence the KV bits.
+    fingerprint += ";weights=" + f.model.dtype;
+    PD_ASSIGN_OR_RETURN_CLI(
+        messenger, StartMessenger(f.role, f.messenger, fingerprint, served.engine.get(), &served));
+  }
   if (Status s = node.SetModel(std::move(served)); !s.ok()) return Fail(s.ToString());
   // A line scripts and tests can wait for.
   std::printf("pdserve serve: ready on http://%s:%d model %s\n", options.host.c_str(), node.port(),
@@ -106,6 +113,7 @@ int RunServe(const ServeFlags& f) {
   PD_LOG_INFO("signal {}: stopping", sig);
   registration.reset();
   node.Stop();
+  messenger = NodeMessenger{};
   return 0;
 }
 
@@ -115,6 +123,7 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   auto flags = std::make_shared<ServeFlags>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve a model over the OpenAI-compatible HTTP API");
   AddModelFlags(cmd, &flags->model);
+  AddMessengerFlags(cmd, &flags->messenger);
   cmd->add_option("--role", flags->role, "colocated | prefill | decode")
       ->check(CLI::IsMember({"colocated", "prefill", "decode"}))
       ->capture_default_str();

@@ -48,6 +48,14 @@ Status CheckText(std::string_view field, const std::string& text) {
 
 // --- Semantic checks shared by the encoder (before writing) and the decoder (after parsing).
 
+Status CheckDescriptor(std::string_view field, const std::string& bytes) {
+  if (bytes.size() > kMaxDescriptorBytes) {
+    return Invalid(
+        fmt::format("{} is {} bytes (at most {})", field, bytes.size(), kMaxDescriptorBytes));
+  }
+  return Status::Ok();
+}
+
 Status CheckNodeInfo(const NodeInfo& n) {
   PD_RETURN_IF_ERROR(CheckText("kernel path", n.kernel_path));
   PD_RETURN_IF_ERROR(CheckText("model fingerprint", n.model_fingerprint));
@@ -102,7 +110,8 @@ Status CheckMessage(const Message& m) {
     return Invalid(fmt::format("{} with request id 0", MessageTypeName(TypeOf(m))));
   }
   return std::visit(
-      Overloaded{[](const HelloAck& h) { return CheckNodeInfo(h.node); },
+      Overloaded{[](const Hello& h) { return CheckDescriptor("reply address", h.reply_address); },
+                 [](const HelloAck& h) { return CheckNodeInfo(h.node); },
                  [](const HelloFinish& h) { return CheckNodeInfo(h.node); },
                  [](const HandshakeRefused& h) { return CheckText("refusal reason", h.reason); },
                  [](const PrefillRequest& p) { return CheckPrefillRequest(p); },
@@ -143,6 +152,7 @@ void WriteBody(WireWriter& w, const Message& m) {
   std::visit(Overloaded{[&](const Hello& h) {
                           w.U64(h.incarnation);
                           WriteFixed(w, h.nonce);
+                          w.Bytes(h.reply_address);
                         },
                         [&](const HelloAck& h) {
                           w.U64(h.incarnation);
@@ -252,6 +262,7 @@ Result<Message> ReadBody(WireReader& r, MessageType type, uint64_t request_id) {
       Hello h;
       PD_RETURN_IF_ERROR(r.U64("incarnation", &h.incarnation));
       PD_RETURN_IF_ERROR(ReadFixed(r, "nonce", &h.nonce));
+      PD_RETURN_IF_ERROR(r.Bytes("reply address", kMaxDescriptorBytes, &h.reply_address));
       return Message(h);
     }
     case MessageType::kHelloAck: {

@@ -9,7 +9,7 @@
 // input's size suggests.
 //
 // Handshake (mutual challenge-response, see cluster_proof.h), D the initiator:
-//   D→P Hello{incarnation, nonce}
+//   D→P Hello{incarnation, nonce, reply_address}  (D's fabric address, so P can answer)
 //   P→D HelloAck{incarnation, nonce, proof, P's NodeInfo}   D checks the proof and layouts
 //   D→P HelloFinish{proof, D's NodeInfo}                    P checks the proof and layouts
 // or HandshakeRefused{reason} from either side. D's memory keys (which let a writer into D's
@@ -69,6 +69,9 @@ struct NodeInfo {
 struct Hello {
   uint64_t incarnation = 0;
   Nonce nonce{};
+  // The sender's transfer-engine address (fabric::EngineAddress bytes): a message from a
+  // peer not yet added carries only its instance id, and P must add D to answer.
+  std::string reply_address;
   friend bool operator==(const Hello&, const Hello&) = default;
 };
 

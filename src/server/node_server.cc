@@ -52,6 +52,7 @@ struct NodeServer::Impl {
 
   // A validated request, tokenized, ready to submit.
   struct Prepared {
+    std::string prefill_peer;  // X-Prefill-Peer (decode role)
     GenerationRequest request;
     std::vector<int32_t> prompt;
     ResponseContext ctx;
@@ -149,15 +150,26 @@ Status NodeServer::Impl::Submit(const Prepared& p, RequestDrain& drain) {
   EngineRequest request;
   request.prompt = p.prompt;
   request.params = p.request.params;
+  if (model.submit) {
+    return drain.Submit(std::move(request), [this, &p](EngineRequest r) {
+      return model.submit(std::move(r), p.prefill_peer);
+    });
+  }
   return drain.Submit(std::move(request));
 }
 
 void NodeServer::Impl::HandleGenerate(ApiKind kind, const httplib::Request& req,
                                       httplib::Response& res) {
   if (!ready.load(std::memory_order_acquire)) return SendError(res, Loading());
+  if (!model.api_enabled) {
+    return SendError(res,
+                     ApiError::NotFound(req.method, req.path + " (this is a prefill node; "
+                                                               "send requests to a decode node)"));
+  }
   if (auto e = CheckOverload()) return SendError(res, *e);
   ApiResult<Prepared> prepared = Prepare(kind, req.body);
   if (!prepared.ok()) return SendError(res, prepared.error());
+  prepared.value().prefill_peer = req.get_header_value("X-Prefill-Peer");
   if (prepared.value().request.stream) {
     RespondStream(std::move(prepared.value()), res);
   } else {
@@ -312,7 +324,9 @@ void NodeServer::Impl::HandleHealth(httplib::Response& res) {
 
 void NodeServer::Impl::HandleMetrics(httplib::Response& res) {
   const EngineStats stats = ready.load() ? model.engine->stats() : EngineStats{};
-  res.set_content(metrics.Render(stats), "text/plain; version=0.0.4");
+  std::string text = metrics.Render(stats);
+  if (ready.load() && model.extra_metrics) text += model.extra_metrics();
+  res.set_content(text, "text/plain; version=0.0.4");
 }
 
 void NodeServer::Impl::HandleTokenize(const httplib::Request& req, httplib::Response& res) {
@@ -366,6 +380,15 @@ NodeServer::NodeServer(NodeServerOptions options)
              [impl](const httplib::Request&, httplib::Response& res) { impl->HandleHealth(res); });
   http_->Get("/metrics",
              [impl](const httplib::Request&, httplib::Response& res) { impl->HandleMetrics(res); });
+  http_->Get(R"(/internal/messenger/([a-z_]+))",
+             [impl](const httplib::Request& req, httplib::Response& res) {
+               if (!impl->ready.load()) return SendError(res, Loading());
+               const auto& routes = impl->model.internal_routes;
+               auto route = routes.find(req.matches[1]);
+               if (route == routes.end())
+                 return SendError(res, ApiError::NotFound("GET", req.path));
+               res.set_content(route->second(), "text/plain");
+             });
   http_->Post("/tokenize", [impl](const httplib::Request& req, httplib::Response& res) {
     impl->HandleTokenize(req, res);
   });

@@ -12,6 +12,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -45,6 +47,16 @@ struct ServedModel {
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<Engine> engine;  // the server starts its loop thread
   int max_model_len = 0;
+  // Disaggregated roles (the KV messenger; cli/serve.cc wires it). Decode: generation requests
+  // go through `submit` (remote prefill; the second argument is the X-Prefill-Peer header, ""
+  // without one) instead of engine->Submit. Prefill: `api_enabled` is false and the
+  // generation API answers 404. `extra_metrics` is appended to /metrics; `internal_routes`
+  // are served as GET /internal/messenger/NAME (e.g. the fabric address peers resolve).
+  // Called on HTTP threads; each must be thread-safe.
+  std::function<Status(EngineRequest, const std::string&)> submit;
+  bool api_enabled = true;
+  std::function<std::string()> extra_metrics;
+  std::map<std::string, std::function<std::string()>> internal_routes;
 };
 
 class NodeServer {

@@ -42,12 +42,13 @@ RequestDrain::~RequestDrain() {
   node_.live->Remove(id_, /*still_waiting=*/!first_output_);
 }
 
-Status RequestDrain::Submit(EngineRequest request) {
+Status RequestDrain::Submit(EngineRequest request,
+                            const std::function<Status(EngineRequest)>& via) {
   request.id = id_;
   // The callback runs on the engine thread: it only queues. The channel is shared, so a late
   // callback after this drain is gone is harmless.
   request.on_output = [channel = channel_](const RequestOutput& out) { channel->Push(out); };
-  PD_RETURN_IF_ERROR(node_.engine->Submit(std::move(request)));
+  PD_RETURN_IF_ERROR(via ? via(std::move(request)) : node_.engine->Submit(std::move(request)));
   submitted_ = true;
   idle_ = Deadline::After(node_.idle_timeout);
   return Status::Ok();

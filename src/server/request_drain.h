@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -63,8 +64,9 @@ class RequestDrain {
   RequestDrain(const RequestDrain&) = delete;
   RequestDrain& operator=(const RequestDrain&) = delete;
 
-  // Submits `request` under this drain's id; its outputs go to this drain.
-  Status Submit(EngineRequest request);
+  // Submits `request` under this drain's id; its outputs go to this drain. `via`, when set,
+  // submits instead of the engine (a decode node's KV messenger, for remote prefill).
+  Status Submit(EngineRequest request, const std::function<Status(EngineRequest)>& via = nullptr);
 
   enum class Step {
     kOutputs,     // *outputs holds new outputs (metrics recorded; finished() updated)

@@ -54,7 +54,7 @@ std::vector<Message> SampleMessages() {
   ClusterProof proof;
   for (size_t i = 0; i < proof.size(); ++i) proof[i] = static_cast<uint8_t>(255 - i);
   return {
-      Hello{.incarnation = 0xfedcba9876543210, .nonce = FilledNonce(1)},
+      Hello{.incarnation = 0xfedcba9876543210, .nonce = FilledNonce(1), .reply_address = "addr"},
       HelloAck{
           .incarnation = 42, .nonce = FilledNonce(9), .proof = proof, .node = SampleNode(2, 4)},
       HelloFinish{.proof = proof, .node = SampleNode(8, 2)},

@@ -1,0 +1,137 @@
+#include "cli/serve_messenger.h"
+
+#include <cstdlib>
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include "fabric/descriptors.h"
+#include "kernels/dispatch.h"
+
+namespace pdserve::cli {
+namespace {
+
+constexpr char kAddressRoute[] = "/internal/messenger/fabric_address";
+
+// "http://host:port" or "host:port" -> the base URL httplib takes.
+std::string BaseUrl(const std::string& peer) {
+  return peer.rfind("http://", 0) == 0 ? peer : "http://" + peer;
+}
+
+// Asks a prefill node's HTTP API where its transfer engine is.
+Result<fabric::EngineAddress> ResolvePeer(const std::string& peer) {
+  httplib::Client client(BaseUrl(peer));
+  client.set_connection_timeout(1, 0);
+  client.set_read_timeout(2, 0);
+  auto res = client.Get(kAddressRoute);
+  if (!res) return Status::Unavailable(fmt::format("prefill peer {} unreachable", peer));
+  if (res->status != 200) {
+    return Status::Unavailable(fmt::format("prefill peer {}: HTTP {}", peer, res->status));
+  }
+  PD_ASSIGN_OR_RETURN(std::string bytes, fabric::HexDecode(res->body));
+  return fabric::EngineAddress::Parse(bytes);
+}
+
+std::string Gauge(const std::string& name, const std::string& help, double value) {
+  return fmt::format("# HELP {0} {1}\n# TYPE {0} gauge\n{0} {2}\n", name, help, value);
+}
+
+}  // namespace
+
+void AddMessengerFlags(CLI::App* cmd, MessengerFlags* f) {
+  cmd->add_option("--fabric-provider", f->provider, "KV transfer provider: tcp | shm")
+      ->check(CLI::IsMember({"tcp", "shm"}))
+      ->capture_default_str();
+  cmd->add_option("--fabric-address", f->address,
+                  "Local address the KV transfer endpoints bind to (tcp)")
+      ->capture_default_str();
+  cmd->add_option("--prefill-peer", f->prefill_peers,
+                  "Decode role: a prefill node's HTTP HOST:PORT (repeatable)");
+  cmd->add_option("--cluster-key", f->cluster_key,
+                  "Shared secret of the cluster's nodes (default: env PDSERVE_CLUSTER_KEY)");
+  cmd->add_option("--heartbeat-ms", f->heartbeat_ms, "Messenger heartbeat interval")
+      ->check(CLI::Range(10, 60000))
+      ->capture_default_str();
+  cmd->add_option("--peer-timeout-ms", f->peer_timeout_ms,
+                  "A messenger peer silent this long is removed")
+      ->check(CLI::Range(50, 600000))
+      ->capture_default_str();
+  cmd->add_option("--prefill-timeout-ms", f->prefill_timeout_ms,
+                  "Decode role: how long a prompt's KV may take to land")
+      ->check(CLI::Range(100, 3600000))
+      ->capture_default_str();
+}
+
+Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFlags& flags,
+                                     const std::string& fingerprint, Engine* engine,
+                                     server::ServedModel* served) {
+  messenger::MessengerOptions options;
+  PD_ASSIGN_OR_RETURN(options.fabric.provider, fabric::ParseProvider(flags.provider));
+  if (options.fabric.provider == fabric::Provider::kTcp) options.fabric.node = flags.address;
+  options.fabric.pin_progress_threads = false;  // nodes share this machine's few cores
+  options.cluster_key = flags.cluster_key;
+  if (options.cluster_key.empty()) {
+    if (const char* env = std::getenv("PDSERVE_CLUSTER_KEY")) options.cluster_key = env;
+  }
+  if (options.cluster_key.empty()) {
+    return Status::InvalidArgument("--role " + role +
+                                   " needs a cluster secret: --cluster-key or PDSERVE_CLUSTER_KEY");
+  }
+  options.model_fingerprint = fingerprint;
+  options.kernel_path = std::string(kernels::ActivePath());
+  options.heartbeat_interval = std::chrono::milliseconds(flags.heartbeat_ms);
+  options.peer_timeout = std::chrono::milliseconds(flags.peer_timeout_ms);
+  options.handshake_timeout = std::chrono::milliseconds(flags.peer_timeout_ms);
+  options.prefill_timeout = std::chrono::milliseconds(flags.prefill_timeout_ms);
+
+  NodeMessenger node;
+  if (role == "prefill") {
+    if (!flags.prefill_peers.empty()) {
+      return Status::InvalidArgument("--prefill-peer is for --role decode");
+    }
+    PD_ASSIGN_OR_RETURN(node.prefill, messenger::PrefillMessenger::Create(engine, options));
+    messenger::PrefillMessenger* m = node.prefill.get();
+    const std::string address = fabric::HexEncode(m->address().Serialize());
+    served->api_enabled = false;
+    served->internal_routes["fabric_address"] = [address] { return address; };
+    served->internal_routes["events"] = [m] { return m->events().ToJson(); };
+    served->extra_metrics = [m] {
+      const messenger::PrefillMessengerStats s = m->stats();
+      return Gauge("pdserve:messenger_peers_ready", "Decode peers handshaken.", s.peers_ready) +
+             Gauge("pdserve:messenger_requests_in_flight",
+                   "Prefill requests whose pages are held or streaming.", s.requests_in_flight) +
+             Gauge("pdserve:messenger_outstanding_prefill_tokens",
+                   "Prompt tokens accepted and not yet prefilled.",
+                   static_cast<double>(s.outstanding_prefill_tokens));
+    };
+    return node;
+  }
+  if (flags.prefill_peers.empty()) {
+    return Status::InvalidArgument("--role decode needs at least one --prefill-peer");
+  }
+  std::vector<messenger::PrefillPeerSpec> peers;
+  for (const std::string& p : flags.prefill_peers) {
+    peers.push_back({.name = p, .resolve = [p] { return ResolvePeer(p); }});
+  }
+  PD_ASSIGN_OR_RETURN(node.decode,
+                      messenger::DecodeMessenger::Create(engine, options, std::move(peers)));
+  messenger::DecodeMessenger* m = node.decode.get();
+  served->submit = [m](EngineRequest request, const std::string& peer) {
+    return m->Submit(std::move(request), peer);
+  };
+  served->extra_metrics = [m] {
+    const messenger::DecodeMessengerStats s = m->stats();
+    return Gauge("pdserve:messenger_peers_ready", "Prefill peers handshaken.", s.peers_ready) +
+           Gauge("pdserve:messenger_requests_in_flight",
+                 "Requests submitted through the messenger and not finished.",
+                 s.requests_in_flight) +
+           Gauge("pdserve:messenger_slots_in_use", "Transfer slots in use.", s.slots_in_use) +
+           Gauge("pdserve:messenger_requests_retried", "Requests moved to another prefill peer.",
+                 static_cast<double>(s.requests_retried)) +
+           Gauge("pdserve:messenger_requests_failed", "Requests failed by the messenger.",
+                 static_cast<double>(s.requests_failed));
+  };
+  return node;
+}
+
+}  // namespace pdserve::cli

@@ -1,0 +1,45 @@
+// The KV messenger side of `pdserve serve --role prefill|decode`: its flags, and the wiring of
+// a PrefillMessenger or DecodeMessenger into the node's ServedModel (DESIGN.md §1). Used from
+// serve's main thread only.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "common/status.h"
+#include "engine/engine.h"
+#include "messenger/decode_messenger.h"
+#include "messenger/prefill_messenger.h"
+#include "server/node_server.h"
+
+namespace pdserve::cli {
+
+struct MessengerFlags {
+  std::string provider = "tcp";  // tcp over loopback by default: see docs/messenger.md
+  std::string address = "127.0.0.1";
+  std::vector<std::string> prefill_peers;  // decode: prefill nodes' HTTP addresses
+  std::string cluster_key;                 // or PDSERVE_CLUSTER_KEY
+  int heartbeat_ms = 250;
+  int peer_timeout_ms = 3000;
+  int prefill_timeout_ms = 60000;
+};
+
+void AddMessengerFlags(CLI::App* cmd, MessengerFlags* flags);
+
+// Whichever messenger the role needs; destroy it after the engine's loop stopped and before
+// the engine.
+struct NodeMessenger {
+  std::unique_ptr<messenger::PrefillMessenger> prefill;
+  std::unique_ptr<messenger::DecodeMessenger> decode;
+};
+
+// Creates the role's messenger over `engine` and fills the served model's hooks. `fingerprint`
+// identifies the model (config, weights, weight dtype).
+Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFlags& flags,
+                                     const std::string& fingerprint, Engine* engine,
+                                     server::ServedModel* served);
+
+}  // namespace pdserve::cli

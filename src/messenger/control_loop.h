@@ -1,0 +1,50 @@
+// ControlLoop: the one thread on which a messenger's state lives. Everything that changes that
+// state — decoded control messages, engine callbacks, fabric completions and expectations,
+// periodic ticks — is posted here as a closure, so the state needs no lock of its own and the
+// callers (fabric progress threads, the engine loop) never block on messenger work.
+//
+// Thread contract: Post and Stop may be called from any thread, including fabric and engine
+// callbacks. Closures run in order on the loop thread; a closure posted after Stop is dropped.
+// The tick runs on the loop thread every `tick` (and whenever Post wakes the loop late).
+// Held by shared_ptr so that callbacks which outlive their messenger (an engine's final
+// outputs during its destruction) can still Post harmlessly.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "common/clock.h"
+
+namespace pdserve::messenger {
+
+class ControlLoop {
+ public:
+  ControlLoop(std::chrono::milliseconds tick, std::function<void()> on_tick);
+  ~ControlLoop();  // Stop()
+  ControlLoop(const ControlLoop&) = delete;
+  ControlLoop& operator=(const ControlLoop&) = delete;
+
+  void Start();
+  // Returns false (and drops the closure) once stopped.
+  bool Post(std::function<void()> fn);
+  // Runs nothing more; joins the thread. Idempotent; not from the loop thread.
+  void Stop();
+  bool OnLoopThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+
+ private:
+  void Run();
+
+  const std::chrono::milliseconds tick_;
+  std::function<void()> on_tick_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;  // guarded by mu_
+  bool stopped_ = false;                     // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace pdserve::messenger

@@ -1,0 +1,573 @@
+#include "messenger/decode_messenger.h"
+
+#include <algorithm>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "common/logging.h"
+#include "messenger/immediate.h"
+#include "messenger/node_info.h"
+
+namespace pdserve::messenger {
+
+struct DecodeMessenger::Peer {
+  enum class State : uint8_t { kDisconnected, kHelloSent, kFinishSent, kReady };
+  PrefillPeerSpec spec;
+  State state = State::kDisconnected;
+  fabric::PeerId id = fabric::kUnknownPeer;
+  uint64_t instance = 0;
+  uint64_t removed_instance = 0;  // the last instance removed (never re-added)
+  uint64_t incarnation = 0;
+  Nonce own_nonce{};
+  std::shared_ptr<const TransferPlan> plan;
+  TimePoint state_since;
+  TimePoint last_heard;
+  TimePoint retry_at;
+  uint64_t heartbeat = 0;
+  int64_t reported_tokens = 0;  // from its last LoadReport
+  int64_t own_tokens = 0;       // prefill tokens this node has in flight there
+};
+
+struct DecodeMessenger::Request {
+  enum class State : uint8_t { kAwaitingPages, kQueued, kInFlight, kLanded, kCancelling };
+  std::string id;  // engine id
+  std::string peer_override;
+  std::vector<int32_t> prefix;  // tokens [0, n-1)
+  std::vector<PageId> pages;    // pages holding the prefix
+  State state = State::kAwaitingPages;
+  Peer* peer = nullptr;
+  uint64_t request_id = 0;  // of the current transfer
+  uint32_t slot = 0;
+  uint32_t immediate = 0;
+  bool has_slot = false;
+  bool engine_finished = false;
+  bool retry_after_ack = false;
+  int retries = 0;
+  std::vector<Peer*> failed_peers;
+  Deadline deadline = Deadline::Never();  // for the KV to land
+  TimePoint cancel_sent;
+};
+
+Result<std::unique_ptr<DecodeMessenger>> DecodeMessenger::Create(
+    Engine* engine, MessengerOptions options, std::vector<PrefillPeerSpec> peers) {
+  if (engine == nullptr) return Status::InvalidArgument("decode messenger needs an engine");
+  if (options.cluster_key.empty()) {
+    return Status::InvalidArgument("the messenger needs a cluster key");
+  }
+  if (peers.empty()) return Status::InvalidArgument("a decode node needs a prefill peer");
+  std::unique_ptr<DecodeMessenger> m(
+      new DecodeMessenger(engine, std::move(options), std::move(peers)));
+  PD_RETURN_IF_ERROR(m->Init());
+  return m;
+}
+
+DecodeMessenger::DecodeMessenger(Engine* engine, MessengerOptions options,
+                                 std::vector<PrefillPeerSpec> peers)
+    : engine_(engine), options_(std::move(options)), incarnation_(NewIncarnation()) {
+  for (PrefillPeerSpec& spec : peers) {
+    peers_.push_back(std::make_unique<Peer>());
+    peers_.back()->spec = std::move(spec);
+  }
+}
+
+Status DecodeMessenger::Init() {
+  loop_ = std::make_shared<ControlLoop>(options_.heartbeat_interval, [this] { Tick(); });
+  fabric::EngineHandlers handlers;
+  handlers.on_message = [this](fabric::PeerId from, uint64_t, std::span<const std::byte> payload) {
+    OnMessage(from, payload);
+  };
+  // Every expectation is registered before its PrefillRequest leaves, so an immediate nobody
+  // expects belongs to an abandoned transfer: drop it.
+  handlers.on_unmatched_immediate = [](fabric::PeerId, uint32_t) { return true; };
+  handlers.on_peer_error = [this](fabric::PeerId id, const Status& error) {
+    loop_->Post([this, id, error] {
+      if (Peer* p = FindPeer(id)) PeerDead(*p, error);
+    });
+  };
+  PD_ASSIGN_OR_RETURN(fabric_, fabric::TransferEngine::Create(options_.fabric, handlers));
+  KvCache& cache = engine_->kv_cache();
+  PD_ASSIGN_OR_RETURN(region_, fabric_->RegisterMemory(cache.base(), cache.size_bytes()));
+  PD_ASSIGN_OR_RETURN(fabric::MemoryDescriptor descriptor, fabric_->Describe(region_));
+  PD_ASSIGN_OR_RETURN(local_, MakeLocalNodeInfo(cache.layout(), descriptor.Serialize(),
+                                                options_.model_fingerprint, options_.kernel_path));
+  reply_address_ = fabric_->address().Serialize();
+  loop_->Start();
+  loop_->Post([this] { Tick(); });  // connect at once
+  return Status::Ok();
+}
+
+DecodeMessenger::~DecodeMessenger() {
+  if (loop_) loop_->Stop();
+  fabric_.reset();
+}
+
+Status DecodeMessenger::Submit(EngineRequest request, const std::string& prefill_peer) {
+  if (!prefill_peer.empty() && std::none_of(peers_.begin(), peers_.end(), [&](const auto& p) {
+        return p->spec.name == prefill_peer;
+      })) {
+    return Status::InvalidArgument("unknown prefill peer '" + prefill_peer + "'");
+  }
+  if (request.prompt.empty()) return Status::InvalidArgument("empty prompt");
+  auto req = std::make_shared<Request>();
+  req->id = request.id;
+  req->peer_override = prefill_peer;
+  req->prefix.assign(request.prompt.begin(), request.prompt.end() - 1);
+  request.kind = RequestKind::kRemotePrefill;
+  std::weak_ptr<ControlLoop> weak_loop = loop_;
+  request.on_pages_allocated = [this, weak_loop, id = request.id](const std::vector<PageId>& p) {
+    if (auto loop = weak_loop.lock()) loop->Post([this, id, p] { OnPagesAllocated(id, p); });
+  };
+  request.on_output = [this, weak_loop, id = request.id,
+                       user = std::move(request.on_output)](const RequestOutput& out) {
+    if (!out.finished) return user(out);
+    RequestOutput final_out = out;
+    if (auto loop = weak_loop.lock()) {
+      {
+        std::lock_guard lock(failures_mu_);
+        auto it = failures_.find(id);
+        if (it != failures_.end()) {
+          final_out.finish_reason = FinishReason::kError;
+          final_out.status = it->second;
+          failures_.erase(it);
+        }
+      }
+      loop->Post([this, id] { OnEngineFinished(id); });
+    }
+    user(final_out);
+  };
+  // Registered before the engine can call back (the loop runs closures in order).
+  loop_->Post([this, req] {
+    const std::string key = req->id;  // *req is moved from below
+    requests_[key] = std::make_unique<Request>(std::move(*req));
+    ++counters_.requests_total;
+    PublishStats();
+  });
+  const std::string id = request.id;
+  Status s = engine_->Submit(std::move(request));
+  if (!s.ok()) loop_->Post([this, id] { requests_.erase(id); });
+  return s;
+}
+
+void DecodeMessenger::OnMessage(fabric::PeerId from, std::span<const std::byte> payload) {
+  Result<Message> message = DecodeMessage(
+      std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()));
+  if (!message.ok()) {
+    PD_LOG_WARN("dropped a malformed message from peer {}: {}", from, message.status().ToString());
+    return;
+  }
+  loop_->Post(
+      [this, from, m = std::move(message).value()]() mutable { Handle(from, std::move(m)); });
+}
+
+DecodeMessenger::Peer* DecodeMessenger::FindPeer(fabric::PeerId id) {
+  if (id == fabric::kUnknownPeer) return nullptr;
+  for (auto& p : peers_) {
+    if (p->id == id && p->state != Peer::State::kDisconnected) return p.get();
+  }
+  return nullptr;
+}
+
+void DecodeMessenger::Handle(fabric::PeerId from, Message message) {
+  Peer* peer = FindPeer(from);
+  if (peer == nullptr) return;
+  peer->last_heard = Clock::now();
+  std::visit(
+      [&](auto& m) {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, HelloAck>) {
+          if (peer->state == Peer::State::kHelloSent) HandleHelloAck(*peer, m);
+        } else if constexpr (std::is_same_v<T, HandshakeRefused>) {
+          PeerDead(*peer, Status::FailedPrecondition("prefill peer " + peer->spec.name +
+                                                     " refused the handshake: " + m.reason));
+        } else if constexpr (std::is_same_v<T, LoadReport>) {
+          peer->reported_tokens = static_cast<int64_t>(m.outstanding_prefill_tokens);
+          if (peer->state == Peer::State::kFinishSent) {
+            peer->state = Peer::State::kReady;
+            PD_LOG_INFO("prefill peer {} ready (incarnation {:x})", peer->spec.name,
+                        peer->incarnation);
+            PublishStats();
+            for (auto& [id, req] : requests_) {
+              if (req->state == Request::State::kQueued) Dispatch(*req);
+            }
+          }
+        } else if constexpr (std::is_same_v<T, WriteFailed>) {
+          OnWriteFailed(m.request_id, m.reason);
+        } else if constexpr (std::is_same_v<T, CancelAck>) {
+          OnCancelAck(m.request_id);
+        }
+      },
+      message);
+}
+
+void DecodeMessenger::Connect(Peer& peer) {
+  Result<fabric::EngineAddress> address = peer.spec.resolve();
+  Status s = address.status();
+  if (s.ok() && address->instance == peer.removed_instance) {
+    s = Status::Unavailable("still the removed instance; waiting for a restart");
+  }
+  Result<fabric::PeerId> id = s.ok() ? fabric_->AddPeer(*address) : Result<fabric::PeerId>(s);
+  Result<Nonce> nonce = MakeNonce();
+  if (!id.ok() || !nonce.ok()) {
+    PD_LOG_DEBUG("prefill peer {} not reachable: {}", peer.spec.name,
+                 (!id.ok() ? id.status() : nonce.status()).ToString());
+    peer.retry_at = Clock::now() + options_.handshake_timeout / 3;
+    return;
+  }
+  peer.id = *id;
+  peer.instance = address->instance;
+  peer.own_nonce = *nonce;
+  peer.state = Peer::State::kHelloSent;
+  peer.state_since = peer.last_heard = Clock::now();
+  SendTo(peer,
+         Hello{.incarnation = incarnation_, .nonce = *nonce, .reply_address = reply_address_});
+}
+
+void DecodeMessenger::HandleHelloAck(Peer& peer, const HelloAck& ack) {
+  Status s = VerifyClusterProof(options_.cluster_key, peer.own_nonce, ack.nonce, incarnation_,
+                                ack.incarnation, ack.proof);
+  if (s.ok()) s = CheckPeerCompatible(ack.node, local_);
+  Result<TransferPlan> plan = TransferPlan::Create(ack.node.kv, local_.kv);
+  if (s.ok() && !plan.ok()) s = plan.status();
+  if (!s.ok()) {
+    SendTo(peer, HandshakeRefused{s.message()});
+    PeerDead(peer, s.WithContext("handshake with prefill peer " + peer.spec.name + " refused"));
+    return;
+  }
+  peer.incarnation = ack.incarnation;
+  peer.plan = std::make_shared<const TransferPlan>(std::move(plan).value());
+  peer.state = Peer::State::kFinishSent;
+  peer.state_since = Clock::now();
+  SendTo(peer, HelloFinish{.proof = MakeClusterProof(options_.cluster_key, peer.own_nonce,
+                                                     ack.nonce, incarnation_),
+                           .node = local_});
+}
+
+void DecodeMessenger::PeerDead(Peer& peer, const Status& why) {
+  if (peer.state == Peer::State::kDisconnected) return;
+  PD_LOG_WARN("prefill peer {} removed: {}", peer.spec.name, why.ToString());
+  counters_.last_peer_error = why.ToString();
+  // After this nothing from the old incarnation counts or reaches us.
+  if (Status s = fabric_->RemovePeer(peer.id); !s.ok()) PD_LOG_WARN("{}", s.ToString());
+  peer.removed_instance = peer.instance;
+  peer.state = Peer::State::kDisconnected;
+  peer.plan.reset();
+  peer.own_tokens = 0;
+  peer.retry_at = Clock::now() + options_.heartbeat_interval;
+  std::vector<Request*> affected;
+  for (auto& [id, req] : requests_) {
+    if (req->peer == &peer) affected.push_back(req.get());
+  }
+  for (Request* req : affected) {
+    if (req->state == Request::State::kInFlight || req->state == Request::State::kCancelling) {
+      fabric_->RemoveExpectation(req->immediate);
+      req->failed_peers.push_back(&peer);
+      if (req->state == Request::State::kInFlight) {
+        req->retry_after_ack = req->retries < options_.max_retries;
+        if (!req->retry_after_ack) {
+          FailRequest(*req, why.WithContext("prefill peer " + peer.spec.name + " lost"));
+        }
+      }
+      Quiesced(*req);  // the peer is removed: none of its writes can land
+    }
+  }
+  PublishStats();
+}
+
+void DecodeMessenger::OnPagesAllocated(const std::string& id, std::vector<PageId> pages) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  Request& req = *it->second;
+  const int page_tokens = engine_->kv_layout().page_tokens;
+  const size_t kv_pages =
+      (req.prefix.size() + static_cast<size_t>(page_tokens) - 1) / static_cast<size_t>(page_tokens);
+  pages.resize(std::min(pages.size(), kv_pages));
+  req.pages = std::move(pages);
+  req.deadline = Deadline::After(options_.prefill_timeout);
+  if (req.prefix.empty()) {  // a one-token prompt: nothing to transfer
+    req.state = Request::State::kLanded;
+    engine_->Admit(id);
+    return;
+  }
+  Dispatch(req);
+}
+
+void DecodeMessenger::Dispatch(Request& req) {
+  Peer* best = nullptr;
+  for (auto& p : peers_) {
+    if (p->state != Peer::State::kReady) continue;
+    if (!req.peer_override.empty() && p->spec.name != req.peer_override) continue;
+    if (std::find(req.failed_peers.begin(), req.failed_peers.end(), p.get()) !=
+            req.failed_peers.end() &&
+        req.peer_override.empty()) {
+      continue;
+    }
+    if (best == nullptr ||
+        p->own_tokens + p->reported_tokens < best->own_tokens + best->reported_tokens) {
+      best = p.get();
+    }
+  }
+  if (best == nullptr) {
+    PD_LOG_DEBUG("request {}: no prefill peer ready; queued", req.id);
+    req.state = Request::State::kQueued;  // Tick fails it at its deadline
+    return;
+  }
+  if (free_slots_.empty()) {
+    const uint32_t slot = static_cast<uint32_t>(slot_generation_.size());
+    if (slot >= kMaxTransferSlots) return FailRequest(req, Status::ResourceExhausted("no slot"));
+    slot_generation_.push_back(0);
+    free_slots_.push_back(slot);
+  }
+  req.slot = free_slots_.back();
+  free_slots_.pop_back();
+  req.has_slot = true;
+  const TransferTag tag{.slot = req.slot, .generation = slot_generation_[req.slot]};
+  req.immediate = EncodeImmediate(tag);
+  req.request_id = next_request_id_++;
+  req.peer = best;
+  by_request_id_[req.request_id] = req.id;
+  const uint64_t seed = req.request_id;
+  const uint64_t expected = best->plan->ExpectedWrites(req.pages.size(), seed);
+  std::weak_ptr<ControlLoop> weak_loop = loop_;
+  Status s = fabric_->Expect(
+      req.immediate, static_cast<uint32_t>(expected), req.deadline,
+      [this, weak_loop, id = req.id, imm = req.immediate](const Status& st, uint32_t arrived) {
+        if (auto loop = weak_loop.lock()) {
+          loop->Post([this, id, imm, st, arrived] { OnLanded(id, imm, st, arrived); });
+        }
+      });
+  if (!s.ok()) return FailRequest(req, s.WithContext("registering the expected KV writes"));
+  req.state = Request::State::kInFlight;
+  PD_LOG_DEBUG("request {}: {} tokens to {} as transfer {} (slot {}, {} writes expected)", req.id,
+               req.prefix.size(), best->spec.name, req.request_id, req.slot, expected);
+  best->own_tokens += static_cast<int64_t>(req.prefix.size());
+  const auto remaining =
+      std::chrono::duration_cast<std::chrono::milliseconds>(req.deadline.Remaining()).count();
+  SendTo(*best,
+         PrefillRequest{.request_id = req.request_id,
+                        .token_ids = req.prefix,
+                        .destination_pages = req.pages,
+                        .transfer_slot = tag.slot,
+                        .generation = tag.generation,
+                        .deadline_ms = static_cast<uint32_t>(std::max<int64_t>(1, remaining)),
+                        .replica_seed = seed,
+                        .context_buffer = std::nullopt});
+  PublishStats();
+}
+
+void DecodeMessenger::OnLanded(const std::string& id, uint32_t imm, const Status& status,
+                               uint32_t arrived) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  Request& req = *it->second;
+  if (req.state != Request::State::kInFlight || req.immediate != imm) return;  // stale
+  PD_LOG_DEBUG("request {}: KV landed: {} ({} writes)", id, status.ToString(), arrived);
+  if (status.ok()) {
+    // Every write P will send has landed: the slot can be reused.
+    req.peer->own_tokens -= static_cast<int64_t>(req.prefix.size());
+    FreeSlot(req);
+    req.state = Request::State::kLanded;
+    engine_->Admit(id);
+    PublishStats();
+    return;
+  }
+  Abandon(req,
+          Status::DeadlineExceeded(fmt::format(
+              "KV of the prompt from prefill peer {} did not land in time ({} writes arrived)",
+              req.peer->spec.name, arrived)),
+          /*retry=*/false);
+}
+
+void DecodeMessenger::OnWriteFailed(uint64_t request_id, const std::string& reason) {
+  auto idx = by_request_id_.find(request_id);
+  if (idx == by_request_id_.end()) return;
+  auto it = requests_.find(idx->second);
+  if (it == requests_.end()) return;
+  Request& req = *it->second;
+  if (req.state != Request::State::kInFlight || req.request_id != request_id) return;
+  Abandon(req, Status::Unavailable("prefill peer " + req.peer->spec.name + ": " + reason),
+          /*retry=*/true);
+}
+
+void DecodeMessenger::Abandon(Request& req, const Status& why, bool retry) {
+  fabric_->RemoveExpectation(req.immediate);
+  req.peer->own_tokens -= static_cast<int64_t>(req.prefix.size());
+  req.failed_peers.push_back(req.peer);
+  req.retry_after_ack = retry && req.retries < options_.max_retries;
+  if (!req.retry_after_ack) FailRequest(req, why);
+  // Pages stay held until P says none of its writes can still land.
+  req.state = Request::State::kCancelling;
+  req.cancel_sent = Clock::now();
+  SendTo(*req.peer, Cancel{req.request_id});
+  PublishStats();
+}
+
+void DecodeMessenger::OnCancelAck(uint64_t request_id) {
+  auto idx = by_request_id_.find(request_id);
+  if (idx == by_request_id_.end()) return;
+  auto it = requests_.find(idx->second);
+  if (it == requests_.end()) return;
+  Request& req = *it->second;
+  if (req.state == Request::State::kCancelling && req.request_id == request_id) Quiesced(req);
+}
+
+void DecodeMessenger::Quiesced(Request& req) {
+  by_request_id_.erase(req.request_id);
+  FreeSlot(req);
+  req.peer = nullptr;
+  if (req.engine_finished) {
+    engine_->ReleaseHeldPages(req.id);
+    requests_.erase(req.id);
+    PublishStats();
+    return;
+  }
+  if (req.retry_after_ack) {
+    ++req.retries;
+    ++counters_.requests_retried;
+    req.retry_after_ack = false;
+    Dispatch(req);
+    return;
+  }
+  // Failed: the engine's final output (kCancelled, rewritten to the error) finishes it.
+  req.state = Request::State::kQueued;
+  req.deadline = Deadline::Never();
+}
+
+void DecodeMessenger::FailRequest(Request& req, const Status& why) {
+  PD_LOG_WARN("request {} failed: {}", req.id, why.ToString());
+  ++counters_.requests_failed;
+  {
+    std::lock_guard lock(failures_mu_);
+    failures_[req.id] = why;
+  }
+  req.retry_after_ack = false;
+  engine_->Cancel(req.id);
+}
+
+void DecodeMessenger::OnEngineFinished(const std::string& id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  Request& req = *it->second;
+  req.engine_finished = true;
+  {
+    std::lock_guard lock(failures_mu_);
+    failures_.erase(id);
+  }
+  switch (req.state) {
+    case Request::State::kInFlight:  // client gone (or shutdown) while the KV streams
+      ++counters_.requests_cancelled;
+      fabric_->RemoveExpectation(req.immediate);
+      req.peer->own_tokens -= static_cast<int64_t>(req.prefix.size());
+      req.state = Request::State::kCancelling;
+      req.cancel_sent = Clock::now();
+      SendTo(*req.peer, Cancel{req.request_id});
+      return;
+    case Request::State::kCancelling:
+      return;  // released on CancelAck or the peer's removal
+    default:
+      // Nothing can land: admitted (the engine freed or frees its pages), queued or never
+      // allocated. ReleaseHeldPages is a no-op when the engine holds nothing.
+      engine_->ReleaseHeldPages(id);
+      requests_.erase(it);
+      PublishStats();
+  }
+}
+
+void DecodeMessenger::FreeSlot(Request& req) {
+  if (!req.has_slot) return;
+  slot_generation_[req.slot] = NextGeneration(slot_generation_[req.slot]);
+  free_slots_.push_back(req.slot);
+  req.has_slot = false;
+}
+
+void DecodeMessenger::Tick() {
+  const TimePoint now = Clock::now();
+  for (auto& p : peers_) {
+    Peer& peer = *p;
+    switch (peer.state) {
+      case Peer::State::kDisconnected:
+        if (now >= peer.retry_at) Connect(peer);
+        break;
+      case Peer::State::kHelloSent:
+      case Peer::State::kFinishSent:
+        if (now - peer.state_since > options_.handshake_timeout) {
+          PeerDead(peer, Status::DeadlineExceeded("no answer to the handshake"));
+          // The instance may be alive but slow: let it be tried again.
+          peer.removed_instance = 0;
+        }
+        break;
+      case Peer::State::kReady:
+        if (now - peer.last_heard > options_.peer_timeout) {
+          PeerDead(peer, Status::DeadlineExceeded(fmt::format("no heartbeat answer for {} ms",
+                                                              options_.peer_timeout.count())));
+        } else {
+          SendTo(peer, Heartbeat{++peer.heartbeat});
+        }
+        break;
+    }
+  }
+  std::vector<Request*> late_queued;
+  std::vector<Request*> late_cancel;
+  for (auto& [id, req] : requests_) {
+    if (req->state == Request::State::kQueued && !req->engine_finished && req->deadline.Passed()) {
+      late_queued.push_back(req.get());
+    }
+    if (req->state == Request::State::kCancelling && req->peer != nullptr &&
+        now - req->cancel_sent > options_.peer_timeout) {
+      late_cancel.push_back(req.get());
+    }
+  }
+  for (Request* req : late_queued) {
+    FailRequest(*req, Status::Unavailable("no prefill peer became available in time"));
+    req->deadline = Deadline::Never();
+  }
+  for (Request* req : late_cancel) {
+    // No acknowledgement: treat the peer as hung and remove it (which releases the pages).
+    if (req->peer != nullptr && req->state == Request::State::kCancelling) {
+      PeerDead(*req->peer, Status::DeadlineExceeded("no answer to a cancel"));
+    }
+  }
+}
+
+void DecodeMessenger::SendTo(Peer& peer, const Message& message) {
+  Result<std::string> bytes = EncodeMessage(message);
+  if (!bytes.ok()) {
+    PD_LOG_ERROR("cannot encode {}: {}", MessageTypeName(TypeOf(message)),
+                 bytes.status().ToString());
+    return;
+  }
+  Status s = fabric_->Send(peer.id, std::as_bytes(std::span(bytes->data(), bytes->size())),
+                           fabric::Completion{.callback =
+                                                  [](const Status& st) {
+                                                    if (!st.ok())
+                                                      PD_LOG_DEBUG("control message lost: {}",
+                                                                   st.ToString());
+                                                  },
+                                              .counter = nullptr},
+                           Deadline::After(options_.peer_timeout));
+  if (!s.ok()) PD_LOG_DEBUG("cannot send {}: {}", MessageTypeName(TypeOf(message)), s.ToString());
+}
+
+void DecodeMessenger::PublishStats() {
+  DecodeMessengerStats s = counters_;
+  for (const auto& p : peers_) s.peers_ready += p->state == Peer::State::kReady;
+  s.requests_in_flight = static_cast<int>(requests_.size());
+  s.slots_in_use = static_cast<int>(slot_generation_.size() - free_slots_.size());
+  {
+    std::lock_guard lock(stats_mu_);
+    stats_ = s;
+  }
+  stats_cv_.notify_all();
+}
+
+DecodeMessengerStats DecodeMessenger::stats() const {
+  std::lock_guard lock(stats_mu_);
+  return stats_;
+}
+
+bool DecodeMessenger::WaitForPeers(int n, Deadline deadline) const {
+  std::unique_lock lock(stats_mu_);
+  return stats_cv_.wait_until(lock, deadline.at(), [&] { return stats_.peers_ready >= n; });
+}
+
+}  // namespace pdserve::messenger

@@ -1,0 +1,126 @@
+// DecodeMessenger: the decode node's side of the KV messenger (DESIGN.md §3). It handshakes with
+// every configured prefill peer, and for each request: submits it to the engine as
+// kRemotePrefill; once the engine has allocated its pages, picks a prefill peer (the request's
+// override, else the one with the fewest outstanding prefill tokens), registers the number of
+// writes it expects (TransferPlan, from P's layout) for the request's transfer slot BEFORE
+// sending the PrefillRequest, and admits the request when that count has landed. A prompt of
+// one token has nothing to transfer and is admitted at once.
+//
+// Who frees D's pages: the engine, for admitted requests; this messenger (ReleaseHeldPages) for
+// requests that end before their KV landed, and only once no write can still land in them —
+// after P's CancelAck, or after P was removed (missed heartbeats, endpoint error). Requests of a
+// removed peer are retried on another ready peer (MessengerOptions::max_retries) or fail with
+// an error naming the peer and the cause.
+//
+// Threads: Create/destructor from the owner's thread (the engine must outlive the messenger and
+// its loop must be stopped first). Submit/stats/events from any thread. The peers' `resolve`
+// functions run on the messenger's control loop (they may block briefly; give them a timeout).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/engine.h"
+#include "fabric/transfer_engine.h"
+#include "messenger/control_loop.h"
+#include "messenger/messenger_options.h"
+#include "messenger/protocol.h"
+
+namespace pdserve::messenger {
+
+struct PrefillPeerSpec {
+  std::string name;  // how requests name it (e.g. the prefill node's URL)
+  // Where it is now; asked again whenever the peer is (re)connected, so a restarted prefill
+  // node (new fabric address, new incarnation) is found.
+  std::function<Result<fabric::EngineAddress>()> resolve;
+};
+
+struct DecodeMessengerStats {
+  int peers_ready = 0;
+  int requests_in_flight = 0;  // submitted through the messenger, not yet finished
+  int slots_in_use = 0;
+  int64_t requests_total = 0;
+  int64_t requests_retried = 0;
+  int64_t requests_failed = 0;
+  int64_t requests_cancelled = 0;
+  std::string last_peer_error;
+};
+
+class DecodeMessenger {
+ public:
+  static Result<std::unique_ptr<DecodeMessenger>> Create(Engine* engine, MessengerOptions options,
+                                                         std::vector<PrefillPeerSpec> peers);
+  ~DecodeMessenger();
+  DecodeMessenger(const DecodeMessenger&) = delete;
+  DecodeMessenger& operator=(const DecodeMessenger&) = delete;
+
+  // Submits `request` with its prompt prefilled remotely (kind is set to kRemotePrefill).
+  // `prefill_peer`: a peer name to use for this request ("" = least loaded); an unknown name is
+  // InvalidArgument. Other errors are the engine's Submit errors.
+  Status Submit(EngineRequest request, const std::string& prefill_peer = "");
+  DecodeMessengerStats stats() const;
+  // True once `n` peers are ready, false if the deadline passes first.
+  bool WaitForPeers(int n, Deadline deadline) const;
+
+ private:
+  struct Peer;
+  struct Request;
+  DecodeMessenger(Engine* engine, MessengerOptions options, std::vector<PrefillPeerSpec> peers);
+  Status Init();
+  void OnMessage(fabric::PeerId from, std::span<const std::byte> payload);
+  void Handle(fabric::PeerId from, Message message);
+  void Connect(Peer& peer);
+  void HandleHelloAck(Peer& peer, const HelloAck& ack);
+  void PeerDead(Peer& peer, const Status& why);
+  void OnPagesAllocated(const std::string& id, std::vector<PageId> pages);
+  void Dispatch(Request& req);
+  void OnLanded(const std::string& id, uint32_t imm, const Status& status, uint32_t arrived);
+  void OnWriteFailed(uint64_t request_id, const std::string& reason);
+  void OnCancelAck(uint64_t request_id);
+  void OnEngineFinished(const std::string& id);
+  // The KV of `req` will not land from its peer: ask P to stop; then retry or fail.
+  void Abandon(Request& req, const Status& why, bool retry);
+  // No write of `req`'s current transfer can land any more.
+  void Quiesced(Request& req);
+  void FailRequest(Request& req, const Status& why);
+  void Finish(const std::string& id);
+  void FreeSlot(Request& req);
+  void Tick();
+  void SendTo(Peer& peer, const Message& message);
+  Peer* FindPeer(fabric::PeerId id);
+  void PublishStats();
+
+  Engine* const engine_;
+  const MessengerOptions options_;
+  const uint64_t incarnation_;
+  NodeInfo local_;
+  std::string reply_address_;
+  std::shared_ptr<ControlLoop> loop_;
+  std::unique_ptr<fabric::TransferEngine> fabric_;
+  fabric::RegionId region_ = 0;
+
+  // Control-loop state.
+  std::vector<std::unique_ptr<Peer>> peers_;
+  std::map<std::string, std::unique_ptr<Request>> requests_;  // by engine id
+  std::map<uint64_t, std::string> by_request_id_;             // transfer request id -> engine id
+  uint64_t next_request_id_ = 1;
+  std::vector<uint32_t> free_slots_;
+  std::vector<uint32_t> slot_generation_;  // by slot
+  DecodeMessengerStats counters_;
+
+  // Failures the engine's final output must carry (engine.Cancel alone says "cancelled").
+  std::mutex failures_mu_;
+  std::map<std::string, Status> failures_;  // guarded by failures_mu_
+
+  mutable std::mutex stats_mu_;
+  mutable std::condition_variable stats_cv_;
+  DecodeMessengerStats stats_;  // guarded by stats_mu_
+};
+
+}  // namespace pdserve::messenger

@@ -1,0 +1,184 @@
+#include "messenger/layer_streamer.h"
+
+#include <algorithm>
+
+#include "common/logging.h"
+
+namespace pdserve::messenger {
+
+LayerStreamer::LayerStreamer(fabric::TransferEngine* fabric, fabric::RegionId source_region,
+                             int page_tokens, int num_layers, EventLog* events,
+                             std::function<void(const std::shared_ptr<StreamJob>&)> on_job_changed)
+    : fabric_(fabric),
+      source_region_(source_region),
+      page_tokens_(page_tokens),
+      num_layers_(num_layers),
+      events_(events),
+      on_job_changed_(std::move(on_job_changed)) {}
+
+LayerStreamer::~LayerStreamer() { Stop(); }
+
+void LayerStreamer::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
+
+void LayerStreamer::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void LayerStreamer::Add(const std::shared_ptr<StreamJob>& job) {
+  std::lock_guard lock(mu_);
+  jobs_[job->engine_id] = job;
+}
+
+int64_t LayerStreamer::Remove(const std::shared_ptr<StreamJob>& job) {
+  std::lock_guard lock(mu_);
+  job->stopped = true;
+  auto it = jobs_.find(job->engine_id);
+  if (it != jobs_.end() && it->second == job) jobs_.erase(it);
+  return job->writes_posted;
+}
+
+void LayerStreamer::StopJob(const std::shared_ptr<StreamJob>& job) {
+  std::lock_guard lock(mu_);
+  job->stopped = true;
+}
+
+LayerStreamer::JobProgress LayerStreamer::Progress(const StreamJob& job) const {
+  std::lock_guard lock(mu_);
+  return {job.pages_streamed, job.writes_posted, job.stopped};
+}
+
+void LayerStreamer::OnStepScheduled(uint64_t step, std::span<const AnnouncedChunk> chunks) {
+  StepPlan plan;
+  plan.step = step;
+  {
+    std::lock_guard lock(mu_);
+    for (const AnnouncedChunk& c : chunks) {
+      auto it = jobs_.find(*c.request_id);
+      if (it == jobs_.end() || it->second->stopped) continue;
+      StreamJob& job = *it->second;
+      const int64_t end = c.start + c.count;
+      const int final_pages = end >= job.num_tokens ? static_cast<int>(job.dst_pages.size())
+                                                    : static_cast<int>(end / page_tokens_);
+      Segment seg{it->second, {}};
+      for (int i = job.pages_announced; i < final_pages; ++i) {
+        if (i >= static_cast<int>(c.pages.size())) break;  // cannot happen: pages cover the chunk
+        seg.pages.push_back({c.pages[i], job.dst_pages[i]});
+      }
+      job.pages_announced = std::max(job.pages_announced, final_pages);
+      if (!seg.pages.empty()) plan.segments.push_back(std::move(seg));
+    }
+    if (!plan.segments.empty()) plans_.push_back(std::move(plan));
+  }
+  events_->Record(EventKind::kStepScheduled, step);
+}
+
+void LayerStreamer::OnLayerDone(uint64_t step, int layer) {
+  {
+    std::lock_guard lock(mu_);
+    done_step_ = step;
+    done_layer_ = layer;
+  }
+  events_->Record(EventKind::kLayerDone, step, layer);
+  cv_.notify_one();
+}
+
+int LayerStreamer::LastDoneLayer(uint64_t step) const {
+  if (done_step_ > step) return num_layers_ - 1;
+  if (done_step_ == step) return done_layer_;
+  return -1;
+}
+
+void LayerStreamer::Run() {
+  std::unique_lock lock(mu_);
+  while (!stop_) {
+    // The timeout only bounds a missed notification; OnLayerDone wakes the thread.
+    cv_.wait_for(lock, std::chrono::milliseconds(50), [this] {
+      return stop_ ||
+             (!plans_.empty() && LastDoneLayer(plans_.front().step) >= plans_.front().next_layer);
+    });
+    while (!stop_ && !plans_.empty()) {
+      StepPlan& plan = plans_.front();
+      const int done = LastDoneLayer(plan.step);
+      for (; plan.next_layer <= done; ++plan.next_layer) PostLayer(plan, plan.next_layer);
+      if (plan.next_layer < num_layers_) break;
+      std::vector<std::shared_ptr<StreamJob>> changed;
+      for (Segment& seg : plan.segments) {
+        seg.job->pages_streamed += static_cast<int>(seg.pages.size());
+        changed.push_back(seg.job);
+      }
+      events_->Record(EventKind::kStepFinished, plan.step);
+      plans_.pop_front();
+      lock.unlock();
+      for (const auto& job : changed) on_job_changed_(job);
+      lock.lock();
+    }
+  }
+}
+
+void LayerStreamer::PostLayer(StepPlan& plan, int layer) {
+  for (Segment& seg : plan.segments) {
+    const std::shared_ptr<StreamJob>& job = seg.job;
+    if (job->stopped) continue;
+    scratch_.clear();
+    Status s = job->plan->AppendLayerWrites(seg.pages, layer, job->seed, &scratch_);
+    int64_t posted = 0;
+    for (const KvWrite& w : scratch_) {
+      if (!s.ok()) break;
+      // TP 1: rank 0 on both sides is the one registered region; with rank workers each
+      // (src_rank, dst_rank) pair picks its region and descriptor here.
+      fabric::SingleWrite write{.src_region = source_region_,
+                                .src_offset = w.src_offset,
+                                .peer = job->peer,
+                                .dst = job->dst.get(),
+                                .dst_offset = w.dst_offset,
+                                .length = w.length,
+                                .immediate = job->immediate,
+                                .deadline = job->deadline};
+      ++job->writes_posted;
+      s = fabric_->PostWrite(
+          write,
+          fabric::Completion{.callback = [this, job](const Status& st) { OnWriteDone(job, st); },
+                             .counter = nullptr});
+      if (!s.ok()) {
+        --job->writes_posted;
+        break;
+      }
+      ++posted;
+    }
+    if (posted > 0) {
+      events_->Record(EventKind::kWritesPosted, plan.step, layer, job->request_id, posted);
+    }
+    if (!s.ok()) {
+      PD_LOG_WARN("request {}: posting a KV write failed: {}", job->request_id, s.ToString());
+      job->stopped = true;
+      {
+        std::lock_guard error_lock(job->error_mu);
+        if (job->first_error.ok()) job->first_error = s;
+      }
+      job->write_failed.store(true);
+      // on_job_changed_ only posts to the control loop; safe under mu_.
+      on_job_changed_(job);
+    }
+  }
+}
+
+void LayerStreamer::OnWriteDone(const std::shared_ptr<StreamJob>& job, const Status& status) {
+  if (!status.ok()) {
+    {
+      std::lock_guard error_lock(job->error_mu);
+      if (job->first_error.ok()) job->first_error = status;
+    }
+    job->write_failed.store(true);
+  }
+  job->writes_completed.fetch_add(1, std::memory_order_acq_rel);
+  on_job_changed_(job);
+}
+
+}  // namespace pdserve::messenger

@@ -1,0 +1,118 @@
+// LayerStreamer: the prefill side's layer-by-layer KV streaming (DESIGN.md §3.3). It is the
+// engine's StepObserver: before each forward pass it learns which chunks run and decides which
+// pages become final in that step (a page is final when all its token slots are written, or at
+// the request's last chunk); as layers finish, its own thread posts those pages' writes of each
+// finished layer, with the request's immediate, through the TransferPlan.
+//
+// Threads: OnStepScheduled / OnLayerDone run on the engine loop thread and only record and
+// notify. The streamer thread posts writes. Write completions run on fabric progress threads
+// and only touch atomics, then call `on_job_changed` (which must not block; the prefill
+// messenger posts to its control loop). Add/Stop/PostedWrites may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/clock.h"
+#include "engine/engine.h"
+#include "fabric/transfer_engine.h"
+#include "kv/transfer_plan.h"
+#include "messenger/event_log.h"
+
+namespace pdserve::messenger {
+
+// One PrefillRequest being served. Fields above the line are fixed at creation.
+struct StreamJob {
+  std::string engine_id;
+  uint64_t request_id = 0;
+  uint64_t peer_instance = 0;
+  fabric::PeerId peer = fabric::kUnknownPeer;
+  std::shared_ptr<const fabric::MemoryDescriptor> dst;
+  std::shared_ptr<const TransferPlan> plan;
+  uint64_t seed = 0;
+  uint32_t immediate = 0;
+  int64_t num_tokens = 0;  // tokens prefilled here: the prompt's [0, n-1)
+  std::vector<PageId> dst_pages;
+  Deadline deadline = Deadline::Never();
+  // ---- Streamer state, guarded by LayerStreamer::mu_.
+  int pages_announced = 0;  // pages handed to a step plan
+  int pages_streamed = 0;   // pages whose every layer has been posted
+  int64_t writes_posted = 0;
+  bool stopped = false;  // cancelled or failed: post nothing more
+  // ---- Set from completions (any thread).
+  std::atomic<int64_t> writes_completed{0};
+  std::atomic<bool> write_failed{false};
+  std::mutex error_mu;
+  Status first_error;  // guarded by error_mu
+};
+
+class LayerStreamer : public StepObserver {
+ public:
+  LayerStreamer(fabric::TransferEngine* fabric, fabric::RegionId source_region, int page_tokens,
+                int num_layers, EventLog* events,
+                std::function<void(const std::shared_ptr<StreamJob>&)> on_job_changed);
+  ~LayerStreamer() override;  // Stop()
+  void Start();
+  void Stop();
+
+  void Add(const std::shared_ptr<StreamJob>& job);
+  // Stops posting for the job and forgets it. Returns the writes posted so far.
+  int64_t Remove(const std::shared_ptr<StreamJob>& job);
+  // Stops posting for the job (it stays known until Remove).
+  void StopJob(const std::shared_ptr<StreamJob>& job);
+  // Snapshot of the streamer-guarded counters.
+  struct JobProgress {
+    int pages_streamed = 0;
+    int64_t writes_posted = 0;
+    bool stopped = false;
+  };
+  JobProgress Progress(const StreamJob& job) const;
+
+  void OnStepScheduled(uint64_t step, std::span<const AnnouncedChunk> chunks) override;
+  void OnLayerDone(uint64_t step, int layer) override;
+
+ private:
+  struct Segment {
+    std::shared_ptr<StreamJob> job;
+    std::vector<PagePair> pages;
+  };
+  struct StepPlan {
+    uint64_t step = 0;
+    std::vector<Segment> segments;
+    int next_layer = 0;
+  };
+  void Run();
+  // Highest layer of `step` known done (-1: none). Caller holds mu_.
+  int LastDoneLayer(uint64_t step) const;
+  // Posts layer `layer` of every segment of `plan`. Caller holds mu_.
+  void PostLayer(StepPlan& plan, int layer);
+  void OnWriteDone(const std::shared_ptr<StreamJob>& job, const Status& status);
+
+  fabric::TransferEngine* const fabric_;
+  const fabric::RegionId source_region_;
+  const int page_tokens_;
+  const int num_layers_;
+  EventLog* const events_;
+  const std::function<void(const std::shared_ptr<StreamJob>&)> on_job_changed_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::shared_ptr<StreamJob>> jobs_;  // by engine id; guarded by mu_
+  std::deque<StepPlan> plans_;                              // guarded by mu_
+  uint64_t done_step_ = 0;                                  // guarded by mu_
+  int done_layer_ = -1;                                     // guarded by mu_
+  bool stop_ = false;                                       // guarded by mu_
+  std::vector<KvWrite> scratch_;                            // streamer thread, under mu_
+  std::thread thread_;
+};
+
+}  // namespace pdserve::messenger

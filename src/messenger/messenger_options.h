@@ -1,0 +1,33 @@
+// Options shared by the prefill and decode messengers, and what each node says about itself in
+// the handshake (DESIGN.md §3.1). Plain value types; thread-compatible.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "fabric/config.h"
+
+namespace pdserve::messenger {
+
+struct MessengerOptions {
+  fabric::FabricConfig fabric;
+  // The cluster secret both sides prove in the handshake. Required (non-empty).
+  std::string cluster_key;
+  // Digest of the model's config and weights (model/fingerprint.h) plus anything else that
+  // changes the KV bits (weight dtype). Compared byte for byte.
+  std::string model_fingerprint;
+  // The kernels' ISA path (kernels::ActivePath()); both sides must compute the same bits.
+  std::string kernel_path;
+  // Heartbeats: sent every interval; a peer silent for peer_timeout is removed.
+  std::chrono::milliseconds heartbeat_interval{250};
+  std::chrono::milliseconds peer_timeout{3000};
+  // How long D waits for a handshake answer before it retries the peer.
+  std::chrono::milliseconds handshake_timeout{3000};
+  // D: how long the KV of one request may take to land; P: the deadline it gets (relative).
+  std::chrono::milliseconds prefill_timeout{60000};
+  // D: how many times a request is moved to another prefill peer after its peer died.
+  int max_retries = 1;
+};
+
+}  // namespace pdserve::messenger

@@ -1,0 +1,28 @@
+// The local node's handshake description (NodeInfo) and the check a node applies to its
+// peer's: same protocol assumptions, model, kernel path and a KV layout the transfer plan
+// accepts. Pure functions; safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+#include "kv/layout.h"
+#include "messenger/protocol.h"
+
+namespace pdserve::messenger {
+
+// TP 1 today: one rank holding every KV head with `cache` as its layout. `memory` is the
+// serialised fabric::MemoryDescriptor of the rank's cache region ("" where the cache is never
+// a write target, i.e. on a prefill node).
+Result<NodeInfo> MakeLocalNodeInfo(const KvLayout& cache, std::string memory,
+                                   std::string model_fingerprint, std::string kernel_path);
+
+// Ok, or FailedPrecondition whose message names the first difference with both values.
+// `prefill` and `decode` are the two sides of the pair, whichever one is local.
+Status CheckPeerCompatible(const NodeInfo& prefill, const NodeInfo& decode);
+
+// A fresh random incarnation id (never 0).
+uint64_t NewIncarnation();
+
+}  // namespace pdserve::messenger

@@ -1,0 +1,377 @@
+#include "messenger/prefill_messenger.h"
+
+#include <fmt/format.h>
+
+#include "common/logging.h"
+#include "messenger/immediate.h"
+#include "messenger/node_info.h"
+
+namespace pdserve::messenger {
+
+Result<std::unique_ptr<PrefillMessenger>> PrefillMessenger::Create(Engine* engine,
+                                                                   MessengerOptions options) {
+  if (engine == nullptr) return Status::InvalidArgument("prefill messenger needs an engine");
+  if (options.cluster_key.empty()) {
+    return Status::InvalidArgument("the messenger needs a cluster key");
+  }
+  std::unique_ptr<PrefillMessenger> m(new PrefillMessenger(engine, std::move(options)));
+  PD_RETURN_IF_ERROR(m->Init());
+  return m;
+}
+
+PrefillMessenger::PrefillMessenger(Engine* engine, MessengerOptions options)
+    : engine_(engine), options_(std::move(options)), incarnation_(NewIncarnation()) {}
+
+Status PrefillMessenger::Init() {
+  loop_ = std::make_shared<ControlLoop>(options_.heartbeat_interval, [this] { Tick(); });
+  std::weak_ptr<ControlLoop> weak_loop = loop_;
+  fabric::EngineHandlers handlers;
+  handlers.on_message = [this](fabric::PeerId from, uint64_t instance,
+                               std::span<const std::byte> payload) {
+    OnMessage(from, instance, payload);
+  };
+  handlers.on_unmatched_immediate = [](fabric::PeerId, uint32_t) { return true; };  // not a target
+  handlers.on_peer_error = [this](fabric::PeerId peer, const Status& error) {
+    loop_->Post([this, peer, error] { DropPeer(peer, error); });
+  };
+  PD_ASSIGN_OR_RETURN(fabric_, fabric::TransferEngine::Create(options_.fabric, handlers));
+  KvCache& cache = engine_->kv_cache();
+  PD_ASSIGN_OR_RETURN(region_, fabric_->RegisterMemory(cache.base(), cache.size_bytes()));
+  // P's memory is never a write target: no descriptor goes out.
+  PD_ASSIGN_OR_RETURN(local_, MakeLocalNodeInfo(cache.layout(), "", options_.model_fingerprint,
+                                                options_.kernel_path));
+  streamer_ = std::make_unique<LayerStreamer>(
+      fabric_.get(), region_, cache.layout().page_tokens, cache.layout().num_layers, &events_,
+      [weak_loop, this](const std::shared_ptr<StreamJob>& job) {
+        if (auto loop = weak_loop.lock()) {
+          loop->Post([this, id = job->engine_id] { CheckJob(id); });
+        }
+      });
+  engine_->SetStepObserver(streamer_.get());
+  streamer_->Start();
+  loop_->Start();
+  return Status::Ok();
+}
+
+PrefillMessenger::~PrefillMessenger() {
+  if (streamer_) streamer_->Stop();
+  if (loop_) loop_->Stop();
+  // Ends every transfer (completions find the loop stopped) before the streamer they call.
+  fabric_.reset();
+  streamer_.reset();
+}
+
+void PrefillMessenger::OnMessage(fabric::PeerId from, uint64_t instance,
+                                 std::span<const std::byte> payload) {
+  Result<Message> message = DecodeMessage(
+      std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()));
+  if (!message.ok()) {
+    PD_LOG_WARN("dropped a malformed message from peer {}: {}", from, message.status().ToString());
+    return;
+  }
+  loop_->Post([this, from, instance, m = std::move(message).value()]() mutable {
+    Handle(from, instance, std::move(m));
+  });
+}
+
+void PrefillMessenger::Handle(fabric::PeerId from, uint64_t instance, Message message) {
+  if (auto* hello = std::get_if<Hello>(&message)) return HandleHello(instance, *hello);
+  auto peer = peers_.find(from);
+  if (peer == peers_.end()) return;  // not (or no longer) a peer: nothing it says counts
+  peer->second.last_heard = Clock::now();
+  std::visit(
+      [&](auto& m) {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, HelloFinish>) {
+          HandleHelloFinish(from, m);
+        } else if constexpr (std::is_same_v<T, PrefillRequest>) {
+          HandlePrefill(from, std::move(m));
+        } else if constexpr (std::is_same_v<T, Cancel>) {
+          HandleCancel(from, m);
+        } else if constexpr (std::is_same_v<T, Heartbeat>) {
+          SendTo(from, LoadReport{static_cast<uint64_t>(counters_.outstanding_prefill_tokens)});
+        } else if constexpr (std::is_same_v<T, HandshakeRefused>) {
+          DropPeer(from, Status::FailedPrecondition("decode node refused: " + m.reason));
+        }
+      },
+      message);
+}
+
+void PrefillMessenger::HandleHello(uint64_t instance, const Hello& hello) {
+  Result<fabric::EngineAddress> address = fabric::EngineAddress::Parse(hello.reply_address);
+  if (!address.ok() || address->instance != instance) {
+    PD_LOG_WARN("hello with a bad reply address from instance {:x}", instance);
+    return;
+  }
+  // A repeated Hello (D retrying) starts the handshake over with the same fabric peer: the
+  // transfer engine never re-adds an instance it removed.
+  for (auto it = peers_.begin(); it != peers_.end(); ++it) {
+    if (it->second.instance == instance) {
+      DropPeer(it->first, Status::Cancelled("peer said hello again"), /*remove=*/false);
+      break;
+    }
+  }
+  Result<fabric::PeerId> peer = fabric_->AddPeer(*address);
+  Result<Nonce> nonce = MakeNonce();
+  if (!peer.ok() || !nonce.ok()) {
+    PD_LOG_WARN("cannot answer hello from {:x}: {}", instance,
+                (!peer.ok() ? peer.status() : nonce.status()).ToString());
+    return;
+  }
+  DecodePeer& p = peers_[*peer];
+  p = DecodePeer{};
+  p.instance = instance;
+  p.incarnation = hello.incarnation;
+  p.own_nonce = *nonce;
+  p.peer_nonce = hello.nonce;
+  p.last_heard = Clock::now();
+  SendTo(*peer, HelloAck{.incarnation = incarnation_,
+                         .nonce = p.own_nonce,
+                         .proof = MakeClusterProof(options_.cluster_key, p.own_nonce, p.peer_nonce,
+                                                   incarnation_),
+                         .node = local_});
+}
+
+void PrefillMessenger::HandleHelloFinish(fabric::PeerId from, const HelloFinish& finish) {
+  DecodePeer& p = peers_[from];
+  if (p.ready) return;
+  Status s = VerifyClusterProof(options_.cluster_key, p.own_nonce, p.peer_nonce, incarnation_,
+                                p.incarnation, finish.proof);
+  if (s.ok()) s = CheckPeerCompatible(local_, finish.node);
+  Result<fabric::MemoryDescriptor> dst =
+      fabric::MemoryDescriptor::Parse(finish.node.rank_memory[0]);
+  if (s.ok() && !dst.ok()) s = dst.status().WithContext("decode memory descriptor");
+  Result<TransferPlan> plan = TransferPlan::Create(local_.kv, finish.node.kv);
+  if (s.ok() && !plan.ok()) s = plan.status();
+  if (!s.ok()) {
+    PD_LOG_WARN("handshake with decode peer {:x} refused: {}", p.instance, s.ToString());
+    SendTo(from, HandshakeRefused{s.message()});
+    DropPeer(from, s);
+    return;
+  }
+  p.dst = std::make_shared<const fabric::MemoryDescriptor>(std::move(dst).value());
+  p.plan = std::make_shared<const TransferPlan>(std::move(plan).value());
+  p.ready = true;
+  PD_LOG_INFO("decode peer {:x} (incarnation {:x}) connected", p.instance, p.incarnation);
+  // Also the handshake's confirmation: D sends no PrefillRequest before it (messages are not
+  // ordered, so a request must not overtake HelloFinish).
+  SendTo(from, LoadReport{static_cast<uint64_t>(counters_.outstanding_prefill_tokens)});
+  PublishStats();
+}
+
+void PrefillMessenger::HandlePrefill(fabric::PeerId from, PrefillRequest request) {
+  DecodePeer& p = peers_[from];
+  const std::string engine_id = fmt::format("pd-{:x}-{}", p.instance, request.request_id);
+  PD_LOG_DEBUG("prefill request {} from {:x}: {} tokens", request.request_id, p.instance,
+               request.token_ids.size());
+  auto refuse = [&](const std::string& why) {
+    PD_LOG_WARN("prefill request {} refused: {}", request.request_id, why);
+    SendTo(from, WriteFailed{request.request_id, why});
+    ++counters_.requests_failed;
+  };
+  if (!p.ready) return refuse("prefill request before the handshake finished");
+  if (jobs_.count(engine_id) != 0) return refuse("request id already in flight");
+  const KvLayout& layout = p.plan->source().ranks[0];
+  const int64_t tokens = static_cast<int64_t>(request.token_ids.size());
+  if (static_cast<size_t>(layout.PagesForTokens(tokens)) != request.destination_pages.size()) {
+    return refuse(fmt::format("{} tokens need {} destination pages, got {}", tokens,
+                              layout.PagesForTokens(tokens), request.destination_pages.size()));
+  }
+  for (PageId page : request.destination_pages) {
+    if (page >= p.plan->destination().ranks[0].num_pages) {
+      return refuse(fmt::format("destination page {} outside the decode cache", page));
+    }
+  }
+  auto job = std::make_shared<StreamJob>();
+  job->engine_id = engine_id;
+  job->request_id = request.request_id;
+  job->peer_instance = p.instance;
+  job->peer = from;
+  job->dst = p.dst;
+  job->plan = p.plan;
+  job->seed = request.replica_seed;
+  job->immediate =
+      EncodeImmediate({.slot = request.transfer_slot, .generation = request.generation});
+  job->num_tokens = tokens;
+  job->dst_pages = std::move(request.destination_pages);
+  job->deadline = Deadline::AfterMs(request.deadline_ms);
+
+  EngineRequest er;
+  er.id = engine_id;
+  er.prompt = std::move(request.token_ids);
+  er.kind = RequestKind::kPrefillOnly;
+  er.params.max_tokens = 1;  // never sampled; Validate wants a sane value
+  er.on_output = [weak_loop = std::weak_ptr<ControlLoop>(loop_), this,
+                  engine_id](const RequestOutput& out) {
+    if (!out.finished) return;
+    if (auto loop = weak_loop.lock()) {
+      loop->Post([this, engine_id, out] { OnEngineOutput(engine_id, out); });
+    }
+  };
+  streamer_->Add(job);  // before Submit: the first step may be announced at once
+  JobState& new_state = jobs_[engine_id];
+  new_state.job = job;
+  new_state.num_tokens = tokens;
+  if (Status s = engine_->Submit(std::move(er)); !s.ok()) {
+    JobState& state = jobs_[engine_id];
+    state.engine_finished = true;
+    FailJob(state, s);
+    CheckJob(engine_id);
+    return;
+  }
+  ++counters_.requests_total;
+  counters_.outstanding_prefill_tokens += tokens;
+  PublishStats();
+}
+
+void PrefillMessenger::HandleCancel(fabric::PeerId from, const Cancel& cancel) {
+  const std::string engine_id = fmt::format("pd-{:x}-{}", peers_[from].instance, cancel.request_id);
+  auto it = jobs_.find(engine_id);
+  if (it == jobs_.end()) {
+    // Already done (every write completed): nothing can land.
+    SendTo(from, CancelAck{cancel.request_id});
+    return;
+  }
+  JobState& state = it->second;
+  state.cancelled = true;
+  streamer_->StopJob(state.job);
+  if (!state.engine_finished) engine_->Cancel(engine_id);
+  ++counters_.requests_cancelled;
+  CheckJob(engine_id);
+}
+
+void PrefillMessenger::OnEngineOutput(const std::string& engine_id, const RequestOutput& out) {
+  auto it = jobs_.find(engine_id);
+  if (it == jobs_.end()) return;
+  JobState& state = it->second;
+  state.engine_finished = true;
+  counters_.outstanding_prefill_tokens -= state.num_tokens;
+  if (out.finish_reason == FinishReason::kPrefilled) {
+    state.prefilled = true;
+  } else if (!state.cancelled) {
+    FailJob(state, out.status.ok() ? Status::Internal(fmt::format(
+                                         "prefill ended: {}", FinishReasonName(out.finish_reason)))
+                                   : out.status);
+  }
+  CheckJob(engine_id);
+}
+
+void PrefillMessenger::FailJob(JobState& state, const Status& why) {
+  streamer_->StopJob(state.job);
+  {
+    std::lock_guard lock(state.job->error_mu);
+    if (state.job->first_error.ok()) state.job->first_error = why;
+  }
+  state.job->write_failed.store(true);
+  if (!state.engine_finished) engine_->Cancel(state.job->engine_id);
+}
+
+void PrefillMessenger::CheckJob(const std::string& engine_id) {
+  auto it = jobs_.find(engine_id);
+  if (it == jobs_.end()) return;
+  JobState& state = it->second;
+  const std::shared_ptr<StreamJob>& job = state.job;
+  if (job->write_failed.load() && !state.failure_reported) {
+    state.failure_reported = true;
+    Status error;
+    {
+      std::lock_guard lock(job->error_mu);
+      error = job->first_error;
+    }
+    streamer_->StopJob(job);
+    if (!state.engine_finished) engine_->Cancel(engine_id);
+    if (!state.cancelled && !state.peer_gone) {
+      // At once: D need not wait for its deadline.
+      SendTo(job->peer, WriteFailed{job->request_id, error.ToString()});
+      ++counters_.requests_failed;
+    }
+  }
+  const LayerStreamer::JobProgress progress = streamer_->Progress(*job);
+  const bool all_streamed = progress.pages_streamed == static_cast<int>(job->dst_pages.size());
+  const bool quiescent = state.engine_finished && (progress.stopped || all_streamed) &&
+                         job->writes_completed.load() == progress.writes_posted;
+  if (!quiescent) return;
+  PD_LOG_DEBUG("prefill request {} done: {} writes", job->request_id, progress.writes_posted);
+  // Nothing of this request is in flight any more: its source pages may be reused.
+  if (state.prefilled) engine_->ReleaseHeldPages(engine_id);
+  events_.Record(EventKind::kWritesComplete, 0, -1, job->request_id, progress.writes_posted);
+  if (state.cancelled && !state.peer_gone) SendTo(job->peer, CancelAck{job->request_id});
+  streamer_->Remove(job);
+  jobs_.erase(it);
+  PublishStats();
+}
+
+void PrefillMessenger::DropPeer(fabric::PeerId peer, const Status& why, bool remove) {
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) return;
+  PD_LOG_WARN("decode peer {:x} removed: {}", it->second.instance, why.ToString());
+  std::vector<std::string> ids;
+  for (auto& [id, state] : jobs_) {
+    if (state.job->peer != peer) continue;
+    state.peer_gone = true;
+    streamer_->StopJob(state.job);
+    if (!state.engine_finished) engine_->Cancel(id);
+    ids.push_back(id);
+  }
+  // Ends the peer's unfinished writes (their completions run before this returns).
+  if (Status s = remove ? fabric_->RemovePeer(peer) : Status::Ok(); !s.ok()) {
+    PD_LOG_WARN("removing decode peer: {}", s.ToString());
+  }
+  peers_.erase(it);
+  for (const std::string& id : ids) CheckJob(id);
+  PublishStats();
+}
+
+void PrefillMessenger::Tick() {
+  const TimePoint now = Clock::now();
+  std::vector<fabric::PeerId> silent;
+  for (const auto& [id, p] : peers_) {
+    if (now - p.last_heard > options_.peer_timeout) silent.push_back(id);
+  }
+  for (fabric::PeerId id : silent) {
+    DropPeer(id, Status::DeadlineExceeded("no heartbeat from the decode peer"));
+  }
+  std::vector<std::string> late;
+  for (auto& [id, state] : jobs_) {
+    if (!state.job->write_failed.load() && state.job->deadline.Passed()) late.push_back(id);
+  }
+  for (const std::string& id : late) {
+    FailJob(jobs_[id], Status::DeadlineExceeded("prefill request passed its deadline"));
+    CheckJob(id);
+  }
+}
+
+void PrefillMessenger::SendTo(fabric::PeerId peer, const Message& message) {
+  Result<std::string> bytes = EncodeMessage(message);
+  if (!bytes.ok()) {
+    PD_LOG_ERROR("cannot encode {}: {}", MessageTypeName(TypeOf(message)),
+                 bytes.status().ToString());
+    return;
+  }
+  Status s = fabric_->Send(peer, std::as_bytes(std::span(bytes->data(), bytes->size())),
+                           fabric::Completion{.callback =
+                                                  [](const Status& st) {
+                                                    if (!st.ok())
+                                                      PD_LOG_DEBUG("control message lost: {}",
+                                                                   st.ToString());
+                                                  },
+                                              .counter = nullptr},
+                           Deadline::After(options_.peer_timeout));
+  if (!s.ok()) PD_LOG_DEBUG("cannot send {}: {}", MessageTypeName(TypeOf(message)), s.ToString());
+}
+
+void PrefillMessenger::PublishStats() {
+  PrefillMessengerStats s = counters_;
+  s.peers_ready = 0;
+  for (const auto& [id, p] : peers_) s.peers_ready += p.ready;
+  s.requests_in_flight = static_cast<int>(jobs_.size());
+  std::lock_guard lock(stats_mu_);
+  stats_ = s;
+}
+
+PrefillMessengerStats PrefillMessenger::stats() const {
+  std::lock_guard lock(stats_mu_);
+  return stats_;
+}
+
+}  // namespace pdserve::messenger

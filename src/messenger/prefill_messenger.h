@@ -1,0 +1,113 @@
+// PrefillMessenger: the prefill node's side of the KV messenger (DESIGN.md §3). It answers decode
+// nodes' handshakes, runs their PrefillRequests as kPrefillOnly engine requests (tokens
+// [0, n-1)), streams each layer's final pages into the decode node's memory as the forward pass
+// goes (LayerStreamer), and releases its source pages once every write has completed locally.
+// It never samples. Cancel from D stops the request and is acknowledged once none of its
+// writes can still land; a write that fails is reported to D at once (WriteFailed); a decode
+// peer that stops sending heartbeats is removed with everything it asked for.
+//
+// Threads: Create/destructor from the owner's thread, before Engine::Start (it installs the
+// step observer) and before the engine is destroyed; the engine's loop must be stopped before
+// the messenger is destroyed. All state lives on the messenger's control loop; stats(),
+// address() and events() are safe from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "engine/engine.h"
+#include "fabric/transfer_engine.h"
+#include "messenger/control_loop.h"
+#include "messenger/event_log.h"
+#include "messenger/layer_streamer.h"
+#include "messenger/messenger_options.h"
+#include "messenger/protocol.h"
+
+namespace pdserve::messenger {
+
+struct PrefillMessengerStats {
+  int peers_ready = 0;
+  int requests_in_flight = 0;  // PrefillRequests not yet finished (pages held or streaming)
+  int64_t outstanding_prefill_tokens = 0;
+  int64_t requests_total = 0;
+  int64_t requests_failed = 0;
+  int64_t requests_cancelled = 0;
+};
+
+class PrefillMessenger {
+ public:
+  static Result<std::unique_ptr<PrefillMessenger>> Create(Engine* engine, MessengerOptions options);
+  ~PrefillMessenger();
+  PrefillMessenger(const PrefillMessenger&) = delete;
+  PrefillMessenger& operator=(const PrefillMessenger&) = delete;
+
+  // What a decode node needs to reach this one (serve publishes it over HTTP).
+  const fabric::EngineAddress& address() const { return fabric_->address(); }
+  uint64_t incarnation() const { return incarnation_; }
+  PrefillMessengerStats stats() const;
+  const EventLog& events() const { return events_; }
+
+ private:
+  struct DecodePeer {
+    uint64_t instance = 0;
+    uint64_t incarnation = 0;
+    Nonce own_nonce{};
+    Nonce peer_nonce{};
+    bool ready = false;
+    std::shared_ptr<const fabric::MemoryDescriptor> dst;
+    std::shared_ptr<const TransferPlan> plan;
+    TimePoint last_heard;
+  };
+  struct JobState {
+    std::shared_ptr<StreamJob> job;
+    int64_t num_tokens = 0;
+    bool engine_finished = false;
+    bool prefilled = false;  // finished with kPrefilled: the engine holds the pages
+    bool cancelled = false;  // by D: acknowledge when quiescent
+    bool peer_gone = false;  // nobody to talk to any more
+    bool failure_reported = false;
+  };
+
+  PrefillMessenger(Engine* engine, MessengerOptions options);
+  Status Init();
+  void OnMessage(fabric::PeerId from, uint64_t instance, std::span<const std::byte> payload);
+  void Handle(fabric::PeerId from, uint64_t instance, Message message);
+  void HandleHello(uint64_t instance, const Hello& hello);
+  void HandleHelloFinish(fabric::PeerId from, const HelloFinish& finish);
+  void HandlePrefill(fabric::PeerId from, PrefillRequest request);
+  void HandleCancel(fabric::PeerId from, const Cancel& cancel);
+  void OnEngineOutput(const std::string& engine_id, const RequestOutput& out);
+  // Settles a job: reports failures, releases pages and acknowledges when nothing can land.
+  void CheckJob(const std::string& engine_id);
+  void FailJob(JobState& state, const Status& why);
+  // Forgets the peer and ends its requests; `remove` also removes it from the fabric (then its
+  // instance can never come back: a restarted process has a new one).
+  void DropPeer(fabric::PeerId peer, const Status& why, bool remove = true);
+  void Tick();
+  void SendTo(fabric::PeerId peer, const Message& message);
+  void PublishStats();
+
+  Engine* const engine_;
+  const MessengerOptions options_;
+  const uint64_t incarnation_;
+  EventLog events_;
+  NodeInfo local_;
+  std::shared_ptr<ControlLoop> loop_;
+  std::unique_ptr<fabric::TransferEngine> fabric_;
+  fabric::RegionId region_ = 0;
+  std::unique_ptr<LayerStreamer> streamer_;
+
+  // Control-loop state.
+  std::map<fabric::PeerId, DecodePeer> peers_;
+  std::map<std::string, JobState> jobs_;  // by engine id
+  PrefillMessengerStats counters_;
+
+  mutable std::mutex stats_mu_;
+  PrefillMessengerStats stats_;  // guarded by stats_mu_; published by the control loop
+};
+
+}  // namespace pdserve::messenger

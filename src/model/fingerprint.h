@@ -1,0 +1,21 @@
+// ModelFingerprint: a cheap digest that tells two nodes whether they serve the same model
+// (DESIGN.md §3.1: a handshake refuses a mismatch rather than producing garbage tokens).
+//
+// It hashes (SHA-256) the config's forward-relevant fields (ModelConfig::Fingerprint), the
+// size of every *.safetensors file in the directory and 16 samples of 4 KiB spread evenly
+// over each file — not every byte: a multi-GB model is fingerprinted in milliseconds. So it
+// catches another model, another size, another seed of a synthetic model or a partial copy,
+// but not a change confined to unsampled bytes. Pure (reads files); safe from any thread.
+#pragma once
+
+#include <string>
+
+#include "common/status.h"
+#include "model/config.h"
+
+namespace pdserve {
+
+// 32 lower-case hex characters. IoError naming the file that cannot be read.
+Result<std::string> ModelFingerprint(const std::string& model_dir, const ModelConfig& config);
+
+}  // namespace pdserve
