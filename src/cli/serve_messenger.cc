@@ -19,7 +19,7 @@ std::string BaseUrl(const std::string& peer) {
 }
 
 // Asks a prefill node's HTTP API where its transfer engine is.
-Result<fabric::EngineAddress> ResolvePeer(const std::string& peer) {
+Result<fabric::TransferEngineAddress> ResolvePeer(const std::string& peer) {
   httplib::Client client(BaseUrl(peer));
   client.set_connection_timeout(1, 0);
   client.set_read_timeout(2, 0);
@@ -29,7 +29,7 @@ Result<fabric::EngineAddress> ResolvePeer(const std::string& peer) {
     return Status::Unavailable(fmt::format("prefill peer {}: HTTP {}", peer, res->status));
   }
   PD_ASSIGN_OR_RETURN(std::string bytes, fabric::HexDecode(res->body));
-  return fabric::EngineAddress::Parse(bytes);
+  return fabric::TransferEngineAddress::Parse(bytes);
 }
 
 std::string Gauge(const std::string& name, const std::string& help, double value) {

@@ -73,7 +73,7 @@ DecodeMessenger::DecodeMessenger(Engine* engine, MessengerOptions options,
 
 Status DecodeMessenger::Init() {
   loop_ = std::make_shared<ControlLoop>(options_.heartbeat_interval, [this] { Tick(); });
-  fabric::EngineHandlers handlers;
+  fabric::TransferEngineHandlers handlers;
   handlers.on_message = [this](fabric::PeerId from, uint64_t, std::span<const std::byte> payload) {
     OnMessage(from, payload);
   };
@@ -201,7 +201,7 @@ void DecodeMessenger::Handle(fabric::PeerId from, Message message) {
 }
 
 void DecodeMessenger::Connect(Peer& peer) {
-  Result<fabric::EngineAddress> address = peer.spec.resolve();
+  Result<fabric::TransferEngineAddress> address = peer.spec.resolve();
   Status s = address.status();
   if (s.ok() && address->instance == peer.removed_instance) {
     s = Status::Unavailable("still the removed instance; waiting for a restart");

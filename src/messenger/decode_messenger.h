@@ -38,7 +38,7 @@ struct PrefillPeerSpec {
   std::string name;  // how requests name it (e.g. the prefill node's URL)
   // Where it is now; asked again whenever the peer is (re)connected, so a restarted prefill
   // node (new fabric address, new incarnation) is found.
-  std::function<Result<fabric::EngineAddress>()> resolve;
+  std::function<Result<fabric::TransferEngineAddress>()> resolve;
 };
 
 struct DecodeMessengerStats {

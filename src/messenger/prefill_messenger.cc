@@ -25,7 +25,7 @@ PrefillMessenger::PrefillMessenger(Engine* engine, MessengerOptions options)
 Status PrefillMessenger::Init() {
   loop_ = std::make_shared<ControlLoop>(options_.heartbeat_interval, [this] { Tick(); });
   std::weak_ptr<ControlLoop> weak_loop = loop_;
-  fabric::EngineHandlers handlers;
+  fabric::TransferEngineHandlers handlers;
   handlers.on_message = [this](fabric::PeerId from, uint64_t instance,
                                std::span<const std::byte> payload) {
     OnMessage(from, instance, payload);
@@ -98,7 +98,8 @@ void PrefillMessenger::Handle(fabric::PeerId from, uint64_t instance, Message me
 }
 
 void PrefillMessenger::HandleHello(uint64_t instance, const Hello& hello) {
-  Result<fabric::EngineAddress> address = fabric::EngineAddress::Parse(hello.reply_address);
+  Result<fabric::TransferEngineAddress> address =
+      fabric::TransferEngineAddress::Parse(hello.reply_address);
   if (!address.ok() || address->instance != instance) {
     PD_LOG_WARN("hello with a bad reply address from instance {:x}", instance);
     return;

@@ -46,7 +46,7 @@ class PrefillMessenger {
   PrefillMessenger& operator=(const PrefillMessenger&) = delete;
 
   // What a decode node needs to reach this one (serve publishes it over HTTP).
-  const fabric::EngineAddress& address() const { return fabric_->address(); }
+  const fabric::TransferEngineAddress& address() const { return fabric_->address(); }
   uint64_t incarnation() const { return incarnation_; }
   PrefillMessengerStats stats() const;
   const EventLog& events() const { return events_; }

@@ -69,7 +69,7 @@ struct NodeInfo {
 struct Hello {
   uint64_t incarnation = 0;
   Nonce nonce{};
-  // The sender's transfer-engine address (fabric::EngineAddress bytes): a message from a
+  // The sender's transfer-engine address (fabric::TransferEngineAddress bytes): a message from a
   // peer not yet added carries only its instance id, and P must add D to answer.
   std::string reply_address;
   friend bool operator==(const Hello&, const Hello&) = default;
