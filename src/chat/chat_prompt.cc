@@ -8,18 +8,18 @@
 namespace pdserve::server {
 
 struct ChatPromptRenderer::Impl {
-  const Tokenizer* tokenizer = nullptr;
+  ChatTemplateSource source;
   std::optional<ChatTemplate> chat_template;  // unset: the plain fallback
 };
 
 ChatPromptRenderer::ChatPromptRenderer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ChatPromptRenderer::~ChatPromptRenderer() = default;
 
-Result<std::unique_ptr<ChatPromptRenderer>> ChatPromptRenderer::Create(const Tokenizer* tokenizer) {
+Result<std::unique_ptr<ChatPromptRenderer>> ChatPromptRenderer::Create(ChatTemplateSource source) {
   auto impl = std::make_unique<Impl>();
-  impl->tokenizer = tokenizer;
-  if (tokenizer != nullptr && !tokenizer->chat_template().empty()) {
-    Result<ChatTemplate> parsed = ChatTemplate::Parse(tokenizer->chat_template());
+  impl->source = std::move(source);
+  if (!impl->source.chat_template.empty()) {
+    Result<ChatTemplate> parsed = ChatTemplate::Parse(impl->source.chat_template);
     if (!parsed.ok()) {
       // Completions still work; chat falls back to the plain format, loudly.
       PD_LOG_WARN("the model's chat_template does not parse ({}); chat uses the plain fallback",
@@ -41,8 +41,8 @@ Result<ChatPrompt> ChatPromptRenderer::Render(const nlohmann::json& messages,
   }
   ChatRenderOptions options;
   options.add_generation_prompt = add_generation_prompt;
-  options.bos_token = impl_->tokenizer->bos_token();
-  options.eos_token = impl_->tokenizer->eos_token();
+  options.bos_token = impl_->source.bos_token;
+  options.eos_token = impl_->source.eos_token;
   if (!tools.is_null()) options.extra["tools"] = tools;
   PD_ASSIGN_OR_RETURN(std::string text, impl_->chat_template->Render(messages, options));
   // The template writes BOS itself where the model wants it.

@@ -10,7 +10,6 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
-#include "tokenizer/tokenizer.h"
 
 namespace pdserve::server {
 
@@ -20,10 +19,16 @@ struct ChatPrompt {
   bool add_special = true;
 };
 
+// What a renderer needs from the model's tokenizer (chat/ does not depend on tokenizer/).
+struct ChatTemplateSource {
+  std::string chat_template;  // empty: the plain fallback
+  std::string bos_token;
+  std::string eos_token;
+};
+
 class ChatPromptRenderer {
  public:
-  // tokenizer must outlive the renderer.
-  static Result<std::unique_ptr<ChatPromptRenderer>> Create(const Tokenizer* tokenizer);
+  static Result<std::unique_ptr<ChatPromptRenderer>> Create(ChatTemplateSource source);
   ChatPromptRenderer(const ChatPromptRenderer&) = delete;
   ChatPromptRenderer& operator=(const ChatPromptRenderer&) = delete;
   ~ChatPromptRenderer();

@@ -603,7 +603,10 @@ Status NodeServer::SetModel(ServedModel model) {
   if (!model.tokenizer || !model.engine) {
     return Status::InvalidArgument("a served model needs a tokenizer and an engine");
   }
-  PD_ASSIGN_OR_RETURN(impl_->chat, ChatPromptRenderer::Create(model.tokenizer.get()));
+  const Tokenizer& tokenizer = *model.tokenizer;
+  PD_ASSIGN_OR_RETURN(
+      impl_->chat, ChatPromptRenderer::Create(
+                       {tokenizer.chat_template(), tokenizer.bos_token(), tokenizer.eos_token()}));
   impl_->model = std::move(model);
   impl_->model.engine->Start();
   impl_->ready.store(true, std::memory_order_release);
