@@ -8,7 +8,7 @@ GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 FORMAT_FILES = $(shell git ls-files '*.h' '*.cc' '*.cpp' 2>/dev/null)
 UP_FLAGS ?=
 
-.PHONY: deps build release test test-asan test-tsan format format-check fuzz up clean
+.PHONY: deps build release test test-asan test-tsan format format-check check-includes fuzz up clean
 
 deps:
 	@scripts/install-deps.sh
@@ -25,7 +25,11 @@ format:
 format-check:
 	@clang-format --dry-run --Werror $(FORMAT_FILES) && echo "format-check: clean"
 
-test: build format-check fuzz
+# DESIGN.md §2: every #include "module/..." in src/ follows the module table.
+check-includes:
+	@python3 scripts/check_includes.py src
+
+test: build format-check check-includes fuzz
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
 
 test-asan: deps
