@@ -11,12 +11,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <memory>
-#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -32,6 +30,7 @@
 
 #include "cli/commands.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "fabric/fi_handles.h"
 #include "fabric/transfer_engine.h"
 
@@ -360,39 +359,50 @@ Result<Row> MeasureEngine(fabric::TransferEngine& engine, fabric::RegionId regio
   w.length = size;
   w.immediate = imm;
   std::vector<double> latency_us(transfers);
-  std::mutex mu;
-  std::condition_variable cv;
-  int inflight = 0;
-  uint64_t done = 0;
-  Status first_error;
+  // What the completion callbacks (progress threads) share with this thread.
+  struct Window {
+    Mutex mu;
+    CondVar cv;
+    int inflight GUARDED_BY(mu) = 0;
+    uint64_t done GUARDED_BY(mu) = 0;
+    Status first_error GUARDED_BY(mu);
+  } window;
   const TimePoint start = Clock::now();
   for (uint64_t t = 0; t < transfers; ++t) {
     {
-      std::unique_lock lock(mu);
-      if (!cv.wait_for(lock, std::chrono::seconds(60), [&] { return inflight < kWindow; })) {
-        return Status::DeadlineExceeded("paged writes stopped completing");
+      MutexLock lock(&window.mu);
+      const TimePoint deadline = Clock::now() + std::chrono::seconds(60);
+      while (window.inflight >= kWindow) {
+        if (window.cv.WaitUntil(&window.mu, deadline) == std::cv_status::timeout &&
+            window.inflight >= kWindow) {
+          return Status::DeadlineExceeded("paged writes stopped completing");
+        }
       }
-      ++inflight;
+      ++window.inflight;
     }
     const TimePoint posted = Clock::now();
     PD_RETURN_IF_ERROR(engine.PostPagedWrite(
         w, fabric::Completion{[&, t, posted](const Status& s) {
           const double us =
               std::chrono::duration<double, std::micro>(Clock::now() - posted).count();
-          std::lock_guard lock(mu);
+          MutexLock lock(&window.mu);
           latency_us[t] = us;
-          if (!s.ok() && first_error.ok()) first_error = s;
-          --inflight;
-          ++done;
-          cv.notify_all();
+          if (!s.ok() && window.first_error.ok()) window.first_error = s;
+          --window.inflight;
+          ++window.done;
+          window.cv.NotifyAll();
         }}));
   }
-  std::unique_lock lock(mu);
-  if (!cv.wait_for(lock, std::chrono::seconds(60), [&] { return done == transfers; })) {
-    return Status::DeadlineExceeded("paged writes did not finish");
+  MutexLock lock(&window.mu);
+  const TimePoint deadline = Clock::now() + std::chrono::seconds(60);
+  while (window.done != transfers) {
+    if (window.cv.WaitUntil(&window.mu, deadline) == std::cv_status::timeout &&
+        window.done != transfers) {
+      return Status::DeadlineExceeded("paged writes did not finish");
+    }
   }
   const double seconds = SecondsSince(start);
-  PD_RETURN_IF_ERROR(first_error);
+  PD_RETURN_IF_ERROR(window.first_error);
   std::sort(latency_us.begin(), latency_us.end());
   Row row;
   row.engine_gbps = Gbps(transfers * pages * size, seconds);
