@@ -8,13 +8,13 @@ GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 FORMAT_FILES = $(shell git ls-files '*.h' '*.cc' '*.cpp' 2>/dev/null)
 UP_FLAGS ?=
 
-.PHONY: deps build release test test-asan test-tsan format format-check fuzz fuzz-request \
-  fuzz-protocol up clean
+.PHONY: deps build release test test-asan test-tsan format format-check check-includes \
+  thread-safety fuzz fuzz-request fuzz-protocol up clean
 
 deps:
 	@scripts/install-deps.sh
 
-$(BUILD)/build.ninja $(BUILD)/Makefile:
+$(BUILD)/build.ninja $(BUILD)/Makefile $(BUILD)/compile_commands.json:
 	cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Release
 
 build: deps $(BUILD)/build.ninja
@@ -26,7 +26,16 @@ format:
 format-check:
 	@clang-format --dry-run --Werror $(FORMAT_FILES) && echo "format-check: clean"
 
-test: build format-check fuzz
+# DESIGN.md §2: every #include "module/..." in src/ follows the module table.
+check-includes:
+	@python3 scripts/check_includes.py src
+
+# clang's -Wthread-safety over every src/ file (GUARDED_BY/REQUIRES of common/mutex.h), 2 at a
+# time, with the flags of $(BUILD)/compile_commands.json; syntax only, no objects.
+thread-safety: $(BUILD)/compile_commands.json
+	@python3 scripts/check_thread_safety.py -b $(BUILD) -j 2
+
+test: build format-check check-includes thread-safety fuzz
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
 
 test-asan: deps

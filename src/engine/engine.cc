@@ -129,41 +129,41 @@ Status Engine::Submit(EngineRequest request) {
     seq->decoder = std::make_unique<IncrementalDecoder>(tokenizer_, /*skip_special=*/true);
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     inbox_.push_back({Command::Kind::kSubmit, std::move(seq), {}});
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
   return Status::Ok();
 }
 
 void Engine::Cancel(const std::string& id) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     inbox_.push_back({Command::Kind::kCancel, nullptr, id});
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 void Engine::Admit(const std::string& id) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     inbox_.push_back({Command::Kind::kAdmit, nullptr, id});
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 void Engine::ReleaseHeldPages(const std::string& id) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     inbox_.push_back({Command::Kind::kRelease, nullptr, id});
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 void Engine::DrainInbox() {
   std::vector<Command> commands;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     commands.swap(inbox_);
   }
   for (Command& c : commands) Apply(c);
@@ -281,7 +281,7 @@ bool Engine::Step() {
 void Engine::PublishStats() {
   int awaiting_kv = 0;
   for (const auto& [id, seq] : live_) awaiting_kv += seq->state == SequenceState::kAwaitingKv;
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   stats_.running = static_cast<int>(scheduler_.running().size());
   stats_.waiting = static_cast<int>(scheduler_.waiting().size() + remote_pending_.size());
   stats_.awaiting_kv = awaiting_kv;
@@ -392,14 +392,16 @@ void Engine::Start() {
   loop_ = std::thread([this] {
     while (true) {
       {
-        std::unique_lock lock(mu_);
+        MutexLock lock(&mu_);
         if (stop_) return;
       }
       if (!Step()) {
-        std::unique_lock lock(mu_);
+        MutexLock lock(&mu_);
         // Woken by new commands; the timeout bounds how long an idle loop can miss a stop.
-        cv_.wait_for(lock, std::chrono::milliseconds(50),
-                     [this] { return stop_ || !inbox_.empty(); });
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+        while (!stop_ && inbox_.empty()) {
+          if (cv_.WaitUntil(&mu_, deadline) == std::cv_status::timeout) break;
+        }
       }
     }
   });
@@ -407,15 +409,15 @@ void Engine::Start() {
 
 void Engine::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (loop_.joinable()) loop_.join();
 }
 
 EngineStats Engine::stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   EngineStats s = stats_;
   return s;
 }

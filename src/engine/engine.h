@@ -12,17 +12,16 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
@@ -83,28 +82,28 @@ class Engine {
   // Validates and queues a request. Errors (bad params, empty or too long prompt, token out of
   // range, no callback) are returned here and no callback is made. An id that is already live
   // is reported through the callback (kError), as the check happens on the loop thread.
-  Status Submit(EngineRequest request);
+  Status Submit(EngineRequest request) EXCLUDES(mu_);
   // Ends a request with kCancelled and frees its pages (a kAwaitingKv request's pages are
   // freed only by ReleaseHeldPages once no write can still land: the caller knows when).
-  void Cancel(const std::string& id);
+  void Cancel(const std::string& id) EXCLUDES(mu_);
   // kRemotePrefill: the prompt's KV has landed; schedule the request.
-  void Admit(const std::string& id);
+  void Admit(const std::string& id) EXCLUDES(mu_);
   // Frees pages a request left allocated (kPrefillOnly after kPrefilled, or a cancelled
   // kRemotePrefill request).
-  void ReleaseHeldPages(const std::string& id);
+  void ReleaseHeldPages(const std::string& id) EXCLUDES(mu_);
 
   // Loop-thread API. Step() drains the inbox and runs at most one forward pass; it returns
   // false when there was nothing to run.
-  bool Step();
+  bool Step() EXCLUDES(mu_);
   // Steps until no request is waiting or running (kAwaitingKv ones do not count).
-  void RunUntilIdle();
+  void RunUntilIdle() EXCLUDES(mu_);
   // Runs Step() on a background thread until the engine is destroyed or Stop() is called.
-  void Start();
-  void Stop();
+  void Start() EXCLUDES(mu_);
+  void Stop() EXCLUDES(mu_);
 
   void SetStepObserver(StepObserver* observer) { observer_ = observer; }  // before Start
   uint64_t layer_progress() const { return layer_progress_.load(std::memory_order_acquire); }
-  EngineStats stats() const;
+  EngineStats stats() const EXCLUDES(mu_);
   const Transformer& model() const { return *model_; }
   const KvLayout& kv_layout() const { return cache_->layout(); }
   KvCache& kv_cache() { return *cache_; }
@@ -119,7 +118,7 @@ class Engine {
   };
   Engine(std::unique_ptr<Transformer> model, const Tokenizer* tokenizer,
          std::unique_ptr<KvCache> cache, const EngineOptions& options);
-  void DrainInbox();
+  void DrainInbox() EXCLUDES(mu_);
   void Apply(Command& cmd);
   void TryAllocateRemote();
   // Samples, checks stops and emits outputs for the chunks that produced logits.
@@ -129,7 +128,7 @@ class Engine {
   void Fail(Sequence* seq, Status status);
   void CancelAll();
   // Publishes a snapshot of the loop-thread state for stats() (any thread).
-  void PublishStats();
+  void PublishStats() EXCLUDES(mu_);
 
   std::unique_ptr<Transformer> model_;
   const Tokenizer* tokenizer_;
@@ -150,11 +149,11 @@ class Engine {
   std::vector<Sequence*> remote_pending_;                  // kRemotePrefill waiting for pages
   std::vector<float> logits_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Command> inbox_;  // guarded by mu_
-  bool stop_ = false;           // guarded by mu_
-  EngineStats stats_;           // guarded by mu_ (a snapshot published after each step)
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::vector<Command> inbox_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
+  EngineStats stats_ GUARDED_BY(mu_);  // a snapshot published after each step
   std::thread loop_;
 };
 

@@ -41,13 +41,13 @@ uint64_t MrAccess() {
 
 void TransferState::BatchDone(const Status& status) {
   if (!status.ok()) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (first_error_.ok()) first_error_ = status;
   }
   if (batches_left_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   Status final_status;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     final_status = first_error_;
   }
   Finish(final_status);
@@ -163,11 +163,11 @@ Status Domain::SetUpMessageBuffers() {
 
 Domain::~Domain() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
     stopping_.store(true, std::memory_order_release);
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
   // The endpoint goes first so that no provider operation can still reference an MR,
   // the CQ or an operation context; then everything bound to the domain, then the domain.
@@ -189,11 +189,11 @@ bool Domain::OnProgressThread() { return tls_progress_domain != nullptr; }
 
 void Domain::Submit(BatchRequest request) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (!stop_) {
       commands_.emplace_back(std::move(request));
       has_commands_.store(true, std::memory_order_release);
-      if (sleeping_) cv_.notify_one();
+      if (sleeping_) cv_.NotifyOne();
       return;
     }
   }
@@ -201,36 +201,38 @@ void Domain::Submit(BatchRequest request) {
 }
 
 void Domain::Wake() {
-  std::lock_guard lock(mu_);
-  if (sleeping_) cv_.notify_one();
+  MutexLock lock(&mu_);
+  if (sleeping_) cv_.NotifyOne();
 }
 
 Status Domain::RunSync(const std::function<Status()>& task, Deadline deadline) {
   if (tls_progress_domain == this || !thread_.joinable()) return task();
   struct SyncState {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    Status status;
+    Mutex mu;
+    CondVar cv;
+    bool done GUARDED_BY(mu) = false;
+    Status status GUARDED_BY(mu);
   };
   auto state = std::make_shared<SyncState>();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (stop_) return Status::Cancelled("fabric engine is shutting down");
     commands_.emplace_back(std::function<void()>([state, task] {
       Status s = task();
-      std::lock_guard inner(state->mu);
+      MutexLock inner(&state->mu);
       state->status = std::move(s);
       state->done = true;
-      state->cv.notify_all();
+      state->cv.NotifyAll();
     }));
     has_commands_.store(true, std::memory_order_release);
-    if (sleeping_) cv_.notify_one();
+    if (sleeping_) cv_.NotifyOne();
   }
-  std::unique_lock lock(state->mu);
-  if (!state->cv.wait_until(lock, deadline.at(), [&] { return state->done; })) {
-    return Status::DeadlineExceeded(
-        fmt::format("fabric domain {} progress thread did not answer in time", index_));
+  MutexLock lock(&state->mu);
+  while (!state->done) {
+    if (state->cv.WaitUntil(&state->mu, deadline.at()) == std::cv_status::timeout && !state->done) {
+      return Status::DeadlineExceeded(
+          fmt::format("fabric domain {} progress thread did not answer in time", index_));
+    }
   }
   return state->status;
 }
@@ -329,7 +331,7 @@ bool Domain::DrainCommands() {
   if (!has_commands_.load(std::memory_order_acquire)) return false;
   std::vector<Command> commands;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     has_commands_.store(false, std::memory_order_relaxed);
     commands.swap(commands_);
   }
@@ -590,10 +592,10 @@ void Domain::IdleWait(bool busy) {
   const int doublings = std::min(sleep_doublings_, kBackoffDoublingsMax);
   std::chrono::microseconds sleep{1 << doublings};
   sleep = std::min<std::chrono::microseconds>(sleep, busy ? kBusySleepCap : config_.idle_poll_max);
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   if (!commands_.empty() || stop_) return;
   sleeping_ = true;
-  cv_.wait_for(lock, sleep);
+  cv_.WaitFor(&mu_, sleep);
   sleeping_ = false;
 }
 

@@ -6,13 +6,11 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <thread>
@@ -24,6 +22,7 @@
 #include <rdma/fi_domain.h>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "fabric/config.h"
 #include "fabric/fi_handles.h"
@@ -52,8 +51,8 @@ class TransferState {
   const PeerId peer_;
   std::atomic<int> batches_left_;
   std::atomic<bool> finished_{false};
-  std::mutex mu_;
-  Status first_error_;  // guarded by mu_
+  Mutex mu_;
+  Status first_error_ GUARDED_BY(mu_);
 };
 
 struct WriteOp {
@@ -199,11 +198,11 @@ class Domain {
   TimePoint last_work_{};
 
   // Shared with submitters.
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Command> commands_;          // guarded by mu_
-  bool stop_ = false;                      // guarded by mu_
-  bool sleeping_ = false;                  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<Command> commands_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
+  bool sleeping_ GUARDED_BY(mu_) = false;
   std::atomic<bool> has_commands_{false};  // commands_ may be non-empty
   std::atomic<bool> stopping_{false};      // mirrors stop_ for the lock-free loop check
   std::thread thread_;

@@ -6,7 +6,7 @@ namespace pdserve::fabric {
 
 Status ImmediateCounters::Expect(uint32_t imm, uint32_t count, Deadline deadline,
                                  Callback callback) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (expectations_.count(imm) != 0) {
     return Status::AlreadyExists(fmt::format("an expectation for immediate {:#x} exists", imm));
   }
@@ -27,7 +27,7 @@ Status ImmediateCounters::Expect(uint32_t imm, uint32_t count, Deadline deadline
 
 ImmediateCounters::Arrival ImmediateCounters::Arrive(uint32_t imm, bool remember,
                                                      std::vector<Fired>* fired) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (auto it = expectations_.find(imm); it != expectations_.end()) {
     Expectation& e = it->second;
     if (++e.arrived >= e.count) {
@@ -48,14 +48,14 @@ ImmediateCounters::Arrival ImmediateCounters::Arrive(uint32_t imm, bool remember
 }
 
 bool ImmediateCounters::Remove(uint32_t imm) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   bool removed = expectations_.erase(imm) != 0;
   removed = early_.erase(imm) != 0 || removed;
   return removed;
 }
 
 TimePoint ImmediateCounters::TakeDue(TimePoint now, std::vector<Fired>* fired) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (Fired& f : ready_) fired->push_back(std::move(f));
   ready_.clear();
   TimePoint earliest = TimePoint::max();
@@ -77,7 +77,7 @@ TimePoint ImmediateCounters::TakeDue(TimePoint now, std::vector<Fired>* fired) {
 }
 
 void ImmediateCounters::CancelAll(const Status& status, std::vector<Fired>* fired) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (Fired& f : ready_) fired->push_back(std::move(f));
   ready_.clear();
   for (auto& [imm, e] : expectations_) {
@@ -87,13 +87,13 @@ void ImmediateCounters::CancelAll(const Status& status, std::vector<Fired>* fire
 }
 
 uint32_t ImmediateCounters::EarlyArrivals(uint32_t imm) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = early_.find(imm);
   return it == early_.end() ? 0 : it->second;
 }
 
 size_t ImmediateCounters::PendingExpectations() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return expectations_.size();
 }
 

@@ -15,11 +15,11 @@
 
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace pdserve::fabric {
@@ -79,11 +79,11 @@ class ImmediateCounters {
     Callback callback;
   };
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   const size_t max_early_values_;
-  std::unordered_map<uint32_t, Expectation> expectations_;  // guarded by mu_
-  std::unordered_map<uint32_t, uint32_t> early_;            // guarded by mu_
-  std::vector<Fired> ready_;                                // guarded by mu_
+  std::unordered_map<uint32_t, Expectation> expectations_ GUARDED_BY(mu_);
+  std::unordered_map<uint32_t, uint32_t> early_ GUARDED_BY(mu_);
+  std::vector<Fired> ready_ GUARDED_BY(mu_);
 };
 
 }  // namespace pdserve::fabric

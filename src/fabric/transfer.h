@@ -4,14 +4,13 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <span>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "fabric/descriptors.h"
 
@@ -25,20 +24,20 @@ using RegionId = uint32_t;
 // Thread-safe.
 class TransferCounter {
  public:
-  void Record(const Status& status);
+  void Record(const Status& status) EXCLUDES(mu_);
   uint64_t succeeded() const { return succeeded_.load(std::memory_order_acquire); }
   uint64_t failed() const { return failed_.load(std::memory_order_acquire); }
   uint64_t finished() const { return succeeded() + failed(); }
-  Status first_error() const;
+  Status first_error() const EXCLUDES(mu_);
   // True once finished() >= n; false if `deadline` passes first.
-  bool WaitFor(uint64_t n, Deadline deadline) const;
+  bool WaitFor(uint64_t n, Deadline deadline) const EXCLUDES(mu_);
 
  private:
   std::atomic<uint64_t> succeeded_{0};
   std::atomic<uint64_t> failed_{0};
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  Status first_error_;  // guarded by mu_
+  mutable Mutex mu_;
+  mutable CondVar cv_;
+  Status first_error_ GUARDED_BY(mu_);
 };
 
 // How a transfer reports its end: the callback (run on a progress thread; keep it short and

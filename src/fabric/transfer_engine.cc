@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
-#include <mutex>
 #include <random>
 
 #include <fmt/format.h>
@@ -183,10 +182,10 @@ Status TransferEngine::OpenDomains() {
 
 TransferEngine::~TransferEngine() {
   {
-    std::lock_guard lock(timer_mu_);
+    MutexLock lock(&timer_mu_);
     timer_stop_ = true;
   }
-  timer_cv_.notify_all();
+  timer_cv_.NotifyAll();
   if (timer_.joinable()) timer_.join();
   domains_.clear();  // each aborts its transfers (Cancelled) and joins its thread
   std::vector<ImmediateCounters::Fired> fired;
@@ -215,7 +214,7 @@ Result<RegionId> TransferEngine::RegisterMemory(void* base, size_t length, Memor
   }
   RegionId id = 0;
   {
-    std::unique_lock lock(regions_mu_);
+    WriterMutexLock lock(&regions_mu_);
     id = next_region_++;
   }
   // No engine lock is held while waiting on progress threads: their callbacks may post, and
@@ -244,7 +243,7 @@ Result<RegionId> TransferEngine::RegisterMemory(void* base, size_t length, Memor
     }
     region.keys.push_back(*keys);
   }
-  std::unique_lock lock(regions_mu_);
+  WriterMutexLock lock(&regions_mu_);
   regions_.emplace(id, std::move(region));
   return id;
 }
@@ -254,7 +253,7 @@ Status TransferEngine::DeregisterMemory(RegionId id) {
     return Status::FailedPrecondition("DeregisterMemory may not be called from a fabric callback");
   }
   {
-    std::unique_lock lock(regions_mu_);
+    WriterMutexLock lock(&regions_mu_);
     if (regions_.erase(id) == 0) {
       return Status::NotFound(fmt::format("memory region {} is not registered", id));
     }
@@ -274,7 +273,7 @@ Status TransferEngine::DeregisterMemory(RegionId id) {
 }
 
 Result<MemoryDescriptor> TransferEngine::Describe(RegionId id) const {
-  std::shared_lock lock(regions_mu_);
+  ReaderMutexLock lock(&regions_mu_);
   auto it = regions_.find(id);
   if (it == regions_.end()) {
     return Status::NotFound(fmt::format("memory region {} is not registered", id));
@@ -299,10 +298,10 @@ Result<PeerId> TransferEngine::AddPeer(const TransferEngineAddress& address) {
     return Status::FailedPrecondition("AddPeer may not be called from a fabric callback");
   }
   // One AddPeer at a time, so that two adds of one instance cannot race in the domains.
-  std::lock_guard add_lock(add_peer_mu_);
+  MutexLock add_lock(&add_peer_mu_);
   PeerId id = kUnknownPeer;
   {
-    std::unique_lock lock(peers_mu_);
+    WriterMutexLock lock(&peers_mu_);
     if (auto it = live_instances_.find(address.instance); it != live_instances_.end()) {
       return it->second;
     }
@@ -322,7 +321,7 @@ Result<PeerId> TransferEngine::AddPeer(const TransferEngineAddress& address) {
       return s;
     }
   }
-  std::unique_lock lock(peers_mu_);
+  WriterMutexLock lock(&peers_mu_);
   peers_.emplace(id, Peer{address, false, Status::Ok()});
   live_instances_[address.instance] = id;
   removed_instances_.erase(address.instance);
@@ -348,7 +347,7 @@ Status TransferEngine::RemovePeer(PeerId id) {
   {
     // Exclusive: posts hold the shared lock while submitting, so every submission to this
     // peer is queued before the removal task below and ends inside it.
-    std::unique_lock lock(peers_mu_);
+    WriterMutexLock lock(&peers_mu_);
     auto it = peers_.find(id);
     if (it == peers_.end()) return Status::NotFound(fmt::format("peer {} is unknown", id));
     if (it->second.removed) return Status::Ok();
@@ -372,7 +371,7 @@ Status TransferEngine::RemovePeer(PeerId id) {
 }
 
 Status TransferEngine::PeerError(PeerId id) const {
-  std::shared_lock lock(peers_mu_);
+  ReaderMutexLock lock(&peers_mu_);
   auto it = peers_.find(id);
   if (it == peers_.end()) return Status::NotFound(fmt::format("peer {} is unknown", id));
   return it->second.error;
@@ -405,7 +404,7 @@ Status TransferEngine::PostPagedWrite(const PagedWrite& w, Completion completion
   if (w.dst == nullptr) return Status::InvalidArgument("paged write has no destination");
   PD_ASSIGN_OR_RETURN(Deadline deadline, TransferDeadline(w.deadline));
 
-  std::shared_lock regions_lock(regions_mu_);
+  ReaderMutexLock regions_lock(&regions_mu_);
   auto rit = regions_.find(w.src_region);
   if (rit == regions_.end()) {
     return Status::NotFound(fmt::format("memory region {} is not registered", w.src_region));
@@ -422,7 +421,7 @@ Status TransferEngine::PostPagedWrite(const PagedWrite& w, Completion completion
     }
   }
 
-  std::shared_lock peers_lock(peers_mu_);
+  ReaderMutexLock peers_lock(&peers_mu_);
   PD_ASSIGN_OR_RETURN(const Peer* peer, LivePeer(w.peer));
   const size_t remote_domains = peer->address.endpoints.size();
   if (w.dst->domains.size() != remote_domains) {
@@ -477,7 +476,7 @@ Status TransferEngine::PostWrite(const SingleWrite& w, Completion completion) {
 Status TransferEngine::PostImmediate(PeerId peer_id, const MemoryDescriptor& dst, uint32_t imm,
                                      Completion completion, std::optional<Deadline> deadline) {
   PD_ASSIGN_OR_RETURN(Deadline at, TransferDeadline(deadline));
-  std::shared_lock lock(peers_mu_);
+  ReaderMutexLock lock(&peers_mu_);
   PD_ASSIGN_OR_RETURN(const Peer* peer, LivePeer(peer_id));
   if (dst.domains.size() != peer->address.endpoints.size()) {
     return Status::InvalidArgument("destination descriptor does not match the peer's domains");
@@ -510,7 +509,7 @@ Status TransferEngine::Send(PeerId peer_id, std::span<const std::byte> payload,
   if (!payload.empty()) {
     std::memcpy(request.message.data() + sizeof header, payload.data(), payload.size());
   }
-  std::shared_lock lock(peers_mu_);
+  ReaderMutexLock lock(&peers_mu_);
   PD_RETURN_IF_ERROR(LivePeer(peer_id).status());
   request.transfer = std::make_shared<internal::TransferState>(std::move(completion), peer_id, 1);
   request.peer = peer_id;
@@ -566,7 +565,7 @@ void TransferEngine::HandleMessage(std::span<const std::byte> bytes) {
   }
   PeerId from = kUnknownPeer;
   {
-    std::shared_lock lock(peers_mu_);
+    ReaderMutexLock lock(&peers_mu_);
     if (removed_instances_.count(header.instance) != 0) {
       messages_dropped_.fetch_add(1);
       return;
@@ -581,7 +580,7 @@ void TransferEngine::HandleMessage(std::span<const std::byte> bytes) {
 
 void TransferEngine::HandlePeerError(PeerId id, const Status& error) {
   {
-    std::unique_lock lock(peers_mu_);
+    WriterMutexLock lock(&peers_mu_);
     auto it = peers_.find(id);
     if (it == peers_.end() || it->second.removed || !it->second.error.ok()) return;
     it->second.error = error;
@@ -596,26 +595,29 @@ TimePoint TransferEngine::HandleTick(int, TimePoint) {
 
 void TransferEngine::KickTimer() {
   {
-    std::lock_guard lock(timer_mu_);
+    MutexLock lock(&timer_mu_);
     timer_kick_ = true;
   }
-  timer_cv_.notify_one();
+  timer_cv_.NotifyOne();
 }
 
 void TransferEngine::RunTimer() {
   // Bounded sleeps even without a deadline pending, so nothing relies on a missed wake-up.
   constexpr auto kMaxSleep = std::chrono::milliseconds(100);
-  std::unique_lock lock(timer_mu_);
+  timer_mu_.Lock();
   while (!timer_stop_) {
     timer_kick_ = false;
-    lock.unlock();
+    timer_mu_.Unlock();
     std::vector<ImmediateCounters::Fired> fired;
     const TimePoint now = Clock::now();
     const TimePoint next = std::min(counters_.TakeDue(now, &fired), now + kMaxSleep);
     for (auto& f : fired) f.Run();
-    lock.lock();
-    timer_cv_.wait_until(lock, next, [&] { return timer_stop_ || timer_kick_; });
+    timer_mu_.Lock();
+    while (!timer_stop_ && !timer_kick_) {
+      if (timer_cv_.WaitUntil(&timer_mu_, next) == std::cv_status::timeout) break;
+    }
   }
+  timer_mu_.Unlock();
 }
 
 }  // namespace pdserve::fabric

@@ -11,13 +11,10 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <shared_mutex>
 #include <span>
 #include <thread>
 #include <unordered_map>
@@ -25,6 +22,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "fabric/config.h"
 #include "fabric/descriptors.h"
@@ -120,14 +118,14 @@ class TransferEngine {
   TransferEngine(const FabricConfig& config, TransferEngineHandlers handlers);
   Status OpenDomains();
   Result<Deadline> TransferDeadline(const std::optional<Deadline>& deadline) const;
-  // Caller holds peers_mu_ (shared); returns the live peer or an error.
-  Result<const Peer*> LivePeer(PeerId peer) const;
+  // Returns the live peer or an error.
+  Result<const Peer*> LivePeer(PeerId peer) const REQUIRES_SHARED(peers_mu_);
   void HandleImmediate(PeerId from, uint32_t imm);
   void HandleMessage(std::span<const std::byte> bytes);
   void HandlePeerError(PeerId peer, const Status& error);
   TimePoint HandleTick(int domain_index, TimePoint now);
-  void RunTimer();
-  void KickTimer();
+  void RunTimer() EXCLUDES(timer_mu_);
+  void KickTimer() EXCLUDES(timer_mu_);
   // Removes peer `id` from the first `count` domains (undo of a partial AddPeer).
   void ForgetPeerInDomains(PeerId id, size_t count);
 
@@ -140,22 +138,22 @@ class TransferEngine {
   std::vector<std::unique_ptr<internal::Domain>> domains_;
 
   // Fires expectations whose deadline passed (and those ready at Expect).
-  std::mutex timer_mu_;
-  std::condition_variable timer_cv_;
-  bool timer_stop_ = false;  // guarded by timer_mu_
-  bool timer_kick_ = false;  // guarded by timer_mu_
+  Mutex timer_mu_;
+  CondVar timer_cv_;
+  bool timer_stop_ GUARDED_BY(timer_mu_) = false;
+  bool timer_kick_ GUARDED_BY(timer_mu_) = false;
   std::thread timer_;
 
-  mutable std::shared_mutex regions_mu_;
-  std::unordered_map<RegionId, Region> regions_;  // guarded by regions_mu_
-  RegionId next_region_ = 1;                      // guarded by regions_mu_
+  mutable SharedMutex regions_mu_;
+  std::unordered_map<RegionId, Region> regions_ GUARDED_BY(regions_mu_);
+  RegionId next_region_ GUARDED_BY(regions_mu_) = 1;
 
-  std::mutex add_peer_mu_;  // serialises AddPeer; never taken on progress threads
-  mutable std::shared_mutex peers_mu_;
-  std::unordered_map<PeerId, Peer> peers_;               // guarded by peers_mu_
-  std::unordered_map<uint64_t, PeerId> live_instances_;  // guarded by peers_mu_
-  std::unordered_set<uint64_t> removed_instances_;       // guarded by peers_mu_
-  PeerId next_peer_ = 1;                                 // guarded by peers_mu_
+  Mutex add_peer_mu_ ACQUIRED_BEFORE(peers_mu_);  // serialises AddPeer; never on progress threads
+  mutable SharedMutex peers_mu_;
+  std::unordered_map<PeerId, Peer> peers_ GUARDED_BY(peers_mu_);
+  std::unordered_map<uint64_t, PeerId> live_instances_ GUARDED_BY(peers_mu_);
+  std::unordered_set<uint64_t> removed_instances_ GUARDED_BY(peers_mu_);
+  PeerId next_peer_ GUARDED_BY(peers_mu_) = 1;
   std::atomic<uint64_t> messages_dropped_{0};
 };
 

@@ -14,7 +14,7 @@ PagePool::PagePool(int num_pages) : capacity_(num_pages), allocated_(num_pages, 
 
 Result<std::vector<PageId>> PagePool::Allocate(int n) {
   if (n < 0) return Status::InvalidArgument("negative page count");
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (static_cast<size_t>(n) > free_list_.size()) {
     return Status::ResourceExhausted(fmt::format("KV page pool: {} pages requested, {} of {} free",
                                                  n, free_list_.size(), capacity_));
@@ -26,7 +26,7 @@ Result<std::vector<PageId>> PagePool::Allocate(int n) {
 }
 
 void PagePool::Free(std::span<const PageId> pages) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (PageId p : pages) {
     PD_CHECK_MSG(p >= 0 && p < capacity_, "page id out of range");
     PD_CHECK_MSG(allocated_[p] == 1, "page freed twice or never allocated");
@@ -36,12 +36,12 @@ void PagePool::Free(std::span<const PageId> pages) {
 }
 
 int PagePool::used() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return capacity_ - static_cast<int>(free_list_.size());
 }
 
 int PagePool::free_pages() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return static_cast<int>(free_list_.size());
 }
 

@@ -4,10 +4,10 @@
 #pragma once
 
 #include <cstdint>
-#include <mutex>
 #include <span>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "kv/layout.h"
 
@@ -20,21 +20,21 @@ class PagePool {
   PagePool& operator=(const PagePool&) = delete;
 
   // All-or-nothing: n pages, or ResourceExhausted and nothing allocated.
-  Result<std::vector<PageId>> Allocate(int n);
+  Result<std::vector<PageId>> Allocate(int n) EXCLUDES(mu_);
   // Returns pages to the pool. A page that is not allocated (double free, out of range) is a
   // programmer error and aborts: a page must never be handed out twice.
-  void Free(std::span<const PageId> pages);
+  void Free(std::span<const PageId> pages) EXCLUDES(mu_);
 
   int capacity() const { return capacity_; }
-  int used() const;
-  int free_pages() const;
+  int used() const EXCLUDES(mu_);
+  int free_pages() const EXCLUDES(mu_);
   double usage() const { return capacity_ == 0 ? 0.0 : static_cast<double>(used()) / capacity_; }
 
  private:
   const int capacity_;
-  mutable std::mutex mu_;
-  std::vector<PageId> free_list_;   // guarded by mu_; a stack, lowest ids on top
-  std::vector<uint8_t> allocated_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::vector<PageId> free_list_ GUARDED_BY(mu_);  // a stack, lowest ids on top
+  std::vector<uint8_t> allocated_ GUARDED_BY(mu_);
 };
 
 }  // namespace pdserve

@@ -92,11 +92,12 @@ Result<std::unique_ptr<Transformer>> Transformer::Create(ModelConfig config, Mod
   if (static_cast<int>(weights.layers.size()) != config.num_layers) {
     return Status::InvalidArgument("weights do not match the config's layer count");
   }
-  if (options.threads > 0) omp_set_num_threads(options.threads);
+  if (options.threads < 0) return Status::InvalidArgument("threads must be >= 0");
   KvDType kv = weights.matrix_dtype == DType::kF32 ? KvDType::kF32 : KvDType::kBF16;
   if (options.kv_type == TransformerOptions::KvType::kF32) kv = KvDType::kF32;
   if (options.kv_type == TransformerOptions::KvType::kBF16) kv = KvDType::kBF16;
-  return std::unique_ptr<Transformer>(new Transformer(std::move(config), std::move(weights), kv));
+  return std::unique_ptr<Transformer>(
+      new Transformer(std::move(config), std::move(weights), kv, options.threads));
 }
 
 namespace {
@@ -129,11 +130,12 @@ size_t Transformer::MatrixBytes(const Matrix& m) {
                            : kernels::PackedBF16Elements(m.n, m.k) * sizeof(uint16_t);
 }
 
-Transformer::Transformer(ModelConfig config, ModelWeights weights, KvDType kv_dtype)
+Transformer::Transformer(ModelConfig config, ModelWeights weights, KvDType kv_dtype, int threads)
     : config_(std::move(config)),
       weights_(std::move(weights)),
       kv_dtype_(kv_dtype),
-      kernel_path_(kernels::ActivePath()) {
+      kernel_path_(kernels::ActivePath()),
+      threads_(threads) {
   inv_freq_ = RopeInverseFrequencies(config_);
   layers_.resize(weights_.layers.size());
   // A tied embedding lives on only inside the output matrix (EmbedRow reads it from there).
@@ -270,6 +272,10 @@ Status Transformer::Validate(std::span<const SequenceChunk> chunks, const KvCach
 Status Transformer::Forward(std::span<const SequenceChunk> chunks, KvCache& cache,
                             std::vector<float>* logits, LayerObserver* observer) {
   PD_RETURN_IF_ERROR(Validate(chunks, cache));
+  // The team size is an OpenMP setting of the calling thread (and the oneDNN calls inherit it),
+  // so it is applied here, on the thread that runs the pass (the engine's loop thread), not once
+  // in Create on whichever thread built the model.
+  if (threads_ > 0 && omp_get_max_threads() != threads_) omp_set_num_threads(threads_);
   const int hidden = config_.hidden_size;
   const int half = config_.head_dim / 2;
   int total = 0;

@@ -37,7 +37,9 @@ class LayerObserver {
 };
 
 struct TransformerOptions {
-  int threads = 0;  // OpenMP threads for the kernels; 0 = leave the runtime's default
+  // OpenMP team size of the forward pass; 0 = the runtime's default (OMP_NUM_THREADS or the
+  // cores). Applied by Forward on whichever thread runs it: OpenMP's setting is per thread.
+  int threads = 0;
   // KV cache element type; kAuto = F32 for F32 weights, BF16 otherwise.
   enum class KvType : uint8_t { kAuto, kF32, kBF16 } kv_type = KvType::kAuto;
 };
@@ -64,9 +66,10 @@ class Transformer {
   // (ModelConfig::Fingerprint) extended with the kernel path.
   uint64_t Fingerprint() const;
 
-  // Runs the chunks. logits receives one row of vocab_size floats per chunk with want_logits,
-  // in chunk order. Errors: empty chunk, pages not covering the tokens, position beyond the
-  // model's context, token id out of range, cache layout not matching this model.
+  // Runs the chunks on the calling thread with a team of `threads` (TransformerOptions). logits
+  // receives one row of vocab_size floats per chunk with want_logits, in chunk order. Errors: empty
+  // chunk, pages not covering the tokens, position beyond the model's context, token id out of
+  // range, cache layout not matching this model.
   Status Forward(std::span<const SequenceChunk> chunks, KvCache& cache, std::vector<float>* logits,
                  LayerObserver* observer = nullptr);
 
@@ -83,7 +86,7 @@ class Transformer {
   // Packs a BF16 matrix at *cursor in the arena (and advances it), or keeps an F32 one.
   static Matrix ToMatrix(Tensor w, uint16_t** cursor);
   static size_t MatrixBytes(const Matrix& m);  // bytes a product reads
-  Transformer(ModelConfig config, ModelWeights weights, KvDType kv_dtype);
+  Transformer(ModelConfig config, ModelWeights weights, KvDType kv_dtype, int threads);
   Status Validate(std::span<const SequenceChunk> chunks, const KvCache& cache) const;
   // y[m][n] = x[m][k] * w^T, in the weight's dtype.
   void Linear(const float* x, int m, const Matrix& w, float* y);
@@ -103,6 +106,7 @@ class Transformer {
   Matrix lm_head_;
   KvDType kv_dtype_;
   std::string_view kernel_path_;  // a name with static storage (kernels::ActivePath)
+  int threads_;                   // 0: the runtime's default
   std::vector<double> inv_freq_;  // RoPE inverse frequencies (with rope scaling applied)
 
   // Workspace, reused across calls (sized for the largest batch seen).

@@ -2,13 +2,13 @@
 
 #include <array>
 #include <cstdio>
-#include <mutex>
 #include <queue>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "tokenizer/added_tokens.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/nfc.h"
@@ -84,8 +84,8 @@ class ByteLevelBpe final : public Tokenizer {
   bool ignore_merges_ = false;
   int64_t max_id_ = -1;
 
-  mutable std::mutex cache_mu_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;  // guarded by cache_mu_
+  mutable Mutex cache_mu_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_ GUARDED_BY(cache_mu_);
 };
 
 Status ByteLevelBpe::LoadVocab(const json& model, const std::string& path) {
@@ -315,7 +315,7 @@ void ByteLevelBpe::EncodeSegment(std::string_view text, std::vector<int32_t>& id
 void ByteLevelBpe::EncodeWord(std::string_view word, std::vector<int32_t>& ids) const {
   const bool cacheable = word.size() <= kMaxCachedWordBytes;
   if (cacheable) {
-    std::lock_guard<std::mutex> lock(cache_mu_);
+    MutexLock lock(&cache_mu_);
     auto it = cache_.find(std::string(word));
     if (it != cache_.end()) {
       ids.insert(ids.end(), it->second.begin(), it->second.end());
@@ -330,7 +330,7 @@ void ByteLevelBpe::EncodeWord(std::string_view word, std::vector<int32_t>& ids) 
   if (out.empty()) MergeWord(word, out);
   ids.insert(ids.end(), out.begin(), out.end());
   if (cacheable) {
-    std::lock_guard<std::mutex> lock(cache_mu_);
+    MutexLock lock(&cache_mu_);
     if (cache_.size() >= kMaxCacheEntries) cache_.clear();
     cache_.emplace(std::string(word), std::move(out));
   }
