@@ -30,7 +30,7 @@ std::string ReadFile(const std::filesystem::path& path) {
 }
 
 ChatTemplate LoadFixture(const std::string& name) {
-  std::filesystem::path dir = std::filesystem::path(__FILE__).parent_path() / "fixtures";
+  std::filesystem::path dir = std::filesystem::path(PDSERVE_CHAT_FIXTURES);
   std::string source = ReadFile(dir / name);
   EXPECT_FALSE(source.empty()) << "missing fixture " << (dir / name);
   auto tmpl = ChatTemplate::Parse(source);

@@ -21,8 +21,7 @@ const char* const kFixtures[] = {"llama3_1.jinja", "llama3_2.jinja", "qwen2_5.ji
                                  "mistral_v0_3.jinja"};
 
 std::string ReadFixture(const std::string& name) {
-  std::ifstream in(std::filesystem::path(__FILE__).parent_path() / "fixtures" / name,
-                   std::ios::binary);
+  std::ifstream in(std::filesystem::path(PDSERVE_CHAT_FIXTURES) / name, std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();

@@ -173,7 +173,8 @@ TEST_F(NodeTest, DisconnectMidStreamCancelsAndFreesPages) {
                      {"ignore_eos", true},
                      {"stream", true}};
   SseStream s = PostStream(node_->port(), "/v1/completions", body, /*stop_after_events=*/3);
-  EXPECT_EQ(s.events.size(), 3u);
+  // At least 3: one read may carry several events (the node writes a poll's events at once).
+  EXPECT_GE(s.events.size(), 3u);
   EXPECT_FALSE(s.done);
   // The server notices on its next write, cancels, and the engine frees the pages.
   auto client = node_->Client();
