@@ -1,6 +1,7 @@
 #include "kernels/dispatch.h"
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 
@@ -15,33 +16,62 @@ namespace {
 
 using internal::KernelTable;
 
-// The CPU features a path needs, as named in /proc/cpuinfo and __builtin_cpu_supports.
+#if defined(__x86_64__)
+// The CPUID feature bits the paths need (Intel SDM vol. 2A, CPUID leaves 1 and 7), read
+// directly: compilers differ in which names __builtin_cpu_supports knows (clang 14 has no
+// "f16c").
+struct CpuFeatures {
+  bool fma, f16c, avx2, bmi2, avx512f, avx512dq, avx512bw, avx512vl, avx512bf16;
+  uint64_t xcr0;  // the state the OS saves across context switches (0 without OSXSAVE)
+};
+
+CpuFeatures ReadCpuFeatures() {
+  CpuFeatures f{};
+  uint32_t eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return f;
+  f.fma = (ecx & (1u << 12)) != 0;
+  f.f16c = (ecx & (1u << 29)) != 0;
+  if ((ecx & bit_OSXSAVE) != 0) {
+    uint32_t lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    f.xcr0 = (uint64_t{hi} << 32) | lo;
+  }
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0) {
+    f.avx2 = (ebx & (1u << 5)) != 0;
+    f.bmi2 = (ebx & (1u << 8)) != 0;
+    f.avx512f = (ebx & (1u << 16)) != 0;
+    f.avx512dq = (ebx & (1u << 17)) != 0;
+    f.avx512bw = (ebx & (1u << 30)) != 0;
+    f.avx512vl = (ebx & (1u << 31)) != 0;
+    const uint32_t max_subleaf = eax;
+    if (max_subleaf >= 1 && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0) {
+      f.avx512bf16 = (eax & (1u << 5)) != 0;
+    }
+  }
+  return f;
+}
+#endif
+
+// The CPU features a path needs and this CPU lacks, as named in /proc/cpuinfo.
 std::vector<std::string_view> MissingFeatures(const KernelTable& path) {
   std::vector<std::string_view> missing;
 #if defined(__x86_64__)
   if (&path == &internal::kGenericKernels) return missing;
-  __builtin_cpu_init();
+  const CpuFeatures f = ReadCpuFeatures();
   // The OS must save the YMM (and for AVX-512 the opmask and ZMM) state across context
   // switches, or the instructions fault although CPUID lists them.
-  uint32_t eax = 0, ebx = 0, ecx = 0, edx = 0;
-  uint64_t xcr0 = 0;
-  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_OSXSAVE) != 0) {
-    uint32_t lo = 0, hi = 0;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    xcr0 = (uint64_t{hi} << 32) | lo;
-  }
-  if ((xcr0 & 0x6) != 0x6) missing.push_back("os-avx-state");
-  if (!__builtin_cpu_supports("avx2")) missing.push_back("avx2");
-  if (!__builtin_cpu_supports("fma")) missing.push_back("fma");
-  if (!__builtin_cpu_supports("f16c")) missing.push_back("f16c");
+  if ((f.xcr0 & 0x6) != 0x6) missing.push_back("os-avx-state");
+  if (!f.avx2) missing.push_back("avx2");
+  if (!f.fma) missing.push_back("fma");
+  if (!f.f16c) missing.push_back("f16c");
   if (&path == &internal::kAvx512Kernels) {
-    if ((xcr0 & 0xe6) != 0xe6) missing.push_back("os-avx512-state");
-    if (!__builtin_cpu_supports("avx512f")) missing.push_back("avx512f");
-    if (!__builtin_cpu_supports("avx512bw")) missing.push_back("avx512bw");
-    if (!__builtin_cpu_supports("avx512vl")) missing.push_back("avx512vl");
-    if (!__builtin_cpu_supports("avx512dq")) missing.push_back("avx512dq");
-    if (!__builtin_cpu_supports("avx512bf16")) missing.push_back("avx512bf16");
-    if (!__builtin_cpu_supports("bmi2")) missing.push_back("bmi2");
+    if ((f.xcr0 & 0xe6) != 0xe6) missing.push_back("os-avx512-state");
+    if (!f.avx512f) missing.push_back("avx512f");
+    if (!f.avx512bw) missing.push_back("avx512bw");
+    if (!f.avx512vl) missing.push_back("avx512vl");
+    if (!f.avx512dq) missing.push_back("avx512dq");
+    if (!f.avx512bf16) missing.push_back("avx512_bf16");
+    if (!f.bmi2) missing.push_back("bmi2");
   }
 #else
   (void)path;
