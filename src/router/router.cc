@@ -115,6 +115,7 @@ void Router::InstallRoutes() {
     server_.Post(path, forward);
   }
   server_.Get("/v1/models", forward);
+  server_.Get("/v1/models/(.+)", forward);
   server_.Get("/health",
               [this](const httplib::Request&, httplib::Response& res) { HandleHealth(res); });
   server_.Get("/metrics",

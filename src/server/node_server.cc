@@ -79,6 +79,9 @@ struct NodeServer::Impl {
   void RespondWhole(Prepared p, httplib::Response& res);
   void RespondStream(Prepared p, httplib::Response& res);
   void HandleModels(httplib::Response& res);
+  // GET /v1/models/{id}: the one model this node serves, or 404 model_not_found.
+  void HandleModel(const std::string& id, httplib::Response& res);
+  json ModelEntry() const;
   void HandleHealth(httplib::Response& res);
   void HandleMetrics(httplib::Response& res);
   void HandleTokenize(const httplib::Request& req, httplib::Response& res);
@@ -303,14 +306,26 @@ void NodeServer::Impl::RespondStream(Prepared p, httplib::Response& res) {
   res.set_chunked_content_provider(http::kSseContentType, std::move(provider));
 }
 
+json NodeServer::Impl::ModelEntry() const {
+  json entry = {{"id", ModelName()},
+                {"object", "model"},
+                {"created", UnixSeconds()},
+                {"owned_by", "pdserve"}};
+  if (ready.load()) entry["max_model_len"] = model.max_model_len;
+  return entry;
+}
+
 void NodeServer::Impl::HandleModels(httplib::Response& res) {
-  json model_entry = {{"id", ModelName()},
-                      {"object", "model"},
-                      {"created", UnixSeconds()},
-                      {"owned_by", "pdserve"}};
-  if (ready.load()) model_entry["max_model_len"] = model.max_model_len;
-  json j = {{"object", "list"}, {"data", json::array({model_entry})}};
+  json j = {{"object", "list"}, {"data", json::array({ModelEntry()})}};
   res.set_content(DumpJson(j), "application/json");
+}
+
+void NodeServer::Impl::HandleModel(const std::string& id, httplib::Response& res) {
+  if (id != ModelName()) {
+    http::SendError(res, http::ApiError::ModelNotFound(id));
+    return;
+  }
+  res.set_content(DumpJson(ModelEntry()), "application/json");
 }
 
 void NodeServer::Impl::HandleHealth(httplib::Response& res) {
@@ -376,6 +391,10 @@ NodeServer::NodeServer(NodeServerOptions options)
   });
   http_->Get("/v1/models",
              [impl](const httplib::Request&, httplib::Response& res) { impl->HandleModels(res); });
+  // Model ids may contain '/' (e.g. "Qwen/Qwen2.5-0.5B-Instruct").
+  http_->Get("/v1/models/(.+)", [impl](const httplib::Request& req, httplib::Response& res) {
+    impl->HandleModel(req.matches[1].str(), res);
+  });
   http_->Get("/health",
              [impl](const httplib::Request&, httplib::Response& res) { impl->HandleHealth(res); });
   http_->Get("/metrics",

@@ -240,6 +240,18 @@ TEST_F(NodeApiTest, ModelsHealthMetricsAndRequestIds) {
   const json m = json::parse(models->body);
   ExpectShape(Fixture("models.json"), m, "models");
   EXPECT_EQ(m["data"][0]["id"], "tiny");
+  // models.retrieve: the one model by id; any other id is model_not_found.
+  auto one = client.Get("/v1/models/tiny");
+  ASSERT_TRUE(one);
+  ASSERT_EQ(one->status, 200) << one->body;
+  const json entry = json::parse(one->body);
+  for (const char* key : {"id", "object", "owned_by", "max_model_len"}) {
+    EXPECT_EQ(entry[key], m["data"][0][key]) << key << ": " << one->body;
+  }
+  auto other = client.Get("/v1/models/Qwen/other-model");
+  ASSERT_TRUE(other);
+  EXPECT_EQ(other->status, 404);
+  EXPECT_EQ(json::parse(other->body)["error"]["code"], "model_not_found") << other->body;
   auto health = client.Get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
