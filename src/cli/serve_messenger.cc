@@ -102,7 +102,13 @@ Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFla
                    "Prefill requests whose pages are held or streaming.", s.requests_in_flight) +
              Gauge("pdserve:messenger_outstanding_prefill_tokens",
                    "Prompt tokens accepted and not yet prefilled.",
-                   static_cast<double>(s.outstanding_prefill_tokens));
+                   static_cast<double>(s.outstanding_prefill_tokens)) +
+             Gauge("pdserve:messenger_requests_cancelled",
+                   "Prefill requests stopped by a Cancel from their decode node.",
+                   static_cast<double>(s.requests_cancelled)) +
+             Gauge("pdserve:messenger_requests_failed",
+                   "Prefill requests refused or failed (WriteFailed sent).",
+                   static_cast<double>(s.requests_failed));
     };
     return node;
   }
@@ -129,7 +135,10 @@ Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFla
            Gauge("pdserve:messenger_requests_retried", "Requests moved to another prefill peer.",
                  static_cast<double>(s.requests_retried)) +
            Gauge("pdserve:messenger_requests_failed", "Requests failed by the messenger.",
-                 static_cast<double>(s.requests_failed));
+                 static_cast<double>(s.requests_failed)) +
+           Gauge("pdserve:messenger_requests_cancelled",
+                 "Requests whose client went away while their KV was in flight (Cancel sent).",
+                 static_cast<double>(s.requests_cancelled));
   };
   return node;
 }

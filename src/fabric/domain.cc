@@ -362,16 +362,29 @@ void Domain::Accept(BatchRequest request) {
 bool Domain::PostReady() {
   bool any = false;
   int budget = kPostBudget;
-  while (!post_queue_.empty() && budget > 0) {
-    Batch* b = post_queue_.front();
-    int r = PostOne(*b);
+  // EAGAIN may concern one peer only (tcp: its connection is not up, or the peer is dead and
+  // the provider keeps retrying): that peer's batches wait for the next round, in order, but
+  // must not hold back every other peer's (a dead prefill node would stop the heartbeats to
+  // the live ones). When the provider's queue is full, every peer gets EAGAIN once per round.
+  std::vector<PeerId> blocked;
+  for (auto it = post_queue_.begin(); it != post_queue_.end() && budget > 0;) {
+    Batch* b = *it;
+    if (std::find(blocked.begin(), blocked.end(), b->request.peer) != blocked.end()) {
+      ++it;
+      continue;
+    }
+    const int r = PostOne(*b);
     if (r == 1) {
       any = true;
       --budget;
       continue;
     }
-    if (r == 0) break;  // provider queue full: reap completions first
-    post_queue_.pop_front();
+    if (r == 0) {  // reap completions first; try the other peers meanwhile
+      blocked.push_back(b->request.peer);
+      ++it;
+      continue;
+    }
+    it = post_queue_.erase(it);
     b->queued = false;
     EndBatchIfDone(*b);
     any = true;

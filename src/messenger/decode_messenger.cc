@@ -1,6 +1,7 @@
 #include "messenger/decode_messenger.h"
 
 #include <algorithm>
+#include <future>
 #include <limits>
 
 #include <fmt/format.h>
@@ -27,6 +28,7 @@ struct DecodeMessenger::Peer {
   uint64_t heartbeat = 0;
   int64_t reported_tokens = 0;  // from its last LoadReport
   int64_t own_tokens = 0;       // prefill tokens this node has in flight there
+  std::future<Result<fabric::TransferEngineAddress>> resolving;  // spec.resolve() running
 };
 
 struct DecodeMessenger::Request {
@@ -200,8 +202,7 @@ void DecodeMessenger::Handle(fabric::PeerId from, Message message) {
       message);
 }
 
-void DecodeMessenger::Connect(Peer& peer) {
-  Result<fabric::TransferEngineAddress> address = peer.spec.resolve();
+void DecodeMessenger::Connect(Peer& peer, Result<fabric::TransferEngineAddress> address) {
   Status s = address.status();
   if (s.ok() && address->instance == peer.removed_instance) {
     s = Status::Unavailable("still the removed instance; waiting for a restart");
@@ -263,7 +264,7 @@ void DecodeMessenger::PeerDead(Peer& peer, const Status& why) {
       fabric_->RemoveExpectation(req->immediate);
       req->failed_peers.push_back(&peer);
       if (req->state == Request::State::kInFlight) {
-        req->retry_after_ack = req->retries < options_.max_retries;
+        req->retry_after_ack = CanRetry(*req);
         if (!req->retry_after_ack) {
           FailRequest(*req, why.WithContext("prefill peer " + peer.spec.name + " lost"));
         }
@@ -290,6 +291,17 @@ void DecodeMessenger::OnPagesAllocated(const std::string& id, std::vector<PageId
     return;
   }
   Dispatch(req);
+}
+
+bool DecodeMessenger::CanRetry(const Request& req) const {
+  if (req.retries >= options_.max_retries || !req.peer_override.empty()) return false;
+  // Only onto a peer that is ready now: queueing a request whose peer just died would turn a
+  // clear "peer lost" into a vague timeout when no other peer comes.
+  return std::any_of(peers_.begin(), peers_.end(), [&](const auto& p) {
+    return p->state == Peer::State::kReady && p.get() != req.peer &&
+           std::find(req.failed_peers.begin(), req.failed_peers.end(), p.get()) ==
+               req.failed_peers.end();
+  });
 }
 
 void DecodeMessenger::Dispatch(Request& req) {
@@ -393,7 +405,7 @@ void DecodeMessenger::Abandon(Request& req, const Status& why, bool retry) {
   fabric_->RemoveExpectation(req.immediate);
   req.peer->own_tokens -= static_cast<int64_t>(req.prefix.size());
   req.failed_peers.push_back(req.peer);
-  req.retry_after_ack = retry && req.retries < options_.max_retries;
+  req.retry_after_ack = retry && CanRetry(req);
   if (!req.retry_after_ack) FailRequest(req, why);
   // Pages stay held until P says none of its writes can still land.
   req.state = Request::State::kCancelling;
@@ -486,7 +498,16 @@ void DecodeMessenger::Tick() {
     Peer& peer = *p;
     switch (peer.state) {
       case Peer::State::kDisconnected:
-        if (now >= peer.retry_at) Connect(peer);
+        // Resolution asks the peer's HTTP API and may take seconds (a hung node accepts the
+        // connection and never answers): never on this loop, whose heartbeats keep the other
+        // peers alive.
+        if (peer.resolving.valid()) {
+          if (peer.resolving.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+            Connect(peer, peer.resolving.get());
+          }
+        } else if (now >= peer.retry_at) {
+          peer.resolving = std::async(std::launch::async, peer.spec.resolve);
+        }
         break;
       case Peer::State::kHelloSent:
       case Peer::State::kFinishSent:
@@ -518,7 +539,12 @@ void DecodeMessenger::Tick() {
     }
   }
   for (Request* req : late_queued) {
-    FailRequest(*req, Status::Unavailable("no prefill peer became available in time"));
+    const std::string& cause = counters_.last_peer_error;
+    FailRequest(*req, Status::Unavailable(
+                          cause.empty() ? std::string("no prefill peer became available in time")
+                                        : "no prefill peer became available in time (last peer "
+                                          "error: " +
+                                              cause + ")"));
     req->deadline = Deadline::Never();
   }
   for (Request* req : late_cancel) {

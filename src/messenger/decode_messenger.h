@@ -14,7 +14,8 @@
 //
 // Threads: Create/destructor from the owner's thread (the engine must outlive the messenger and
 // its loop must be stopped first). Submit/stats/events from any thread. The peers' `resolve`
-// functions run on the messenger's control loop (they may block briefly; give them a timeout).
+// functions run on threads of their own, one at a time per peer (give them a timeout: the
+// destructor waits for them).
 #pragma once
 
 #include <cstdint>
@@ -75,11 +76,13 @@ class DecodeMessenger {
   Status Init();
   void OnMessage(fabric::PeerId from, std::span<const std::byte> payload);
   void Handle(fabric::PeerId from, Message message);
-  void Connect(Peer& peer);
+  void Connect(Peer& peer, Result<fabric::TransferEngineAddress> address);
   void HandleHelloAck(Peer& peer, const HelloAck& ack);
   void PeerDead(Peer& peer, const Status& why);
   void OnPagesAllocated(const std::string& id, std::vector<PageId> pages);
   void Dispatch(Request& req);
+  // Whether `req` may move to another prefill peer: retries left and another peer ready.
+  bool CanRetry(const Request& req) const;
   void OnLanded(const std::string& id, uint32_t imm, const Status& status, uint32_t arrived);
   void OnWriteFailed(uint64_t request_id, const std::string& reason);
   void OnCancelAck(uint64_t request_id);

@@ -241,6 +241,9 @@ void AppendEvents(const ResponseContext& ctx, const GenerationRequest& request, 
   }
 }
 
+// How long a stream may stay silent before a comment probes whether its client is still there.
+constexpr auto kSseProbeInterval = std::chrono::milliseconds(400);
+
 }  // namespace
 
 void NodeServer::Impl::RespondStream(Prepared p, httplib::Response& res) {
@@ -252,6 +255,7 @@ void NodeServer::Impl::RespondStream(Prepared p, httplib::Response& res) {
     std::unique_ptr<RequestDrain> drain;
     bool opened = false;
     bool done = false;
+    TimePoint last_write = Clock::now();
     size_t text_offset = 0;
     int completion_tokens = 0;
     std::vector<RequestOutput> batch;
@@ -297,6 +301,13 @@ void NodeServer::Impl::RespondStream(Prepared p, httplib::Response& res) {
         break;
     }
     if (st->done) events += http::kSseDone;
+    // httplib notices a gone client only when a write fails, so a stream that has nothing to
+    // say (a long prompt still being prefilled) sends an SSE comment now and then: without it
+    // a client that left would keep its request (and a prefill node's work) alive until the
+    // first token. Clients ignore comments.
+    const TimePoint now = Clock::now();
+    if (events.empty() && now - st->last_write >= kSseProbeInterval) events = ":\n\n";
+    if (!events.empty()) st->last_write = now;
     // A false write means the client is gone; returning false ends the response.
     if (!events.empty() && !sink.write(events.data(), events.size())) return false;
     if (st->done) sink.done();

@@ -1,7 +1,15 @@
 #include "disagg_util.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <random>
 #include <thread>
+
+#include <gtest/gtest.h>
 
 namespace pdserve::testing {
 
@@ -41,6 +49,57 @@ double WaitForMetric(int port, const std::string& name, double value, int deadli
     seen = NodeMetric(port, name);
   }
   return seen;
+}
+
+nlohmann::json GetJson(int port, const std::string& path) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(5, 0);
+  auto res = client.Get(path);
+  if (!res || res->status != 200) return nlohmann::json::value_t::discarded;
+  return nlohmann::json::parse(res->body, nullptr, false);
+}
+
+std::vector<int32_t> RandomPrompt(int length, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> token(3, 250);
+  std::vector<int32_t> prompt(length);
+  for (int32_t& t : prompt) t = token(rng);
+  return prompt;
+}
+
+bool StreamThenDrop(int port, const std::vector<int32_t>& prompt, int max_tokens, int hold_ms) {
+  const nlohmann::json body = {{"prompt", prompt},
+                               {"max_tokens", max_tokens},
+                               {"temperature", 0},
+                               {"ignore_eos", true},
+                               {"stream", true}};
+  const std::string payload = body.dump();
+  const std::string request =
+      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+      "Content-Type: application/json\r\nContent-Length: " +
+      std::to_string(payload.size()) + "\r\n\r\n" + payload;
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bool sent = connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+  for (size_t off = 0; sent && off < request.size();) {
+    const ssize_t n = send(fd, request.data() + off, request.size() - off, MSG_NOSIGNAL);
+    if (n <= 0) sent = false;
+    off += n > 0 ? static_cast<size_t>(n) : 0;
+  }
+  if (sent && hold_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
+  close(fd);
+  return sent;
+}
+
+void ExpectNodeDrained(int port, int deadline_ms) {
+  EXPECT_EQ(WaitForMetric(port, "pdserve:messenger_requests_in_flight", 0, deadline_ms), 0)
+      << "messenger requests still in flight on port " << port;
+  EXPECT_EQ(WaitForMetric(port, "pdserve:kv_cache_usage_perc", 0, deadline_ms), 0)
+      << "KV pages still in use on port " << port;
 }
 
 std::vector<std::string> PrefillArgs(const std::string& provider,

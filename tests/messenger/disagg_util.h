@@ -30,6 +30,21 @@ double NodeMetric(int port, const std::string& name);
 // Polls until the metric equals `value` (deadline ms); returns the last value seen.
 double WaitForMetric(int port, const std::string& name, double value, int deadline_ms);
 
+// GET path as JSON (a discarded value if the node does not answer or the body is not JSON).
+nlohmann::json GetJson(int port, const std::string& path);
+
+// `length` random token ids of the tiny model's vocabulary, from `seed`.
+std::vector<int32_t> RandomPrompt(int length, uint32_t seed);
+
+// A client that goes away: opens a streamed POST /v1/completions over a raw socket, keeps the
+// connection for hold_ms without reading, then closes it. False if the request could not be
+// sent at all.
+bool StreamThenDrop(int port, const std::vector<int32_t>& prompt, int max_tokens, int hold_ms);
+
+// Gtest expectations that a messenger node has no request in flight and no KV page in use
+// (polled up to deadline_ms: releases run asynchronously).
+void ExpectNodeDrained(int port, int deadline_ms = 10000);
+
 // Flags of a prefill node and of a decode node pointed at `prefill_ports`.
 std::vector<std::string> PrefillArgs(const std::string& provider,
                                      const std::vector<std::string>& extra = {});

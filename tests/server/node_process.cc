@@ -36,8 +36,9 @@ std::string RunPdserve(const std::vector<std::string>& args, int* exit_code) {
   return *out;
 }
 
-NodeProcess::NodeProcess(const std::string& model_dir, const std::vector<std::string>& extra_args) {
-  std::vector<std::string> args = {"serve", "--listen", "127.0.0.1:0", "--model", model_dir};
+NodeProcess::NodeProcess(const std::string& model_dir, const std::vector<std::string>& extra_args,
+                         const std::string& listen) {
+  std::vector<std::string> args = {"serve", "--listen", listen, "--model", model_dir};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   auto process = Spawn(args);
   if (!process.ok()) {

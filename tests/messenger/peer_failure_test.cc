@@ -1,0 +1,195 @@
+// Peers that die, hang or come back (DESIGN.md §3.5, §6): a prefill node killed (SIGKILL) or
+// hung (SIGSTOP) while a prompt's KV streams makes the decode node fail that request with an
+// error naming the peer, or retry it on a second prefill node; a prefill node restarted at the
+// same address is handshaken again and used; a decode node killed mid-transfer leaves the
+// prefill node with nothing held, ready for a new decode node. Every surviving node ends with
+// no page in use. Real `pdserve serve` processes over tcp (a killed shm peer can hang its
+// survivor inside libfabric: docs/fabric.md).
+#include <signal.h>
+
+#include <future>
+
+#include <gtest/gtest.h>
+
+#include "disagg_util.h"
+
+namespace pdserve::testing {
+namespace {
+
+const std::vector<std::string> kFlags = {"--page-size",    "4",   "--threads",         "1",
+                                         "--heartbeat-ms", "100", "--peer-timeout-ms", "1500"};
+constexpr int kLongPrompt = 2049;  // 128 prefill steps of 16 tokens: seconds, not milliseconds
+
+std::unique_ptr<NodeProcess> StartPrefill(const std::string& listen = "127.0.0.1:0") {
+  auto args = PrefillArgs("tcp", {"--max-batch-tokens", "16"});
+  args.insert(args.end(), kFlags.begin(), kFlags.end());
+  return std::make_unique<NodeProcess>(TinyModelDir(), args, listen);
+}
+
+// prefill_timeout_ms bounds a request's whole wait for its KV, retries included.
+std::unique_ptr<NodeProcess> StartDecode(const std::vector<int>& prefill_ports,
+                                         int prefill_timeout_ms = 4000) {
+  return std::make_unique<NodeProcess>(
+      TinyModelDir(), DecodeArgs("tcp", prefill_ports, [prefill_timeout_ms] {
+        auto a = kFlags;
+        a.insert(a.end(), {"--prefill-timeout-ms", std::to_string(prefill_timeout_ms)});
+        return a;
+      }()));
+}
+
+// Waits until the prefill node on `port` runs a prefill request (deadline 10 s).
+bool WaitUntilPrefilling(int port) {
+  return WaitForMetric(port, "pdserve:messenger_requests_in_flight", 1, 10000) == 1;
+}
+
+std::string ErrorMessage(const Completion& c) {
+  return c.body.is_object() && c.body.contains("error") ? c.body["error"].dump() : c.body.dump();
+}
+
+TEST(MessengerPeerFailureTest, KilledPrefillFailsTheRequestWithAClearError) {
+  auto prefill = StartPrefill();
+  ASSERT_TRUE(prefill->ok()) << prefill->error();
+  const int prefill_port = prefill->port();
+  auto decode = StartDecode({prefill_port});
+  ASSERT_TRUE(decode->ok()) << decode->error();
+  const std::vector<int32_t> prompt = RandomPrompt(kLongPrompt, 21);
+  auto pending =
+      std::async(std::launch::async, [&] { return Complete(decode->port(), prompt, 4); });
+  ASSERT_TRUE(WaitUntilPrefilling(prefill_port));
+  ASSERT_EQ(kill(prefill->pid(), SIGKILL), 0);
+  const Completion failed = pending.get();
+  EXPECT_NE(failed.status, 200);
+  EXPECT_NE(
+      ErrorMessage(failed).find("prefill peer 127.0.0.1:" + std::to_string(prefill_port) + " lost"),
+      std::string::npos)
+      << ErrorMessage(failed);
+  prefill.reset();
+  // The decode node keeps serving: with no prefill peer, a clear error after its deadline.
+  ExpectNodeDrained(decode->port());
+  const Completion no_peer = Complete(decode->port(), RandomPrompt(9, 1), 2);
+  EXPECT_EQ(no_peer.status / 100, 5) << no_peer.body.dump();
+  EXPECT_NE(ErrorMessage(no_peer).find("no heartbeat answer"), std::string::npos)
+      << ErrorMessage(no_peer);
+  ExpectNodeDrained(decode->port());
+}
+
+// A prefill node restarted at the same address (new fabric address, new incarnation) is
+// handshaken from scratch and used again. `mid_transfer`: killed while streaming a prompt.
+void ExpectRestartedPrefillUsed(bool mid_transfer) {
+  auto prefill = StartPrefill();
+  ASSERT_TRUE(prefill->ok()) << prefill->error();
+  const int prefill_port = prefill->port();
+  auto decode = StartDecode({prefill_port});
+  ASSERT_TRUE(decode->ok()) << decode->error();
+  const std::vector<int32_t> prompt = RandomPrompt(mid_transfer ? kLongPrompt : 77, 24);
+  const Completion want = Complete(decode->port(), prompt, 4);
+  ASSERT_EQ(want.status, 200) << want.body.dump();
+  std::future<Completion> pending;
+  if (mid_transfer) {
+    pending = std::async(std::launch::async, [&] { return Complete(decode->port(), prompt, 4); });
+    ASSERT_TRUE(WaitUntilPrefilling(prefill_port));
+  }
+  ASSERT_EQ(kill(prefill->pid(), SIGKILL), 0);
+  if (mid_transfer) {
+    EXPECT_NE(pending.get().status, 200);
+  }
+  prefill.reset();
+  EXPECT_EQ(WaitForMetric(decode->port(), "pdserve:messenger_peers_ready", 0, 10000), 0);
+  prefill = StartPrefill("127.0.0.1:" + std::to_string(prefill_port));
+  ASSERT_TRUE(prefill->ok()) << prefill->error();
+  EXPECT_EQ(WaitForMetric(decode->port(), "pdserve:messenger_peers_ready", 1, 10000), 1);
+  const Completion again = Complete(decode->port(), prompt, 4);
+  ASSERT_EQ(again.status, 200) << again.body.dump();
+  EXPECT_EQ(again.token_ids, want.token_ids);
+  ExpectNodeDrained(decode->port());
+  ExpectNodeDrained(prefill->port());
+}
+
+// Fails today (both variants): the restarted node's handshake completes, but its KV writes
+// never count on the decode node: the fabric attributes their immediates (FI_SOURCE) to the
+// removed predecessor's address-vector entry and drops them ("immediate from removed peer"),
+// although the two endpoint names differ. See docs/messenger.md, "Left to do".
+TEST(MessengerPeerFailureTest, DISABLED_RestartedPrefillIsHandshakenAndUsedAgain) {
+  ExpectRestartedPrefillUsed(/*mid_transfer=*/false);
+}
+
+TEST(MessengerPeerFailureTest, DISABLED_PrefillKilledMidTransferThenRestartedIsUsedAgain) {
+  ExpectRestartedPrefillUsed(/*mid_transfer=*/true);
+}
+
+// A long request goes to one of two prefill nodes; `fault` kills or stops that one; the decode
+// node moves the request to the other and returns the same tokens.
+void ExpectRetriedOnSecondPrefill(int fault) {
+  auto p1 = StartPrefill();
+  auto p2 = StartPrefill();
+  ASSERT_TRUE(p1->ok()) << p1->error();
+  ASSERT_TRUE(p2->ok()) << p2->error();
+  auto decode = StartDecode({p1->port(), p2->port()}, 15000);
+  ASSERT_TRUE(decode->ok()) << decode->error();
+  ASSERT_EQ(WaitForMetric(decode->port(), "pdserve:messenger_peers_ready", 2, 10000), 2);
+  const std::vector<int32_t> prompt = RandomPrompt(kLongPrompt, 22);
+  const Completion want = Complete(decode->port(), prompt, 4);
+  ASSERT_EQ(want.status, 200) << want.body.dump();
+
+  auto pending =
+      std::async(std::launch::async, [&] { return Complete(decode->port(), prompt, 4); });
+  // Whichever prefill node took it.
+  NodeProcess* victim = nullptr;
+  NodeProcess* survivor = nullptr;
+  for (int i = 0; i < 200 && victim == nullptr; ++i) {
+    if (NodeMetric(p1->port(), "pdserve:messenger_requests_in_flight") == 1) {
+      victim = p1.get(), survivor = p2.get();
+    } else if (NodeMetric(p2->port(), "pdserve:messenger_requests_in_flight") == 1) {
+      victim = p2.get(), survivor = p1.get();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  ASSERT_NE(victim, nullptr) << "no prefill node took the request";
+  ASSERT_EQ(kill(victim->pid(), fault), 0);
+  const Completion got = pending.get();
+  ASSERT_EQ(got.status, 200) << got.body.dump();
+  EXPECT_EQ(got.token_ids, want.token_ids);
+  EXPECT_EQ(NodeMetric(decode->port(), "pdserve:messenger_requests_retried"), 1);
+  ExpectNodeDrained(decode->port());
+  ExpectNodeDrained(survivor->port());
+  if (fault == SIGSTOP) kill(victim->pid(), SIGKILL);  // a stopped process cannot take SIGTERM
+}
+
+TEST(MessengerPeerFailureTest, KilledPrefillIsRetriedOnTheOther) {
+  ExpectRetriedOnSecondPrefill(SIGKILL);
+}
+
+TEST(MessengerPeerFailureTest, HungPrefillIsRemovedByHeartbeatAndRetriedOnTheOther) {
+  ExpectRetriedOnSecondPrefill(SIGSTOP);
+}
+
+TEST(MessengerPeerFailureTest, KilledDecodeLeavesThePrefillNodeClean) {
+  auto prefill = StartPrefill();
+  ASSERT_TRUE(prefill->ok()) << prefill->error();
+  auto decode = StartDecode({prefill->port()});
+  ASSERT_TRUE(decode->ok()) << decode->error();
+  const std::vector<int32_t> prompt = RandomPrompt(kLongPrompt, 23);
+  const Completion want = Complete(decode->port(), prompt, 4);
+  ASSERT_EQ(want.status, 200) << want.body.dump();
+  auto pending =
+      std::async(std::launch::async, [&] { return Complete(decode->port(), prompt, 4); });
+  ASSERT_TRUE(WaitUntilPrefilling(prefill->port()));
+  ASSERT_EQ(kill(decode->pid(), SIGKILL), 0);
+  EXPECT_NE(pending.get().status, 200);
+  decode.reset();
+  // P notices (connection errors or missed heartbeats), stops the job and frees its pages.
+  ExpectNodeDrained(prefill->port());
+  EXPECT_EQ(WaitForMetric(prefill->port(), "pdserve:messenger_peers_ready", 0, 10000), 0);
+  // And serves a new decode node.
+  decode = StartDecode({prefill->port()});
+  ASSERT_TRUE(decode->ok()) << decode->error();
+  const Completion got = Complete(decode->port(), prompt, 4);
+  ASSERT_EQ(got.status, 200) << got.body.dump();
+  EXPECT_EQ(got.token_ids, want.token_ids);
+  ExpectNodeDrained(prefill->port());
+  ExpectNodeDrained(decode->port());
+}
+
+}  // namespace
+}  // namespace pdserve::testing
