@@ -29,6 +29,9 @@ Pair StartPair(const std::string& provider) {
   if (!p.prefill->ok()) return p;
   p.decode = std::make_unique<NodeProcess>(TinyModelDir(),
                                            DecodeArgs(provider, {p.prefill->port()}, kFlags));
+  // A request sent before the handshake waits for a peer: it would be cancelled without ever
+  // reaching the prefill node (seen on a loaded host).
+  if (p.decode->ok()) WaitForMetric(p.decode->port(), "pdserve:messenger_peers_ready", 1, 10000);
   return p;
 }
 
