@@ -12,6 +12,7 @@ PACKAGES=(
   libfabric-dev libfabric-bin libhwloc-dev hwloc
   libcpp-httplib-dev qemu-user
   iproute2 procps curl
+  python3-jinja2  # the chat-template reference renders (tests/chat/fixtures/render_reference.py)
 )
 
 missing=()

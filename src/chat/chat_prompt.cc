@@ -37,9 +37,13 @@ std::unique_ptr<ChatPromptRenderer> ChatPromptRenderer::Create(std::string_view 
 
 bool ChatPromptRenderer::has_template() const { return impl_->chat_template.has_value(); }
 
-Result<ChatPrompt> ChatPromptRenderer::Render(const nlohmann::json& messages,
-                                              const nlohmann::json& tools,
+Result<ChatPrompt> ChatPromptRenderer::Render(const nlohmann::ordered_json& messages,
+                                              const nlohmann::ordered_json& tools,
+                                              const nlohmann::ordered_json& template_kwargs,
                                               bool add_generation_prompt) const {
+  if (!template_kwargs.is_null() && !template_kwargs.is_object()) {
+    return Status::InvalidArgument("chat_template_kwargs must be a JSON object");
+  }
   if (!impl_->chat_template) {
     return ChatPrompt{RenderPlainChat(messages, add_generation_prompt), /*add_special=*/true};
   }
@@ -47,13 +51,22 @@ Result<ChatPrompt> ChatPromptRenderer::Render(const nlohmann::json& messages,
   options.add_generation_prompt = add_generation_prompt;
   options.bos_token = impl_->bos_token;
   options.eos_token = impl_->eos_token;
-  if (!tools.is_null()) options.extra["tools"] = tools;
+  if (template_kwargs.is_object()) {
+    // The template's own inputs come from the request fields, never from the kwargs.
+    for (const auto& [key, value] : template_kwargs.items()) {
+      if (key != "tools" && key != "documents") options.extra[key] = value;
+    }
+  }
+  // As transformers' apply_chat_template: tools and documents are always defined, None when
+  // absent (a template's `tools is defined` is true either way).
+  options.extra["tools"] = tools;
+  options.extra["documents"] = nullptr;
   PD_ASSIGN_OR_RETURN(std::string text, impl_->chat_template->Render(messages, options));
   // The template writes BOS itself where the model wants it.
   return ChatPrompt{std::move(text), /*add_special=*/false};
 }
 
-std::string RenderPlainChat(const nlohmann::json& messages, bool add_generation_prompt) {
+std::string RenderPlainChat(const nlohmann::ordered_json& messages, bool add_generation_prompt) {
   std::string out;
   for (const auto& m : messages) {
     if (!m.is_object()) continue;

@@ -33,9 +33,17 @@ class ChatPromptRenderer {
   ChatPromptRenderer& operator=(const ChatPromptRenderer&) = delete;
   ~ChatPromptRenderer();
 
-  // messages: normalised by the request parser (content is a string). Errors (a template
-  // that fails on these messages) are InvalidArgument.
-  Result<ChatPrompt> Render(const nlohmann::json& messages, const nlohmann::json& tools,
+  // messages: normalised by the request parser (content is a string). tools: null or the
+  // request's list, the template's `tools`. template_kwargs: null or an object whose keys become
+  // template variables (a request's `chat_template_kwargs`, e.g. {"enable_thinking": false});
+  // messages, tools, documents, add_generation_prompt, bos_token and eos_token there are
+  // ignored: the arguments and the tokenizer set those. As in transformers, `tools` and
+  // `documents` are defined even when absent (None). Object keys keep their order (tojson prints
+  // them as Python does). Errors (bad kwargs, a template that fails on these inputs) are
+  // InvalidArgument.
+  Result<ChatPrompt> Render(const nlohmann::ordered_json& messages,
+                            const nlohmann::ordered_json& tools,
+                            const nlohmann::ordered_json& template_kwargs,
                             bool add_generation_prompt) const;
   bool has_template() const;
 
@@ -46,6 +54,6 @@ class ChatPromptRenderer {
 };
 
 // The fallback format alone (for tests and docs).
-std::string RenderPlainChat(const nlohmann::json& messages, bool add_generation_prompt);
+std::string RenderPlainChat(const nlohmann::ordered_json& messages, bool add_generation_prompt);
 
 }  // namespace pdserve::chat

@@ -51,7 +51,7 @@ ChatTemplate ChatTemplate::Fallback() {
 
 const std::string& ChatTemplate::source() const { return program_->source; }
 
-Result<std::string> ChatTemplate::Render(const nlohmann::json& messages,
+Result<std::string> ChatTemplate::Render(const nlohmann::ordered_json& messages,
                                          const ChatRenderOptions& options) const {
   if (!messages.is_array()) return Status::InvalidArgument("messages must be a JSON array");
   if (!options.extra.is_object()) {

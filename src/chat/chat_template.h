@@ -3,8 +3,9 @@
 //
 // Semantics follow Hugging Face's `apply_chat_template` environment: trim_blocks and
 // lstrip_blocks on, Jinja's default Undefined (prints as "", attribute access on it fails),
-// `tojson` as Python's json.dumps(ensure_ascii=False), `raise_exception(msg)` and
-// `strftime_now(fmt)` globals. See jinja_*.h for the supported syntax.
+// transformers' `tojson` (json.dumps with ensure_ascii=False: dict keys in insertion order, no
+// HTML escaping), Python's str methods (strip/split on Unicode whitespace), and the
+// `raise_exception(msg)` and `strftime_now(fmt)` globals. See jinja_*.h for the syntax.
 //
 // Limits: rendering is bounded in loop iterations, macro recursion, nesting depth and output
 // size, so no template or input can hang or crash the caller; hitting a limit is an error.
@@ -33,7 +34,8 @@ struct ChatRenderOptions {
   std::string bos_token, eos_token;
   // More template variables, e.g. {"tools": [...], "enable_thinking": false}. Must be an object.
   // Keys named messages/add_generation_prompt/bos_token/eos_token are overridden by the above.
-  nlohmann::json extra = nlohmann::json::object();
+  // Ordered: objects keep the caller's key order, so `tojson` prints them as Python does.
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
   // The clock of `strftime_now` (Unix seconds, formatted in UTC). Unset: the system clock.
   // Tests set it to get a fixed date.
   std::optional<int64_t> now_unix_seconds;
@@ -44,10 +46,11 @@ class ChatTemplate {
   // Syntax errors -> InvalidArgument "chat template line L col C: ...".
   static Result<ChatTemplate> Parse(std::string source);
 
-  // `messages` is the OpenAI-style list of {"role", "content", ...} objects. Errors from the
+  // `messages` is the OpenAI-style list of {"role", "content", ...} objects, keys in the
+  // caller's order (a nlohmann::json argument converts, keys then sorted). Errors from the
   // template (undefined filter, type error, raise_exception('...'), a limit) -> InvalidArgument
   // carrying the template's message.
-  Result<std::string> Render(const nlohmann::json& messages,
+  Result<std::string> Render(const nlohmann::ordered_json& messages,
                              const ChatRenderOptions& options) const;
 
   // For a model without a `chat_template`: bos_token, then every message as

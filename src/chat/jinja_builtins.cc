@@ -11,8 +11,6 @@
 namespace pdserve::jinja {
 namespace {
 
-constexpr std::string_view kWhitespace = " \t\n\r\v\f";
-
 Status ArgError(const std::string& fn, const std::string& what) {
   return Status::InvalidArgument(fn + ": " + what);
 }
@@ -53,19 +51,32 @@ std::vector<std::string_view> CodePoints(std::string_view s) {
   return out;
 }
 
-// Python str.strip/lstrip/rstrip; `chars` empty means ASCII whitespace.
+// Python str.strip/lstrip/rstrip; `chars` null means Unicode whitespace (str.isspace).
 std::string Strip(std::string_view s, const std::string* chars, bool left, bool right) {
-  std::vector<std::string_view> set = chars ? CodePoints(*chars) : std::vector<std::string_view>{};
-  auto strip_cp = [&](std::string_view cp) {
-    if (!chars) return kWhitespace.find(cp) != std::string_view::npos && cp.size() == 1;
+  size_t b = 0, e = s.size();
+  if (chars == nullptr) {
+    while (left && b < e) {
+      size_t n = PySpaceAt(s, b);
+      if (n == 0) break;
+      b += n;
+    }
+    while (right && e > b) {
+      size_t n = PySpaceBefore(s, e);
+      if (n == 0) break;
+      e -= n;
+    }
+    return std::string(s.substr(b, e - b));
+  }
+  std::vector<std::string_view> set = CodePoints(*chars);
+  auto in_set = [&](std::string_view cp) {
     return std::find(set.begin(), set.end(), cp) != set.end();
   };
   std::vector<std::string_view> cps = CodePoints(s);
-  size_t b = 0, e = cps.size();
-  while (left && b < e && strip_cp(cps[b])) ++b;
-  while (right && e > b && strip_cp(cps[e - 1])) --e;
+  size_t cb = 0, ce = cps.size();
+  while (left && cb < ce && in_set(cps[cb])) ++cb;
+  while (right && ce > cb && in_set(cps[ce - 1])) --ce;
   std::string out;
-  for (size_t i = b; i < e; ++i) out += cps[i];
+  for (size_t i = cb; i < ce; ++i) out += cps[i];
   return out;
 }
 
@@ -98,16 +109,15 @@ Result<std::vector<std::string>> Split(Evaluator& ev, const std::string& s, cons
   if (sep == nullptr || sep->is_none()) {
     size_t i = 0;
     while (true) {
-      while (i < s.size() && kWhitespace.find(s[i]) != std::string_view::npos) ++i;
+      while (size_t n = PySpaceAt(s, i)) i += n;
       if (i >= s.size()) break;
       if (maxsplit >= 0 && static_cast<int64_t>(parts.size()) == maxsplit) {
-        size_t e = s.size();
-        while (e > i && kWhitespace.find(s[e - 1]) != std::string_view::npos) --e;
-        parts.push_back(s.substr(i, e - i));
+        // Like Python, the remainder keeps its trailing whitespace.
+        parts.push_back(s.substr(i));
         break;
       }
       size_t j = i;
-      while (j < s.size() && kWhitespace.find(s[j]) == std::string_view::npos) ++j;
+      while (j < s.size() && PySpaceAt(s, j) == 0) ++j;
       parts.push_back(s.substr(i, j - i));
       i = j;
     }
@@ -386,13 +396,33 @@ Result<Value> ToNumber(const std::string& fn, const Value& value, const CallArgs
   return Value::Float(v);
 }
 
+// Hugging Face's tojson: json.dumps(x, ensure_ascii=False, indent=None, separators=None,
+// sort_keys=False) -- no HTML escaping, unlike Jinja's own tojson.
 Result<Value> FilterTojson(const Value& value, const CallArgs& args) {
-  int indent = -1;
-  if (const Value* v = args.Get(0, "indent"); v && !v->is_none()) {
-    if (v->kind() != Value::Kind::kInt) return ArgError("tojson", "indent must be an integer");
-    indent = static_cast<int>(std::clamp<int64_t>(v->as_int(), 0, 64));
+  JsonStyle style;
+  if (const Value* v = args.Get(1, "indent"); v && !v->is_none()) {
+    // Python: an int indents by that many spaces (<= 0: newlines only), a string is used as is.
+    if (v->is_string()) {
+      style.indent = v->as_string();
+    } else if (v->kind() == Value::Kind::kInt) {
+      style.indent.assign(static_cast<size_t>(std::clamp<int64_t>(v->as_int(), 0, 64)), ' ');
+    } else {
+      return ArgError("tojson", "indent must be an integer or a string");
+    }
+    style.pretty = true;
+    style.item_separator = ",";
   }
-  PD_ASSIGN_OR_RETURN(std::string json, value.ToJson(indent));
+  style.ensure_ascii = BoolArg(args, 0, "ensure_ascii", false);
+  if (const Value* v = args.Get(2, "separators"); v && !v->is_none()) {
+    if (!v->is_list() || v->list().size() != 2 || !v->list()[0].is_string() ||
+        !v->list()[1].is_string()) {
+      return ArgError("tojson", "separators must be a pair of strings");
+    }
+    style.item_separator = v->list()[0].as_string();
+    style.key_separator = v->list()[1].as_string();
+  }
+  style.sort_keys = BoolArg(args, 3, "sort_keys", false);
+  PD_ASSIGN_OR_RETURN(std::string json, value.ToJson(style));
   return Value::String(std::move(json));
 }
 
@@ -403,8 +433,13 @@ Result<Value> ApplyFilter(Evaluator& ev, const std::string& name, const Value& v
   if (name == "length" || name == "count") return Length(name, value);
   if (name == "string") return Value::String(value.ToString());
   if (name == "trim") {
-    PD_ASSIGN_OR_RETURN(std::string chars, StringArg(name, args, 0, "chars", ""));
-    return Value::String(Strip(value.ToString(), chars.empty() ? nullptr : &chars, true, true));
+    // trim(chars=None) is Python's str.strip(chars): none strips whitespace, '' strips nothing.
+    const Value* chars = args.Get(0, "chars");
+    if (chars != nullptr && !chars->is_none() && !chars->is_string()) {
+      return ArgError(name, "argument 'chars' must be a string");
+    }
+    const std::string* set = chars != nullptr && chars->is_string() ? &chars->as_string() : nullptr;
+    return Value::String(Strip(value.ToString(), set, true, true));
   }
   if (name == "tojson") return FilterTojson(value, args);
   if (name == "safe" || name == "list" || name == "items" || name == "dictsort") {

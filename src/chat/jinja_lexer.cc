@@ -6,10 +6,11 @@
 #include <cstdlib>
 #include <string>
 
+#include "chat/jinja_value.h"
+
 namespace pdserve::jinja {
 namespace {
 
-bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 bool IsIdentStart(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
 bool IsIdentChar(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
 
@@ -69,21 +70,19 @@ class Lexer {
   // control applied.
   void EmitText(size_t begin, size_t tag) {
     size_t end = tag;
+    // Whitespace control ('-') strips what Python's str.isspace() calls whitespace, as Jinja's
+    // rstrip() and \s do.
     if (strip_next_) {
-      while (begin < end && IsSpace(src_[begin])) ++begin;
+      while (size_t n = begin < end ? PySpaceAt(src_, begin) : 0) begin += n;
     } else if (trim_newline_) {
-      if (begin < end && src_[begin] == '\n') {
-        ++begin;
-      } else if (begin + 1 < end && src_[begin] == '\r' && src_[begin + 1] == '\n') {
-        begin += 2;
-      }
+      if (begin < end && src_[begin] == '\n') ++begin;
     }
     strip_next_ = trim_newline_ = false;
     if (tag < src_.size()) {
       char kind = src_[tag + 1];
       char mod = tag + 2 < src_.size() ? src_[tag + 2] : '\0';
       if (mod == '-') {
-        while (end > begin && IsSpace(src_[end - 1])) --end;
+        while (size_t n = end > begin ? PySpaceBefore(src_, end) : 0) end -= n;
       } else if ((kind == '%' || kind == '#') && mod != '+') {
         // lstrip_blocks: drop spaces and tabs between the line start and a block tag.
         size_t line_start = end;
@@ -123,7 +122,7 @@ class Lexer {
     tokens_.push_back(std::move(begin));
     const std::string_view close = block ? "%}" : "}}";
     while (true) {
-      while (pos < src_.size() && IsSpace(src_[pos])) ++pos;
+      while (size_t n = PySpaceAt(src_, pos)) pos += n;
       if (pos >= src_.size())
         return Error(tag, block ? "unterminated '{%' tag" : "unterminated '{{'");
       // Like Jinja, a closing delimiter only counts outside brackets ("{{ {'a': {}} }}").
@@ -300,6 +299,21 @@ class Lexer {
 
 }  // namespace
 
-Result<std::vector<Token>> Tokenize(std::string_view source) { return Lexer(source).Run(); }
+Result<std::vector<Token>> Tokenize(std::string_view source) {
+  // As Jinja's lexer: line endings \r\n and \r become \n, and one trailing newline of the
+  // template is dropped (keep_trailing_newline=False).
+  std::string normalized;
+  normalized.reserve(source.size());
+  for (size_t i = 0; i < source.size(); ++i) {
+    if (source[i] == '\r') {
+      normalized += '\n';
+      if (i + 1 < source.size() && source[i + 1] == '\n') ++i;
+    } else {
+      normalized += source[i];
+    }
+  }
+  if (!normalized.empty() && normalized.back() == '\n') normalized.pop_back();
+  return Lexer(normalized).Run();
+}
 
 }  // namespace pdserve::jinja

@@ -1,6 +1,7 @@
 // Lexer of the chat-template Jinja subset: splits a template into text and tag tokens, with
 // Hugging Face's settings (trim_blocks, lstrip_blocks) and `{%- -%}` whitespace control
-// applied. Comments `{# #}` are dropped. Pure function; thread-safe.
+// applied, newlines normalised to \n and the template's trailing newline dropped, as Jinja's
+// lexer does. Comments `{# #}` are dropped. Pure function; thread-safe.
 #pragma once
 
 #include <string_view>

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 namespace pdserve::jinja {
 
@@ -126,9 +127,57 @@ std::string PyQuote(const std::string& s) {
   return out;
 }
 
-void AppendJsonString(std::string* out, const std::string& s) {
+void AppendUnicodeEscape(std::string* out, uint32_t unit) {
+  char buf[8];
+  std::snprintf(buf, sizeof(buf), "\\u%04x", unit);
+  *out += buf;
+}
+
+// The code point of the UTF-8 sequence at s[*i], advancing *i; invalid bytes read as U+FFFD
+// (requests are validated UTF-8, so this only guards against template-made strings).
+uint32_t DecodeUtf8(const std::string& s, size_t* i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = byte(*i);
+  const int len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+  if (len == 1 || *i + len > s.size()) {
+    ++*i;
+    return c < 0x80 ? c : 0xFFFD;
+  }
+  uint32_t cp = c & (0x3F >> (len - 1));
+  for (int k = 1; k < len; ++k) {
+    if ((byte(*i + k) & 0xC0) != 0x80) {
+      ++*i;
+      return 0xFFFD;
+    }
+    cp = (cp << 6) | (byte(*i + k) & 0x3F);
+  }
+  *i += len;
+  return cp;
+}
+
+// A JSON string as Python's json.dumps writes it: \" \\ \n \r \t \b \f, other control
+// characters as \u00XX, and (ensure_ascii) everything past ASCII as \uXXXX.
+void AppendJsonString(std::string* out, const std::string& s, bool ensure_ascii) {
   *out += '"';
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x80) {
+      if (!ensure_ascii) {
+        *out += static_cast<char>(c);
+        ++i;
+        continue;
+      }
+      uint32_t cp = DecodeUtf8(s, &i);
+      if (cp >= 0x10000) {
+        cp -= 0x10000;
+        AppendUnicodeEscape(out, 0xD800 + (cp >> 10));
+        AppendUnicodeEscape(out, 0xDC00 + (cp & 0x3FF));
+      } else {
+        AppendUnicodeEscape(out, cp);
+      }
+      continue;
+    }
+    ++i;
     switch (c) {
       case '"':
         *out += "\\\"";
@@ -152,10 +201,8 @@ void AppendJsonString(std::string* out, const std::string& s) {
         *out += "\\f";
         break;
       default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          *out += buf;
+        if (c < 0x20 || (c == 0x7F && ensure_ascii)) {
+          AppendUnicodeEscape(out, c);
         } else {
           *out += static_cast<char>(c);
         }
@@ -269,14 +316,13 @@ std::string_view Value::TypeName() const {
   return "?";
 }
 
-Status Value::AppendJson(std::string* out, int indent, int level) const {
+Status Value::AppendJson(std::string* out, const JsonStyle& style, int level) const {
   auto newline = [&](int lvl) {
-    if (indent >= 0) {
+    if (style.pretty) {
       *out += '\n';
-      out->append(static_cast<size_t>(indent) * lvl, ' ');
+      for (int i = 0; i < lvl; ++i) *out += style.indent;
     }
   };
-  const char* item_sep = indent >= 0 ? "," : ", ";
   switch (kind_) {
     case Kind::kNone:
       *out += "null";
@@ -292,7 +338,7 @@ Status Value::AppendJson(std::string* out, int indent, int level) const {
       *out += FloatRepr(float_);
       return Status::Ok();
     case Kind::kString:
-      AppendJsonString(out, str_);
+      AppendJsonString(out, str_, style.ensure_ascii);
       return Status::Ok();
     case Kind::kList:
       if (list_->empty()) {
@@ -301,9 +347,9 @@ Status Value::AppendJson(std::string* out, int indent, int level) const {
       }
       *out += '[';
       for (size_t i = 0; i < list_->size(); ++i) {
-        if (i) *out += item_sep;
+        if (i) *out += style.item_separator;
         newline(level + 1);
-        PD_RETURN_IF_ERROR((*list_)[i].AppendJson(out, indent, level + 1));
+        PD_RETURN_IF_ERROR((*list_)[i].AppendJson(out, style, level + 1));
       }
       newline(level);
       *out += ']';
@@ -311,22 +357,30 @@ Status Value::AppendJson(std::string* out, int indent, int level) const {
     case Kind::kNamespace:
       // Like Python: a namespace is not JSON serializable (and may contain itself).
       return Status::InvalidArgument("tojson: a namespace is not JSON serializable");
-    case Kind::kDict:
+    case Kind::kDict: {
       if (dict_->empty()) {
         *out += "{}";
         return Status::Ok();
       }
+      std::vector<const std::pair<std::string, Value>*> items;
+      for (const auto& item : *dict_) items.push_back(&item);
+      if (style.sort_keys) {
+        // Byte order of UTF-8 is code point order, which is how Python sorts str keys.
+        std::stable_sort(items.begin(), items.end(),
+                         [](const auto* a, const auto* b) { return a->first < b->first; });
+      }
       *out += '{';
-      for (size_t i = 0; i < dict_->size(); ++i) {
-        if (i) *out += item_sep;
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (i) *out += style.item_separator;
         newline(level + 1);
-        AppendJsonString(out, (*dict_)[i].first);
-        *out += ": ";
-        PD_RETURN_IF_ERROR((*dict_)[i].second.AppendJson(out, indent, level + 1));
+        AppendJsonString(out, items[i]->first, style.ensure_ascii);
+        *out += style.key_separator;
+        PD_RETURN_IF_ERROR(items[i]->second.AppendJson(out, style, level + 1));
       }
       newline(level);
       *out += '}';
       return Status::Ok();
+    }
     case Kind::kUndefined:
       return Status::InvalidArgument("tojson: value is undefined");
     case Kind::kCallable:
@@ -335,32 +389,32 @@ Status Value::AppendJson(std::string* out, int indent, int level) const {
   return Status::Ok();
 }
 
-Result<std::string> Value::ToJson(int indent) const {
+Result<std::string> Value::ToJson(const JsonStyle& style) const {
   std::string out;
-  PD_RETURN_IF_ERROR(AppendJson(&out, indent, 0));
+  PD_RETURN_IF_ERROR(AppendJson(&out, style, 0));
   return out;
 }
 
-Result<Value> Value::FromJson(const nlohmann::json& json, int max_depth) {
+Result<Value> Value::FromJson(const nlohmann::ordered_json& json, int max_depth) {
   if (max_depth <= 0) return Status::InvalidArgument("JSON nested too deeply");
   switch (json.type()) {
-    case nlohmann::json::value_t::null:
-    case nlohmann::json::value_t::discarded:
+    case nlohmann::ordered_json::value_t::null:
+    case nlohmann::ordered_json::value_t::discarded:
       return None();
-    case nlohmann::json::value_t::boolean:
+    case nlohmann::ordered_json::value_t::boolean:
       return Bool(json.get<bool>());
-    case nlohmann::json::value_t::number_integer:
+    case nlohmann::ordered_json::value_t::number_integer:
       return Int(json.get<int64_t>());
-    case nlohmann::json::value_t::number_unsigned: {
+    case nlohmann::ordered_json::value_t::number_unsigned: {
       uint64_t u = json.get<uint64_t>();
       if (u > static_cast<uint64_t>(INT64_MAX)) return Float(static_cast<double>(u));
       return Int(static_cast<int64_t>(u));
     }
-    case nlohmann::json::value_t::number_float:
+    case nlohmann::ordered_json::value_t::number_float:
       return Float(json.get<double>());
-    case nlohmann::json::value_t::string:
+    case nlohmann::ordered_json::value_t::string:
       return String(json.get<std::string>());
-    case nlohmann::json::value_t::array: {
+    case nlohmann::ordered_json::value_t::array: {
       ValueList items;
       items.reserve(json.size());
       for (const auto& item : json) {
@@ -369,7 +423,7 @@ Result<Value> Value::FromJson(const nlohmann::json& json, int max_depth) {
       }
       return List(std::move(items));
     }
-    case nlohmann::json::value_t::object: {
+    case nlohmann::ordered_json::value_t::object: {
       ValueDict items;
       items.reserve(json.size());
       for (const auto& [key, item] : json.items()) {
@@ -378,7 +432,7 @@ Result<Value> Value::FromJson(const nlohmann::json& json, int max_depth) {
       }
       return Dict(std::move(items));
     }
-    case nlohmann::json::value_t::binary:
+    case nlohmann::ordered_json::value_t::binary:
       return Status::InvalidArgument("binary JSON values are not supported");
   }
   return None();
@@ -398,6 +452,41 @@ std::vector<size_t> CodePointOffsets(std::string_view s) {
   }
   offsets.push_back(s.size());
   return offsets;
+}
+
+namespace {
+
+// UTF-8 length of the whitespace code point at the start of `s`, else 0 (see PySpaceAt).
+size_t SpaceLength(std::string_view s) {
+  if (s.empty()) return 0;
+  const auto b = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
+  const unsigned char c = b(0);
+  if (c < 0x80) return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) ? 1 : 0;
+  if (s.size() >= 2 && c == 0xC2) return b(1) == 0x85 || b(1) == 0xA0 ? 2 : 0;
+  if (s.size() < 3) return 0;
+  const unsigned char c1 = b(1), c2 = b(2);
+  if (c == 0xE1) return c1 == 0x9A && c2 == 0x80 ? 3 : 0;  // U+1680
+  if (c == 0xE2 && c1 == 0x80) {                           // U+2000-200A, 2028, 2029, 202F
+    return c2 <= 0x8A || c2 == 0xA8 || c2 == 0xA9 || c2 == 0xAF ? 3 : 0;
+  }
+  if (c == 0xE2) return c1 == 0x81 && c2 == 0x9F ? 3 : 0;  // U+205F
+  if (c == 0xE3) return c1 == 0x80 && c2 == 0x80 ? 3 : 0;  // U+3000
+  return 0;
+}
+
+}  // namespace
+
+size_t PySpaceAt(std::string_view s, size_t at) {
+  return at < s.size() ? SpaceLength(s.substr(at)) : 0;
+}
+
+size_t PySpaceBefore(std::string_view s, size_t end) {
+  end = std::min(end, s.size());
+  // Whitespace code points are 1 to 3 bytes long.
+  for (size_t len = 1; len <= 3 && len <= end; ++len) {
+    if (SpaceLength(s.substr(end - len, len)) == len) return len;
+  }
+  return 0;
 }
 
 }  // namespace pdserve::jinja

@@ -37,6 +37,18 @@ struct Callable {
   std::shared_ptr<const Value> self;  // kMethod: the receiver
 };
 
+// The arguments of Python's json.dumps that Hugging Face's `tojson` filter exposes:
+// tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False).
+struct JsonStyle {
+  bool ensure_ascii = false;  // true: non-ASCII as \uXXXX (surrogate pairs above U+FFFF)
+  std::string indent;         // with `pretty`: the string repeated per nesting level
+  bool pretty = false;        // indent given: one item per line
+  // Python's defaults: ", " and ": " on one line, "," and ": " when pretty.
+  std::string item_separator = ", ";
+  std::string key_separator = ": ";
+  bool sort_keys = false;  // false: insertion order, as Python dicts
+};
+
 class Value {
  public:
   enum class Kind : uint8_t {
@@ -120,18 +132,19 @@ class Value {
   std::string Repr() const;
   // Python ==.
   bool Equals(const Value& other) const;
-  // Python json.dumps(value, ensure_ascii=False, indent=indent) (indent < 0: single line with
-  // ", " and ": "). Errors for undefined values, callables and non-finite floats.
-  Result<std::string> ToJson(int indent) const;
+  // Python json.dumps(value, **style) (see JsonStyle). Errors for undefined values, callables,
+  // namespaces and non-finite floats, as Python raises for them.
+  Result<std::string> ToJson(const JsonStyle& style) const;
   // Type name for error messages ("string", "list", ...).
   std::string_view TypeName() const;
 
-  // nlohmann::json -> Value. Errors past `max_depth` nesting.
-  static Result<Value> FromJson(const nlohmann::json& json, int max_depth);
+  // JSON -> Value, object keys in document order (the caller parses with ordered_json, as
+  // Python's json.loads keeps insertion order). Errors past `max_depth` nesting.
+  static Result<Value> FromJson(const nlohmann::ordered_json& json, int max_depth);
 
  private:
   explicit Value(Kind kind) : kind_(kind) {}
-  Status AppendJson(std::string* out, int indent, int level) const;
+  Status AppendJson(std::string* out, const JsonStyle& style, int level) const;
 
   Kind kind_ = Kind::kUndefined;
   uint32_t depth_ = 0;
@@ -149,5 +162,11 @@ std::string FloatRepr(double d);
 size_t CodePointCount(std::string_view s);
 // Byte offset of every code point start, plus s.size() at the end.
 std::vector<size_t> CodePointOffsets(std::string_view s);
+// Python's str.isspace() on the code point that starts at byte `at` (or, for PySpaceBefore,
+// ends at byte `end`): its UTF-8 length when it is whitespace, else 0. Whitespace is what
+// str.strip()/split() remove: ASCII \t\n\v\f\r, 0x1C-0x1F and space, U+0085, U+00A0, U+1680,
+// U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000 (not U+200B or U+FEFF).
+size_t PySpaceAt(std::string_view s, size_t at);
+size_t PySpaceBefore(std::string_view s, size_t end);
 
 }  // namespace pdserve::jinja

@@ -109,7 +109,8 @@ ApiResult<NodeServer::Impl::Prepared> NodeServer::Impl::Prepare(ApiKind kind,
   GenerationRequest& r = p.request;
   if (!r.model.empty() && r.model != ModelName()) return ApiError::ModelNotFound(r.model);
   if (kind == ApiKind::kChat) {
-    Result<chat::ChatPrompt> rendered = chat->Render(r.messages, r.tools, r.add_generation_prompt);
+    Result<chat::ChatPrompt> rendered =
+        chat->Render(r.messages, r.tools, r.chat_template_kwargs, r.add_generation_prompt);
     if (!rendered.ok()) return ApiError::InvalidRequest(rendered.status().message(), "messages");
     p.prompt = model.tokenizer->Encode(rendered->text, rendered->add_special);
   } else if (r.prompt_is_ids) {
@@ -365,7 +366,8 @@ void NodeServer::Impl::HandleTokenize(const httplib::Request& req, httplib::Resp
   }
   std::vector<int32_t> ids;
   if (r.is_chat) {
-    Result<chat::ChatPrompt> rendered = chat->Render(r.messages, nullptr, r.add_generation_prompt);
+    Result<chat::ChatPrompt> rendered =
+        chat->Render(r.messages, r.tools, r.chat_template_kwargs, r.add_generation_prompt);
     if (!rendered.ok()) {
       return SendError(res, ApiError::InvalidRequest(rendered.status().message(), "messages"));
     }

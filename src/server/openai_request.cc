@@ -9,7 +9,8 @@
 namespace pdserve::server {
 namespace {
 
-using json = nlohmann::json;
+// Ordered: messages and tools reach the chat template with the client's key order.
+using json = nlohmann::ordered_json;
 using http::ApiError;
 using http::ApiResult;
 using MaybeError = std::optional<ApiError>;
@@ -281,6 +282,29 @@ MaybeError ReadMessages(const json& j, json* out) {
   return std::nullopt;
 }
 
+// What the chat template sees besides the messages, read the same way by /v1/chat/completions
+// and /tokenize so both render the same prompt.
+MaybeError ReadTemplateInputs(const json& j, json* tools, json* template_kwargs) {
+  if (const json* t = Field(j, "tools")) {
+    if (!t->is_array()) return TypeError("tools", "a list");
+    *tools = *t;
+  }
+  if (const json* kw = Field(j, "chat_template_kwargs")) {
+    if (!kw->is_object()) return TypeError("chat_template_kwargs", "an object");
+    // The request's own fields and the tokenizer set these (transformers refuses them too).
+    for (const char* reserved :
+         {"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"}) {
+      if (kw->contains(reserved)) {
+        return ApiError::InvalidRequest(
+            fmt::format("'chat_template_kwargs' must not set '{}'", reserved),
+            "chat_template_kwargs");
+      }
+    }
+    *template_kwargs = *kw;
+  }
+  return std::nullopt;
+}
+
 // Both endpoints answer "echo" and "suffix" clearly rather than silently doing something else.
 MaybeError RejectUnsupported(const json& j) {
   bool echo = false;
@@ -332,10 +356,7 @@ ApiResult<GenerationRequest> ParseChatRequest(std::string_view body, const Parse
     return ApiError::InvalidRequest("'top_logprobs' requires 'logprobs': true", "top_logprobs");
   }
   if (top > 0) r.params.logprobs = static_cast<int>(top);
-  if (const json* tools = Field(j, "tools")) {
-    if (!tools->is_array()) return TypeError("tools", "a list");
-    r.tools = *tools;
-  }
+  PD_RETURN_IF_API_ERROR(ReadTemplateInputs(j, &r.tools, &r.chat_template_kwargs));
   PD_RETURN_IF_API_ERROR(ReadBool(j, "add_generation_prompt", &r.add_generation_prompt));
   PD_RETURN_IF_API_ERROR(ValidateParams(r, limits));
   return r;
@@ -356,6 +377,7 @@ ApiResult<TokenizeRequest> ParseTokenizeRequest(std::string_view body, const Par
   if (Field(j, "messages") != nullptr) {
     r.is_chat = true;
     PD_RETURN_IF_API_ERROR(ReadMessages(j, &r.messages));
+    PD_RETURN_IF_API_ERROR(ReadTemplateInputs(j, &r.tools, &r.chat_template_kwargs));
     return r;
   }
   if (Field(j, "prompt") == nullptr) {

@@ -34,8 +34,13 @@ struct GenerationRequest {
   std::string prompt_text;
   std::vector<int32_t> prompt_ids;
   // Chat: [{"role": string, "content": string, ...}] with text parts joined into one string.
-  nlohmann::json messages;
-  nlohmann::json tools;  // chat: passed to the template as-is (null when absent)
+  // Ordered JSON: object keys keep the client's order, as the template's tojson must print
+  // them (Python keeps insertion order).
+  nlohmann::ordered_json messages;
+  nlohmann::ordered_json tools;  // chat: passed to the template as-is (null when absent)
+  // chat: extra template variables (vLLM's extension, e.g. {"enable_thinking": false}), an
+  // object or null.
+  nlohmann::ordered_json chat_template_kwargs;
   bool add_generation_prompt = true;
   SamplingParams params;        // max_tokens, temperature, top_p, top_k, seed, stop, logprobs...
   bool max_tokens_set = false;  // false: completions default 16, chat fills the context
@@ -45,12 +50,15 @@ struct GenerationRequest {
   bool return_token_ids = false;  // vLLM extension: prompt_token_ids/token_ids in choices
 };
 
-// /tokenize: {"prompt": string} or {"messages": [...]}.
+// /tokenize: {"prompt": string} or {"messages": [...]}; with messages, also the chat
+// endpoint's tools and chat_template_kwargs, read the same way, so both render one prompt.
 struct TokenizeRequest {
   std::string model;
   bool is_chat = false;
   std::string prompt;
-  nlohmann::json messages;
+  nlohmann::ordered_json messages;
+  nlohmann::ordered_json tools;
+  nlohmann::ordered_json chat_template_kwargs;
   // Unset: true for a prompt; for messages, what the chat prompt renderer says.
   std::optional<bool> add_special_tokens;
   bool add_generation_prompt = true;

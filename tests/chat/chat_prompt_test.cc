@@ -22,7 +22,7 @@ TEST(ChatPromptTest, NoTemplateUsesThePlainFallbackWithSpecialTokens) {
   auto renderer = ChatPromptRenderer::Create("", "<s>", "</s>");
   ASSERT_NE(renderer, nullptr);
   EXPECT_FALSE(renderer->has_template());
-  auto prompt = renderer->Render(kMessages, nullptr, /*add_generation_prompt=*/true);
+  auto prompt = renderer->Render(kMessages, nullptr, nullptr, /*add_generation_prompt=*/true);
   ASSERT_TRUE(prompt.ok()) << prompt.status().ToString();
   EXPECT_EQ(prompt->text, RenderPlainChat(kMessages, true));
   EXPECT_TRUE(prompt->add_special) << "the fallback leaves BOS to the tokenizer";
@@ -35,13 +35,13 @@ TEST(ChatPromptTest, TemplateSeesTheGivenBosAndEosStrings) {
   auto renderer = ChatPromptRenderer::Create(tmpl, "<B>", "<E>");
   ASSERT_NE(renderer, nullptr);
   EXPECT_TRUE(renderer->has_template());
-  auto prompt = renderer->Render(kMessages, nullptr, /*add_generation_prompt=*/true);
+  auto prompt = renderer->Render(kMessages, nullptr, nullptr, /*add_generation_prompt=*/true);
   ASSERT_TRUE(prompt.ok()) << prompt.status().ToString();
   EXPECT_EQ(prompt->text, "<B>[system]s<E>[user]hi<E>[assistant]");
   EXPECT_FALSE(prompt->add_special) << "the template wrote BOS itself";
   // Different strings, different text: the renderer takes them from the caller.
   auto other = ChatPromptRenderer::Create(tmpl, "<bos>", "<eos>");
-  auto other_prompt = other->Render(kMessages, nullptr, /*add_generation_prompt=*/false);
+  auto other_prompt = other->Render(kMessages, nullptr, nullptr, /*add_generation_prompt=*/false);
   ASSERT_TRUE(other_prompt.ok());
   EXPECT_EQ(other_prompt->text, "<bos>[system]s<eos>[user]hi<eos>");
 }
@@ -50,10 +50,10 @@ TEST(ChatPromptTest, TemplateSeesTools) {
   auto renderer = ChatPromptRenderer::Create(
       "{% if tools %}{{ tools | length }} tools{% else %}none{% endif %}", "", "");
   const nlohmann::json tools = nlohmann::json::parse(R"([{"type": "function"}])");
-  auto with = renderer->Render(kMessages, tools, false);
+  auto with = renderer->Render(kMessages, tools, nullptr, false);
   ASSERT_TRUE(with.ok()) << with.status().ToString();
   EXPECT_EQ(with->text, "1 tools");
-  auto without = renderer->Render(kMessages, nullptr, false);
+  auto without = renderer->Render(kMessages, nullptr, nullptr, false);
   ASSERT_TRUE(without.ok());
   EXPECT_EQ(without->text, "none");
 }
@@ -62,7 +62,7 @@ TEST(ChatPromptTest, TemplateThatDoesNotParseFallsBackToPlain) {
   auto renderer = ChatPromptRenderer::Create("{% for m in messages %}unclosed", "<s>", "</s>");
   ASSERT_NE(renderer, nullptr);
   EXPECT_FALSE(renderer->has_template());
-  auto prompt = renderer->Render(kMessages, nullptr, false);
+  auto prompt = renderer->Render(kMessages, nullptr, nullptr, false);
   ASSERT_TRUE(prompt.ok());
   EXPECT_EQ(prompt->text, RenderPlainChat(kMessages, false));
 }
@@ -70,7 +70,7 @@ TEST(ChatPromptTest, TemplateThatDoesNotParseFallsBackToPlain) {
 TEST(ChatPromptTest, TemplateErrorIsInvalidArgument) {
   auto renderer = ChatPromptRenderer::Create("{{ raise_exception('no system role') }}", "", "");
   ASSERT_TRUE(renderer->has_template());
-  auto prompt = renderer->Render(kMessages, nullptr, false);
+  auto prompt = renderer->Render(kMessages, nullptr, nullptr, false);
   ASSERT_FALSE(prompt.ok());
   EXPECT_EQ(prompt.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(prompt.status().message().find("no system role"), std::string::npos);

@@ -112,5 +112,70 @@ TEST(OpenAiRequestTest, TokenizeAndDetokenize) {
   EXPECT_FALSE(ParseDetokenizeRequest(R"({"tokens": [1, 512]})", Limits()).ok());
 }
 
+// The chat template prints tools and messages with tojson, in the client's key order (Python's);
+// a sorted JSON object would change the prompt.
+TEST(OpenAiRequestTest, ChatKeepsTheClientsKeyOrder) {
+  const std::string tool =
+      R"({"type":"function","function":{"name":"f","parameters":{"type":"object",)"
+      R"("properties":{"z":{"type":"string"},"a":{"type":"integer"}}}}})";
+  const std::string message =
+      R"({"role":"assistant","tool_calls":[{"type":"function","function":{"name":"f",)"
+      R"("arguments":{"z":"1","a":2}}}],"content":""})";
+  auto r =
+      ParseChatRequest(R"({"messages": [)" + message + R"(], "tools": [)" + tool + "]}", Limits());
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r.value().tools.dump(), "[" + tool + "]");
+  EXPECT_EQ(r.value().messages.dump(), "[" + message + "]");
+  auto t = ParseTokenizeRequest(R"({"messages": [)" + message + R"(], "tools": [)" + tool + "]}",
+                                Limits());
+  ASSERT_TRUE(t.ok()) << t.error().message;
+  EXPECT_EQ(t.value().tools.dump(), "[" + tool + "]");
+  EXPECT_EQ(t.value().messages.dump(), "[" + message + "]");
+}
+
+// /tokenize reads tools and chat_template_kwargs as the chat endpoint does; this reports them
+// through the chat request type so one test body checks both parsers.
+http::ApiResult<GenerationRequest> ParseTokenizeAsChat(std::string_view body,
+                                                       const ParseLimits& limits) {
+  auto t = ParseTokenizeRequest(body, limits);
+  if (!t.ok()) return t.error();
+  GenerationRequest g;
+  g.tools = t.value().tools;
+  g.chat_template_kwargs = t.value().chat_template_kwargs;
+  return g;
+}
+
+TEST(OpenAiRequestTest, ChatTemplateKwargsAreAnObjectOfTemplateVariables) {
+  const std::string messages = R"("messages": [{"role": "user", "content": "x"}])";
+  for (auto parse : {ParseChatRequest, ParseTokenizeAsChat}) {
+    auto r =
+        parse("{" + messages + R"(, "chat_template_kwargs": {"enable_thinking": false, "x": [1]}})",
+              Limits());
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r.value().chat_template_kwargs.dump(), R"({"enable_thinking":false,"x":[1]})");
+    EXPECT_TRUE(r.value().tools.is_null());
+    auto absent = parse("{" + messages + R"(, "chat_template_kwargs": null})", Limits());
+    ASSERT_TRUE(absent.ok());
+    EXPECT_TRUE(absent.value().chat_template_kwargs.is_null());
+    for (const char* bad : {R"([1])", R"("enable_thinking")", R"(true)"}) {
+      auto e = parse("{" + messages + R"(, "chat_template_kwargs": )" + bad + "}", Limits());
+      ASSERT_FALSE(e.ok()) << bad;
+      EXPECT_EQ(e.error().param, "chat_template_kwargs");
+      EXPECT_EQ(e.error().code, "invalid_type");
+    }
+    for (const char* reserved :
+         {"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"}) {
+      auto e = parse("{" + messages + R"(, "chat_template_kwargs": {")" + reserved + R"(": 1}})",
+                     Limits());
+      ASSERT_FALSE(e.ok()) << reserved;
+      EXPECT_EQ(e.error().param, "chat_template_kwargs");
+      EXPECT_NE(e.error().message.find(reserved), std::string::npos) << e.error().message;
+    }
+    auto bad_tools = parse("{" + messages + R"(, "tools": {"type": "function"}})", Limits());
+    ASSERT_FALSE(bad_tools.ok());
+    EXPECT_EQ(bad_tools.error().param, "tools");
+  }
+}
+
 }  // namespace
 }  // namespace pdserve::server
