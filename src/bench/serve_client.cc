@@ -137,16 +137,15 @@ std::string EndpointPath(const ServerAddress& server, EndpointType endpoint) {
 }  // namespace
 
 Result<ServerAddress> ParseBaseUrl(const std::string& base_url) {
-  const std::string scheme = "http://";
-  if (base_url.rfind("https://", 0) == 0) {
-    return Status::InvalidArgument("--base-url: https is not supported (no TLS in this build)");
-  }
-  if (base_url.rfind(scheme, 0) != 0 || base_url.size() == scheme.size()) {
+  const size_t scheme_end = base_url.find("://");
+  const std::string scheme = base_url.substr(0, scheme_end);
+  if (scheme_end == std::string::npos || (scheme != "http" && scheme != "https") ||
+      base_url.size() == scheme_end + 3) {
     return Status::InvalidArgument("--base-url must look like http://HOST:PORT, got '" + base_url +
                                    "'");
   }
   ServerAddress address;
-  const size_t slash = base_url.find('/', scheme.size());
+  const size_t slash = base_url.find('/', scheme_end + 3);
   address.scheme_host_port = base_url.substr(0, slash);
   if (slash != std::string::npos) address.path_prefix = base_url.substr(slash);
   while (!address.path_prefix.empty() && address.path_prefix.back() == '/') {
@@ -212,6 +211,8 @@ RequestOutcome StreamCompletion(const ServerAddress& server, const StreamRequest
   // httplib skips the response handler for bodiless answers; their status is in `res`.
   if (status == 0 && error == httplib::Error::Success) status = res.status;
 
+  // A silence as long as the timeout ends in httplib's read error: report it as the timeout.
+  if (error != httplib::Error::Success && Clock::now() >= deadline.at()) timed_out = true;
   if (timed_out) {
     outcome.error =
         fmt::format("timed out after {:.1f} s", std::chrono::duration<double>(timeout).count());

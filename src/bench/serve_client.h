@@ -18,13 +18,13 @@ namespace pdserve::bench {
 
 enum class EndpointType { kCompletions, kChat };
 
-// Where the server is: "http://HOST:PORT[/PREFIX]" split into its parts.
+// Where the server is: "http[s]://HOST:PORT[/PREFIX]" split into its parts.
 struct ServerAddress {
   std::string scheme_host_port;  // "http://HOST:PORT", what httplib::Client takes
   std::string path_prefix;       // "" or "/PREFIX" (no trailing slash)
 };
 
-// InvalidArgument for anything but http://HOST[:PORT][/PATH] (https needs a TLS build).
+// InvalidArgument for anything but http[s]://HOST[:PORT][/PATH].
 Result<ServerAddress> ParseBaseUrl(const std::string& base_url);
 
 struct StreamRequest {
