@@ -17,13 +17,16 @@ namespace {
 
 using nlohmann::json;
 
+// Each request in flight holds a thread and a connection; without --max-concurrency this bounds
+// them so that a large --num-prompts at rate inf cannot exhaust the process's threads.
+constexpr int kMaxInFlight = 1024;
+
 // Counts requests in flight; Acquire waits for a free slot up to a deadline.
 class InFlightLimit {
  public:
   explicit InFlightLimit(int limit) : limit_(limit) {}
   bool Acquire(Deadline deadline) {
     std::unique_lock lock(mu_);
-    if (limit_ <= 0) return true;
     if (!cv_.wait_until(lock, deadline.at(), [&] { return in_flight_ < limit_; })) return false;
     ++in_flight_;
     return true;
@@ -99,7 +102,7 @@ std::vector<RequestOutcome> RunRequests(const ServerAddress& server,
                                         const ServeBenchOptions& options, const char* label) {
   std::vector<RequestOutcome> outcomes(requests.size());
   std::atomic<int> done{0}, failed{0};
-  InFlightLimit limit(options.max_concurrency);
+  InFlightLimit limit(options.max_concurrency > 0 ? options.max_concurrency : kMaxInFlight);
   std::vector<std::thread> threads;
   threads.reserve(requests.size());
   {

@@ -25,7 +25,7 @@ struct ServeBenchOptions {
   std::string model;
   EndpointType endpoint = EndpointType::kCompletions;
   ArrivalOptions arrivals;
-  int max_concurrency = 0;  // 0: no limit
+  int max_concurrency = 0;  // 0: no limit but the generator's own (1024 in flight)
   int num_warmups = 0;
   std::vector<std::string> percentile_metrics = {"ttft", "tpot", "itl", "e2el"};
   std::vector<double> percentiles = {50, 90, 99};
