@@ -316,5 +316,36 @@ TEST(ServeBenchTest, TimeoutsAndUnreachableServersFail) {
   EXPECT_FALSE(RunServeBench(options, Requests(scripts, {"stall"})).ok());
 }
 
+TEST(ServeDatasetTest, JsonlLinesGiveThePromptsCycledAndBadLinesAreNamed) {
+  const std::string dir = testing::MakeTempDir("serve_jsonl");
+  {
+    std::ofstream out(dir + "/ok.jsonl");
+    out << R"({"prompt": "a b c", "output_len": 7, "prompt_len": 3})"
+        << "\n\n"
+        << R"({"prompt": "d", "output_len": 2})"
+        << "\n";
+  }
+  auto requests = JsonlDataset(dir + "/ok.jsonl", 3, nullptr);
+  ASSERT_TRUE(requests.ok()) << requests.status().ToString();
+  ASSERT_EQ(requests->size(), 3u);
+  EXPECT_EQ((*requests)[0].prompt, "a b c");
+  EXPECT_EQ((*requests)[0].prompt_len, 3);
+  EXPECT_EQ((*requests)[0].output_len, 7);
+  EXPECT_EQ((*requests)[1].prompt_len, 0);    // unknown: the server's usage fills it in
+  EXPECT_EQ((*requests)[2].prompt, "a b c");  // cycled
+  {
+    std::ofstream out(dir + "/bad.jsonl");
+    out << R"({"prompt": "x", "output_len": 1})"
+        << "\n"
+        << R"({"prompt": "y"})"
+        << "\n";
+  }
+  auto bad = JsonlDataset(dir + "/bad.jsonl", 2, nullptr);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("bad.jsonl:2"), std::string::npos)
+      << bad.status().ToString();
+  EXPECT_FALSE(JsonlDataset(dir + "/missing.jsonl", 1, nullptr).ok());
+}
+
 }  // namespace
 }  // namespace pdserve::bench
