@@ -16,5 +16,6 @@ void AddServeCommand(CLI::App& app, int* exit_code);
 // `pdserve bench ...` has sub-subcommands; `bench` is the group they attach to.
 void AddBenchEngineCommand(CLI::App& bench, int* exit_code);
 void AddBenchFabricCommand(CLI::App& bench, int* exit_code);
+void AddBenchServeCommand(CLI::App& bench, int* exit_code);
 
 }  // namespace pdserve::cli

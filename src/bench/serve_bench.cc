@@ -1,0 +1,254 @@
+#include "bench/serve_bench.h"
+
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+namespace pdserve::bench {
+namespace {
+
+using nlohmann::json;
+
+// Each request in flight holds a thread and a connection; without --max-concurrency this bounds
+// them so that a large --num-prompts at rate inf cannot exhaust the process's threads.
+constexpr int kMaxInFlight = 1024;
+
+// Counts requests in flight; Acquire waits for a free slot up to a deadline.
+class InFlightLimit {
+ public:
+  explicit InFlightLimit(int limit) : limit_(limit) {}
+  bool Acquire(Deadline deadline) {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_until(lock, deadline.at(), [&] { return in_flight_ < limit_; })) return false;
+    ++in_flight_;
+    return true;
+  }
+  void Release() {
+    std::lock_guard lock(mu_);
+    --in_flight_;
+    cv_.notify_one();
+  }
+
+ private:
+  const int limit_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int in_flight_ = 0;  // GUARDED_BY(mu_)
+};
+
+// The one-line progress bar on stderr, redrawn by its own thread until destroyed.
+class ProgressBar {
+ public:
+  ProgressBar(bool enabled, const char* label, int total, const std::atomic<int>* done,
+              const std::atomic<int>* failed)
+      : enabled_(enabled), label_(label), total_(total), done_(done), failed_(failed) {
+    if (enabled_) thread_ = std::thread([this] { Loop(); });
+  }
+  ~ProgressBar() {
+    if (!enabled_) return;
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    Draw();
+    std::fputc('\n', stderr);
+  }
+  ProgressBar(const ProgressBar&) = delete;
+  ProgressBar& operator=(const ProgressBar&) = delete;
+
+ private:
+  void Loop() {
+    std::unique_lock lock(mu_);
+    while (!cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stop_; })) Draw();
+  }
+  void Draw() const {
+    const int done = done_->load();
+    const int width = 30;
+    const int filled = total_ > 0 ? done * width / total_ : width;
+    std::fprintf(stderr, "\r%s [%s%s] %d/%d (%d failed) %.1f s", label_,
+                 std::string(static_cast<size_t>(filled), '#').c_str(),
+                 std::string(static_cast<size_t>(width - filled), ' ').c_str(), done, total_,
+                 failed_->load(), SecondsSince(start_));
+    std::fflush(stderr);
+  }
+
+  const bool enabled_;
+  const char* const label_;
+  const int total_;
+  const std::atomic<int>* const done_;
+  const std::atomic<int>* const failed_;
+  const TimePoint start_ = Clock::now();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;  // GUARDED_BY(mu_)
+  std::thread thread_;
+};
+
+// Sends requests[i] at start + send_times[i] (all at once when send_times is empty), at most
+// `max_concurrency` in flight, and returns their outcomes in order.
+std::vector<RequestOutcome> RunRequests(const ServerAddress& server,
+                                        const std::vector<StreamRequest>& requests,
+                                        const std::vector<double>& send_times,
+                                        const ServeBenchOptions& options, const char* label) {
+  std::vector<RequestOutcome> outcomes(requests.size());
+  std::atomic<int> done{0}, failed{0};
+  InFlightLimit limit(options.max_concurrency > 0 ? options.max_concurrency : kMaxInFlight);
+  std::vector<std::thread> threads;
+  threads.reserve(requests.size());
+  {
+    ProgressBar bar(options.progress, label, static_cast<int>(requests.size()), &done, &failed);
+    const TimePoint start = Clock::now();
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (!send_times.empty()) {
+        std::this_thread::sleep_until(start + std::chrono::duration_cast<Duration>(
+                                                  std::chrono::duration<double>(send_times[i])));
+      }
+      // A slot frees when a request ends, which its own timeout bounds; the margin covers
+      // connection set-up and teardown.
+      if (!limit.Acquire(Deadline::After(options.request_timeout + std::chrono::seconds(60)))) {
+        outcomes[i].error = "no request slot freed in time";
+        outcomes[i].prompt_len = requests[i].prompt_len;
+        ++failed;
+        ++done;
+        continue;
+      }
+      threads.emplace_back([&, i] {
+        outcomes[i] = StreamCompletion(server, requests[i], options.request_timeout);
+        if (!outcomes[i].success) ++failed;
+        ++done;
+        limit.Release();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  return outcomes;
+}
+
+std::string NowString() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y%m%d-%H%M%S", &tm);
+  return buf;
+}
+
+Status ValidateOptions(const ServeBenchOptions& options, size_t num_requests) {
+  PD_RETURN_IF_ERROR(ValidateArrivals(options.arrivals));
+  if (num_requests == 0) return Status::InvalidArgument("no requests to send");
+  if (options.model.empty()) return Status::InvalidArgument("--model is required");
+  if (options.max_concurrency < 0) return Status::InvalidArgument("--max-concurrency < 0");
+  if (options.num_warmups < 0) return Status::InvalidArgument("--num-warmups < 0");
+  for (const std::string& m : options.percentile_metrics) {
+    if (m != "ttft" && m != "tpot" && m != "itl" && m != "e2el") {
+      return Status::InvalidArgument("--percentile-metrics: unknown metric '" + m +
+                                     "' (ttft, tpot, itl, e2el)");
+    }
+  }
+  for (double p : options.percentiles) {
+    if (!(p > 0 && p < 100)) {
+      return Status::InvalidArgument(fmt::format("--metric-percentiles: {} is not in (0, 100)", p));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::vector<SampleRequest>> LoadServeDataset(const ServeDatasetOptions& options,
+                                                    const std::string& base_url,
+                                                    const std::string& model) {
+  if (options.random.num_prompts < 1) return Status::InvalidArgument("--num-prompts must be >= 1");
+  std::unique_ptr<PromptTokenizer> tokenizer;
+  if (!options.tokenizer_dir.empty()) {
+    PD_ASSIGN_OR_RETURN(tokenizer, LocalPromptTokenizer(options.tokenizer_dir));
+  } else {
+    PD_ASSIGN_OR_RETURN(ServerAddress server, ParseBaseUrl(base_url));
+    tokenizer = RemotePromptTokenizer(server, model);
+  }
+  if (options.name == "random") {
+    auto requests = RandomDataset(options.random, *tokenizer);
+    if (!requests.ok() && options.tokenizer_dir.empty()) {
+      return requests.status().WithContext(
+          "the random dataset counts tokens with the server's /tokenize (or give --tokenizer)");
+    }
+    return requests;
+  }
+  if (options.name == "jsonl") {
+    if (options.path.empty())
+      return Status::InvalidArgument("--dataset jsonl needs --dataset-path");
+    // Lines without prompt_len are counted locally only; the server's usage fills them in.
+    return JsonlDataset(options.path, options.random.num_prompts,
+                        options.tokenizer_dir.empty() ? nullptr : tokenizer.get());
+  }
+  return Status::InvalidArgument("--dataset must be random or jsonl, got '" + options.name + "'");
+}
+
+Result<ServeBenchResult> RunServeBench(const ServeBenchOptions& options,
+                                       const std::vector<SampleRequest>& requests) {
+  PD_RETURN_IF_ERROR(ValidateOptions(options, requests.size()));
+  PD_ASSIGN_OR_RETURN(ServerAddress server, ParseBaseUrl(options.base_url));
+  std::vector<StreamRequest> stream_requests;
+  for (const SampleRequest& r : requests) {
+    stream_requests.push_back(
+        StreamRequest{options.endpoint, options.model, r.prompt, r.prompt_len, r.output_len});
+  }
+
+  if (options.num_warmups > 0) {
+    const std::vector<StreamRequest> warmups(static_cast<size_t>(options.num_warmups),
+                                             stream_requests.front());
+    RunRequests(server, warmups, {}, options, "warm-up");
+  }
+
+  const std::vector<double> send_times =
+      ArrivalTimes(static_cast<int>(requests.size()), options.arrivals);
+  const TimePoint start = Clock::now();
+  std::vector<RequestOutcome> outcomes =
+      RunRequests(server, stream_requests, send_times, options, "requests");
+  const double duration = SecondsSince(start);
+
+  ServeBenchResult result;
+  result.metrics = ComputeServeMetrics(outcomes, duration, options.percentiles, options.slo);
+  json j = {
+      {"date", NowString()},
+      {"endpoint_type", options.endpoint == EndpointType::kChat ? "openai-chat" : "openai"},
+      {"backend", options.endpoint == EndpointType::kChat ? "openai-chat" : "openai"},
+      {"model_id", options.model},
+      {"tokenizer_id", options.tokenizer_id},
+      {"dataset_name", options.dataset_name},
+      {"num_prompts", requests.size()},
+      {"num_warmups", options.num_warmups},
+      {"burstiness", options.arrivals.burstiness},
+      {"seed", options.arrivals.seed},
+  };
+  j["request_rate"] =
+      std::isinf(options.arrivals.request_rate) ? json("inf") : json(options.arrivals.request_rate);
+  j["max_concurrency"] =
+      options.max_concurrency > 0 ? json(options.max_concurrency) : json(nullptr);
+  j.update(MetricsToJson(result.metrics, outcomes, options.percentile_metrics, options.slo.any()));
+  result.json = std::move(j);
+  result.outcomes = std::move(outcomes);
+
+  if (options.print_table) {
+    std::cout << FormatMetricsTable(result.metrics, options.percentile_metrics, options.slo.any())
+              << std::flush;
+  }
+  if (!options.result_file.empty()) {
+    std::ofstream out(options.result_file);
+    out << result.json.dump() << "\n";
+    if (!out.flush()) return Status::IoError("cannot write --result-file " + options.result_file);
+  }
+  return result;
+}
+
+}  // namespace pdserve::bench

@@ -1,0 +1,66 @@
+// `pdserve bench serve`: a load generator for any OpenAI-compatible endpoint, measuring what
+// `vllm bench serve` measures (see serve_metrics.h). The calling thread dispatches requests at
+// their arrival times (serve_arrivals.h), holding back while --max-concurrency requests are in
+// flight; each request runs on its own thread and connection (serve_client.h). Warm-up
+// requests (the first prompt, repeated) run before the timed run and are not counted.
+// Call RunServeBench from one thread; it returns when every request has finished or timed out.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/serve_arrivals.h"
+#include "bench/serve_client.h"
+#include "bench/serve_dataset.h"
+#include "bench/serve_metrics.h"
+#include "common/clock.h"
+#include "common/status.h"
+
+namespace pdserve::bench {
+
+struct ServeBenchOptions {
+  std::string base_url;  // http://HOST:PORT[/PREFIX]
+  std::string model;
+  EndpointType endpoint = EndpointType::kCompletions;
+  ArrivalOptions arrivals;
+  int max_concurrency = 0;  // 0: no limit but the generator's own (1024 in flight)
+  int num_warmups = 0;
+  std::vector<std::string> percentile_metrics = {"ttft", "tpot", "itl", "e2el"};
+  std::vector<double> percentiles = {50, 90, 99};
+  GoodputSlo slo;
+  Duration request_timeout = std::chrono::seconds(600);
+  bool progress = false;    // the one-line progress bar on stderr
+  bool print_table = true;  // the table on stdout
+  std::string result_file;  // JSON result; empty: none
+  // Recorded in the result file only.
+  std::string dataset_name;
+  std::string tokenizer_id;
+};
+
+struct ServeBenchResult {
+  ServeMetrics metrics;
+  std::vector<RequestOutcome> outcomes;  // in dataset order
+  nlohmann::json json;                   // what the result file holds
+};
+
+// Which dataset and how to count its tokens (serve_dataset.h).
+struct ServeDatasetOptions {
+  std::string name = "random";  // "random" | "jsonl"
+  RandomDatasetOptions random;  // num_prompts and seed are used by both
+  std::string path;             // jsonl
+  std::string tokenizer_dir;    // empty: the server's /tokenize
+};
+
+// Builds the dataset; errors name the flag or the file at fault.
+Result<std::vector<SampleRequest>> LoadServeDataset(const ServeDatasetOptions& options,
+                                                    const std::string& base_url,
+                                                    const std::string& model);
+
+// Runs the benchmark over `requests`. InvalidArgument on bad options; a run whose requests
+// fail still returns (with failed > 0); writing the result file may fail with IoError.
+Result<ServeBenchResult> RunServeBench(const ServeBenchOptions& options,
+                                       const std::vector<SampleRequest>& requests);
+
+}  // namespace pdserve::bench

@@ -1,0 +1,86 @@
+// Metrics of `pdserve bench serve`, defined as `vllm bench serve` defines them:
+// - TTFT: from sending the request to the first chunk that carries generated content.
+// - ITL: every gap between two consecutive content chunks (a chunk may carry several tokens).
+// - E2EL: from sending the request to the last content chunk.
+// - TPOT: (E2EL - TTFT) / (output_tokens - 1), for requests with more than one output token.
+// - Throughputs divide by the measured run duration; goodput counts the requests that meet
+//   every SLO given (TPOT counts as 0 for requests of one token, as vllm does).
+// Only successful requests enter latencies and token totals; failed ones are counted in
+// `failed` with their error, never as fast ones. Statistics: mean, median, population std,
+// percentiles with linear interpolation between ranks (numpy's default); 0 when no sample.
+// Pure functions on plain values: safe from any thread.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace pdserve::bench {
+
+// What one request produced, times in seconds from the moment it was sent.
+struct RequestOutcome {
+  bool success = false;
+  std::string error;           // why it failed; empty on success
+  int prompt_len = 0;          // input tokens (dataset count, else the server's usage)
+  int output_tokens = 0;       // usage.completion_tokens, else the number of content chunks
+  double ttft_s = 0;           // first content chunk
+  double e2el_s = 0;           // last content chunk
+  std::vector<double> itls_s;  // gaps between consecutive content chunks
+};
+
+// Latency SLOs in milliseconds (`--goodput ttft:MS tpot:MS e2el:MS`); unset ones are not
+// checked.
+struct GoodputSlo {
+  std::optional<double> ttft_ms, tpot_ms, e2el_ms;
+  bool any() const { return ttft_ms || tpot_ms || e2el_ms; }
+};
+
+// Parses "ttft:MS" pairs; InvalidArgument names the bad pair.
+Result<GoodputSlo> ParseGoodput(const std::vector<std::string>& pairs);
+
+// Summary of one latency metric in milliseconds.
+struct LatencyStats {
+  double mean_ms = 0, median_ms = 0, std_ms = 0;
+  std::vector<std::pair<double, double>> percentiles_ms;  // (percentile, value)
+};
+
+struct ServeMetrics {
+  int completed = 0;
+  int failed = 0;
+  long long total_input = 0;   // prompt tokens of completed requests
+  long long total_output = 0;  // output tokens of completed requests
+  double duration_s = 0;
+  double request_throughput = 0;      // completed / duration
+  double request_goodput = 0;         // requests meeting every SLO / duration
+  double output_throughput = 0;       // total_output / duration
+  double total_token_throughput = 0;  // (total_input + total_output) / duration
+  LatencyStats ttft, tpot, itl, e2el;
+};
+
+// Statistics helpers, exposed for tests. Percentile: p in [0, 100], linear interpolation.
+double Mean(const std::vector<double>& v);
+double Median(const std::vector<double>& v);
+double PopulationStd(const std::vector<double>& v);
+double Percentile(std::vector<double> v, double p);
+
+// Computes every metric of `outcomes` over a run of `duration_s` (> 0) seconds.
+ServeMetrics ComputeServeMetrics(const std::vector<RequestOutcome>& outcomes, double duration_s,
+                                 const std::vector<double>& percentiles, const GoodputSlo& slo);
+
+// The metrics part of the result file, under vllm's field names: duration, completed,
+// failed, total_input_tokens, total_output_tokens, request_throughput, request_goodput (null
+// without SLOs), output_throughput, total_token_throughput, input_lens, output_lens, ttfts,
+// itls (seconds), errors, and {mean,median,std,pNN}_{metric}_ms for each metric in
+// `percentile_metrics` (ttft, tpot, itl, e2el).
+nlohmann::json MetricsToJson(const ServeMetrics& m, const std::vector<RequestOutcome>& outcomes,
+                             const std::vector<std::string>& percentile_metrics, bool has_slo);
+
+// The table printed on stdout, laid out as vllm's.
+std::string FormatMetricsTable(const ServeMetrics& m,
+                               const std::vector<std::string>& percentile_metrics, bool has_slo);
+
+}  // namespace pdserve::bench

@@ -1,0 +1,351 @@
+// `pdserve bench serve` against a scripted OpenAI-style server on 127.0.0.1 that streams
+// chunks at known delays with known token counts, and fails some requests: every metric is
+// checked against the script (latencies within timer tolerance, counts and throughput
+// formulas exactly against the measured duration).
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/serve_bench.h"
+#include "testing/test_paths.h"
+
+namespace pdserve::bench {
+namespace {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+// How the server answers one prompt. Content chunks come at ttft, ttft + gaps[0], ...
+struct Script {
+  int prompt_len = 0;
+  int status = 200;
+  int ttft_ms = 0;
+  std::vector<int> gaps_ms;
+  int usage_tokens = 0;      // 0: no usage chunk
+  bool error_event = false;  // an error event after the first chunk, then [DONE]
+  bool send_done = true;
+  int role_chunk_ms = -1;  // chat: a role-only chunk (no content) this early
+  bool succeeds() const { return status == 200 && !error_event && send_done; }
+};
+
+// Times in this scripts' scenarios are far apart enough for a loaded 2-core machine.
+constexpr double kTolMs = 25;
+
+class ScriptedServer {
+ public:
+  explicit ScriptedServer(std::map<std::string, Script> scripts) : scripts_(std::move(scripts)) {
+    server_.set_tcp_nodelay(true);
+    server_.new_task_queue = [] { return new httplib::ThreadPool(16); };
+    auto handler = [this](const httplib::Request& req, httplib::Response& res) {
+      Handle(req, res, req.path == "/v1/chat/completions");
+    };
+    server_.Post("/v1/completions", handler);
+    server_.Post("/v1/chat/completions", handler);
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    // bind_to_any_port already listens; wait for the accept loop before the first request.
+    const Deadline ready = Deadline::AfterMs(5000);
+    while (!server_.is_running() && !ready.Passed()) std::this_thread::sleep_for(milliseconds(1));
+  }
+  ~ScriptedServer() {
+    server_.stop();
+    thread_.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int requests_for(const std::string& prompt) {
+    std::lock_guard lock(mu_);
+    return counts_[prompt];
+  }
+  std::vector<TimePoint> arrivals() {
+    std::lock_guard lock(mu_);
+    return arrivals_;
+  }
+  json last_body() {
+    std::lock_guard lock(mu_);
+    return last_body_;
+  }
+  // The first `n` requests ever received take this much longer to start (the warm-ups).
+  void SlowFirst(int n, int extra_ms) {
+    slow_first_ = n;
+    slow_extra_ms_ = extra_ms;
+  }
+
+ private:
+  void Handle(const httplib::Request& req, httplib::Response& res, bool chat) {
+    const json body = json::parse(req.body);
+    const std::string prompt = chat ? body["messages"][0]["content"].get<std::string>()
+                                    : body["prompt"].get<std::string>();
+    int order;
+    {
+      std::lock_guard lock(mu_);
+      order = received_++;
+      ++counts_[prompt];
+      arrivals_.push_back(Clock::now());
+      last_body_ = body;
+    }
+    Script s = scripts_.at(prompt);
+    if (order < slow_first_) s.ttft_ms += slow_extra_ms_;
+    if (s.status != 200) {
+      res.status = s.status;
+      res.set_content(R"({"error":{"message":"scripted failure"}})", "application/json");
+      return;
+    }
+    const TimePoint start = Clock::now();
+    res.set_chunked_content_provider(
+        "text/event-stream", [s, chat, start](size_t, httplib::DataSink& sink) {
+          auto event = [&](const json& j) {
+            const std::string e = "data: " + j.dump() + "\n\n";
+            return sink.write(e.data(), e.size());
+          };
+          auto chunk = [&](const std::string& text) {
+            return chat ? json{{"choices", {{{"index", 0}, {"delta", {{"content", text}}}}}}}
+                        : json{{"choices", {{{"index", 0}, {"text", text}}}}};
+          };
+          if (s.role_chunk_ms >= 0) {
+            std::this_thread::sleep_until(start + milliseconds(s.role_chunk_ms));
+            event({{"choices", {{{"index", 0}, {"delta", {{"role", "assistant"}}}}}}});
+          }
+          int at = s.ttft_ms;
+          std::this_thread::sleep_until(start + milliseconds(at));
+          event(chunk("tok"));
+          if (s.error_event) {
+            event({{"error", {{"message", "scripted stream error"}}}});
+          }
+          for (int gap : s.gaps_ms) {
+            at += gap;
+            std::this_thread::sleep_until(start + milliseconds(at));
+            event(chunk(" tok"));
+          }
+          if (s.usage_tokens > 0) {
+            event({{"choices", json::array()}, {"usage", {{"completion_tokens", s.usage_tokens}}}});
+          }
+          if (s.send_done) sink.write("data: [DONE]\n\n", 14);
+          sink.done();
+          return true;
+        });
+  }
+
+  const std::map<std::string, Script> scripts_;
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread thread_;
+  std::mutex mu_;
+  int received_ = 0;
+  std::map<std::string, int> counts_;
+  std::vector<TimePoint> arrivals_;
+  json last_body_;
+  std::atomic<int> slow_first_{0};
+  std::atomic<int> slow_extra_ms_{0};
+};
+
+std::vector<SampleRequest> Requests(const std::map<std::string, Script>& scripts,
+                                    const std::vector<std::string>& order) {
+  std::vector<SampleRequest> requests;
+  for (const std::string& p : order) requests.push_back({p, scripts.at(p).prompt_len, 8});
+  return requests;
+}
+
+ServeBenchOptions Options(const std::string& url) {
+  ServeBenchOptions o;
+  o.base_url = url;
+  o.model = "scripted";
+  o.arrivals.request_rate = std::numeric_limits<double>::infinity();
+  o.request_timeout = std::chrono::seconds(10);
+  o.print_table = false;
+  return o;
+}
+
+TEST(ServeBenchTest, MetricsMatchTheScriptAndFailuresCountAsFailed) {
+  const std::map<std::string, Script> scripts = {
+      // Five tokens in four chunks: TPOT (e2e - ttft) / 4 = 15 ms while every ITL is 20 ms.
+      {"fast", {.prompt_len = 100, .ttft_ms = 30, .gaps_ms = {20, 20, 20}, .usage_tokens = 5}},
+      {"slow", {.prompt_len = 200, .ttft_ms = 150, .gaps_ms = {10, 10}, .usage_tokens = 3}},
+      // No usage report: the content chunks are the token count.
+      {"nousage", {.prompt_len = 50, .ttft_ms = 40, .gaps_ms = {20, 20}}},
+      {"http500", {.prompt_len = 70, .status = 500, .gaps_ms = {}}},
+      {"midstream", {.prompt_len = 80, .ttft_ms = 20, .gaps_ms = {20}, .error_event = true}},
+      {"nodone", {.prompt_len = 90, .ttft_ms = 20, .gaps_ms = {20}, .send_done = false}},
+  };
+  ScriptedServer server(scripts);
+  server.SlowFirst(2, 400);  // the two warm-ups: if counted, a TTFT would pass 400 ms
+  const std::vector<std::string> order = {"fast", "slow",      "nousage", "http500", "fast",
+                                          "slow", "midstream", "nodone",  "fast"};
+  ServeBenchOptions options = Options(server.url());
+  options.num_warmups = 2;
+  options.max_concurrency = 4;
+  options.slo = *ParseGoodput({"ttft:100", "e2el:1000"});
+  const std::string dir = testing::MakeTempDir("serve_bench");
+  options.result_file = dir + "/result.json";
+  auto result = RunServeBench(options, Requests(scripts, order));
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+
+  // Counts: exact, from the script.
+  int completed = 0, good = 0;
+  long long input = 0, output = 0;
+  for (const std::string& p : order) {
+    const Script& s = scripts.at(p);
+    if (!s.succeeds()) continue;
+    ++completed;
+    input += s.prompt_len;
+    output += s.usage_tokens > 0 ? s.usage_tokens : 1 + static_cast<int>(s.gaps_ms.size());
+    good += s.ttft_ms <= 100 ? 1 : 0;
+  }
+  std::ifstream in(options.result_file);
+  const json j = json::parse(in);
+  EXPECT_EQ(j["completed"], completed);
+  EXPECT_EQ(j["failed"], static_cast<int>(order.size()) - completed);
+  EXPECT_EQ(j["total_input_tokens"], input);
+  EXPECT_EQ(j["total_output_tokens"], output);
+  EXPECT_EQ(server.requests_for("fast"), 3 + options.num_warmups);  // warm-ups were sent...
+  const double duration = j["duration"];
+  ASSERT_GT(duration, 0);
+  EXPECT_DOUBLE_EQ(j["request_throughput"].get<double>(), completed / duration);
+  EXPECT_DOUBLE_EQ(j["output_throughput"].get<double>(), output / duration);
+  EXPECT_DOUBLE_EQ(j["total_token_throughput"].get<double>(), (input + output) / duration);
+  EXPECT_DOUBLE_EQ(j["request_goodput"].get<double>(), good / duration);
+
+  // Per request: latencies within timer tolerance of the script.
+  double tpot_sum = 0;
+  int tpot_n = 0;
+  ASSERT_EQ(result->outcomes.size(), order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    const Script& s = scripts.at(order[i]);
+    const RequestOutcome& o = result->outcomes[i];
+    ASSERT_EQ(o.success, s.succeeds()) << order[i] << ": " << o.error;
+    EXPECT_EQ(j["errors"][i].get<std::string>().empty(), s.succeeds()) << order[i];
+    if (!s.succeeds()) {
+      EXPECT_EQ(j["output_lens"][i], 0);
+      continue;
+    }
+    // ...but not counted: a warm-up's 400 ms extra would show here.
+    EXPECT_GE(o.ttft_s * 1000, s.ttft_ms) << order[i];
+    EXPECT_LT(o.ttft_s * 1000, s.ttft_ms + kTolMs) << order[i];
+    ASSERT_EQ(o.itls_s.size(), s.gaps_ms.size()) << order[i];
+    int e2el_ms = s.ttft_ms;
+    for (size_t k = 0; k < s.gaps_ms.size(); ++k) {
+      EXPECT_NEAR(o.itls_s[k] * 1000, s.gaps_ms[k], kTolMs) << order[i] << " gap " << k;
+      e2el_ms += s.gaps_ms[k];
+    }
+    EXPECT_GE(o.e2el_s * 1000, e2el_ms) << order[i];
+    EXPECT_LT(o.e2el_s * 1000, e2el_ms + kTolMs) << order[i];
+    EXPECT_EQ(j["output_lens"][i], o.output_tokens);
+    EXPECT_DOUBLE_EQ(j["ttfts"][i].get<double>(), o.ttft_s);
+    EXPECT_EQ(j["input_lens"][i], s.prompt_len);
+    const double tpot = (o.e2el_s - o.ttft_s) / (o.output_tokens - 1);
+    EXPECT_NEAR(tpot * 1000, (e2el_ms - s.ttft_ms) / (o.output_tokens - 1.0), kTolMs / 2);
+    tpot_sum += tpot;
+    ++tpot_n;
+  }
+  EXPECT_NEAR(j["mean_tpot_ms"].get<double>(), tpot_sum / tpot_n * 1000, 1e-9);
+  EXPECT_TRUE(j.contains("p99_itl_ms") && j.contains("median_e2el_ms") &&
+              j.contains("std_ttft_ms"));
+
+  // What was sent: streamed, usage asked for, ignore_eos, max_tokens = the output length.
+  const json body = server.last_body();
+  EXPECT_EQ(body["stream"], true);
+  EXPECT_EQ(body["stream_options"]["include_usage"], true);
+  EXPECT_EQ(body["ignore_eos"], true);
+  EXPECT_EQ(body["max_tokens"], 8);
+  EXPECT_EQ(body["model"], "scripted");
+}
+
+TEST(ServeBenchTest, ChatTtftWaitsForContentNotTheRoleChunk) {
+  const std::map<std::string, Script> scripts = {
+      {"hello",
+       {.prompt_len = 12, .ttft_ms = 80, .gaps_ms = {15}, .usage_tokens = 2, .role_chunk_ms = 0}}};
+  ScriptedServer server(scripts);
+  ServeBenchOptions options = Options(server.url());
+  options.endpoint = EndpointType::kChat;
+  auto result = RunServeBench(options, Requests(scripts, {"hello", "hello"}));
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+  EXPECT_EQ(result->metrics.completed, 2);
+  for (const RequestOutcome& o : result->outcomes) {
+    EXPECT_GE(o.ttft_s * 1000, 80);
+    EXPECT_LT(o.ttft_s * 1000, 80 + kTolMs);
+    ASSERT_EQ(o.itls_s.size(), 1u);
+  }
+  EXPECT_EQ(server.last_body()["messages"][0]["role"], "user");
+}
+
+TEST(ServeBenchTest, RequestsLeaveAtTheirArrivalTimes) {
+  const std::map<std::string, Script> scripts = {
+      {"p", {.prompt_len = 4, .ttft_ms = 1, .gaps_ms = {}, .usage_tokens = 1}}};
+  ScriptedServer server(scripts);
+  ServeBenchOptions options = Options(server.url());
+  options.arrivals = {/*request_rate=*/20, /*burstiness=*/1, /*seed=*/3};
+  const int n = 8;
+  auto result = RunServeBench(options, Requests(scripts, std::vector<std::string>(n, "p")));
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+  const std::vector<double> planned = ArrivalTimes(n, options.arrivals);
+  const std::vector<TimePoint> seen = server.arrivals();
+  ASSERT_EQ(seen.size(), static_cast<size_t>(n));
+  for (int i = 1; i < n; ++i) {
+    const double offset_ms = std::chrono::duration<double, std::milli>(seen[i] - seen[0]).count();
+    EXPECT_NEAR(offset_ms, (planned[i] - planned[0]) * 1000, kTolMs) << "request " << i;
+  }
+}
+
+TEST(ServeBenchTest, TimeoutsAndUnreachableServersFail) {
+  const std::map<std::string, Script> scripts = {
+      {"stall", {.prompt_len = 4, .ttft_ms = 1500, .gaps_ms = {}, .usage_tokens = 1}}};
+  ScriptedServer server(scripts);
+  ServeBenchOptions options = Options(server.url());
+  options.request_timeout = milliseconds(300);
+  auto result = RunServeBench(options, Requests(scripts, {"stall"}));
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+  EXPECT_EQ(result->metrics.failed, 1);
+  EXPECT_EQ(result->metrics.completed, 0);
+  EXPECT_FALSE(result->outcomes[0].error.empty());
+
+  options.base_url = "http://127.0.0.1:1";  // nothing listens on port 1
+  result = RunServeBench(options, Requests(scripts, {"stall"}));
+  ASSERT_TRUE(result.ok());
+  EXPECT_EQ(result->metrics.failed, 1);
+  EXPECT_NE(result->outcomes[0].error.find("HTTP request failed"), std::string::npos)
+      << result->outcomes[0].error;
+
+  options.base_url = "ftp://127.0.0.1:1";
+  EXPECT_FALSE(RunServeBench(options, Requests(scripts, {"stall"})).ok());
+}
+
+TEST(ServeDatasetTest, JsonlLinesGiveThePromptsCycledAndBadLinesAreNamed) {
+  const std::string dir = testing::MakeTempDir("serve_jsonl");
+  {
+    std::ofstream out(dir + "/ok.jsonl");
+    out << R"({"prompt": "a b c", "output_len": 7, "prompt_len": 3})"
+        << "\n\n"
+        << R"({"prompt": "d", "output_len": 2})"
+        << "\n";
+  }
+  auto requests = JsonlDataset(dir + "/ok.jsonl", 3, nullptr);
+  ASSERT_TRUE(requests.ok()) << requests.status().ToString();
+  ASSERT_EQ(requests->size(), 3u);
+  EXPECT_EQ((*requests)[0].prompt, "a b c");
+  EXPECT_EQ((*requests)[0].prompt_len, 3);
+  EXPECT_EQ((*requests)[0].output_len, 7);
+  EXPECT_EQ((*requests)[1].prompt_len, 0);    // unknown: the server's usage fills it in
+  EXPECT_EQ((*requests)[2].prompt, "a b c");  // cycled
+  {
+    std::ofstream out(dir + "/bad.jsonl");
+    out << R"({"prompt": "x", "output_len": 1})"
+        << "\n"
+        << R"({"prompt": "y"})"
+        << "\n";
+  }
+  auto bad = JsonlDataset(dir + "/bad.jsonl", 2, nullptr);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("bad.jsonl:2"), std::string::npos)
+      << bad.status().ToString();
+  EXPECT_FALSE(JsonlDataset(dir + "/missing.jsonl", 1, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace pdserve::bench

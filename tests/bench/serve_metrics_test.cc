@@ -1,0 +1,164 @@
+// The load generator's pure parts: arrival times (statistical tests with fixed seeds) and the
+// metric formulas on hand-made outcomes.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <gtest/gtest.h>
+
+#include "bench/serve_arrivals.h"
+#include "bench/serve_metrics.h"
+
+namespace pdserve::bench {
+namespace {
+
+double SampleMean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return sum / static_cast<double>(v.size());
+}
+
+double SampleVariance(const std::vector<double>& v) {
+  const double mean = SampleMean(v);
+  double sum = 0;
+  for (double x : v) sum += (x - mean) * (x - mean);
+  return sum / static_cast<double>(v.size() - 1);
+}
+
+// Kolmogorov–Smirnov statistic of `v` against the exponential distribution of `rate`.
+double KsAgainstExponential(std::vector<double> v, double rate) {
+  std::sort(v.begin(), v.end());
+  const double n = static_cast<double>(v.size());
+  double d = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const double cdf = 1 - std::exp(-rate * v[i]);
+    d = std::max({d, (static_cast<double>(i) + 1) / n - cdf, cdf - static_cast<double>(i) / n});
+  }
+  return d;
+}
+
+constexpr int kSamples = 20000;
+// The KS critical value at alpha = 0.001 for large n: 1.949 / sqrt(n).
+const double kKsCritical = 1.949 / std::sqrt(static_cast<double>(kSamples));
+
+TEST(ServeArrivalsTest, PoissonGapsAreExponentialWithTheRequestedMean) {
+  const double rate = 10;
+  const std::vector<double> gaps = InterArrivalGaps(kSamples, {rate, 1.0, /*seed=*/7});
+  ASSERT_EQ(gaps.size(), static_cast<size_t>(kSamples));
+  EXPECT_LT(KsAgainstExponential(gaps, rate), kKsCritical);
+  EXPECT_NEAR(SampleMean(gaps), 1 / rate, 0.02 / rate);  // sd of the mean: 0.7 %
+  // A wrong rate must be caught by the same test.
+  EXPECT_GT(KsAgainstExponential(gaps, rate * 1.1), kKsCritical);
+}
+
+TEST(ServeArrivalsTest, BurstinessSetsTheGammaShapeAndKeepsTheMean) {
+  const double rate = 4;
+  for (double k : {0.5, 4.0}) {
+    const std::vector<double> gaps = InterArrivalGaps(kSamples, {rate, k, /*seed=*/11});
+    EXPECT_NEAR(SampleMean(gaps), 1 / rate, 0.03 / rate) << "burstiness " << k;
+    // Gamma(k, 1/(rate k)): variance 1 / (rate^2 k).
+    const double variance = 1 / (rate * rate * k);
+    EXPECT_NEAR(SampleVariance(gaps), variance, 0.1 * variance) << "burstiness " << k;
+    EXPECT_GT(KsAgainstExponential(gaps, rate), kKsCritical) << "burstiness " << k;
+  }
+}
+
+TEST(ServeArrivalsTest, SeedsReproduceAndInfiniteRateSendsAtOnce) {
+  EXPECT_EQ(InterArrivalGaps(50, {3, 1, 5}), InterArrivalGaps(50, {3, 1, 5}));
+  EXPECT_NE(InterArrivalGaps(50, {3, 1, 5}), InterArrivalGaps(50, {3, 1, 6}));
+  const std::vector<double> times = ArrivalTimes(50, {3, 1, 5});
+  const std::vector<double> gaps = InterArrivalGaps(50, {3, 1, 5});
+  EXPECT_NEAR(times.back(), SampleMean(gaps) * 50, 1e-9);
+  EXPECT_TRUE(std::is_sorted(times.begin(), times.end()));
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double t : ArrivalTimes(20, {inf, 1, 0})) EXPECT_EQ(t, 0.0);
+  EXPECT_FALSE(ValidateArrivals({0, 1, 0}).ok());
+  EXPECT_FALSE(ValidateArrivals({1, 0, 0}).ok());
+  EXPECT_FALSE(ValidateArrivals({1, inf, 0}).ok());
+}
+
+TEST(ServeMetricsTest, StatisticsFollowNumpyDefinitions) {
+  const std::vector<double> v = {4, 1, 3, 2};
+  EXPECT_DOUBLE_EQ(Mean(v), 2.5);
+  EXPECT_DOUBLE_EQ(Median(v), 2.5);
+  EXPECT_DOUBLE_EQ(PopulationStd(v), std::sqrt(1.25));
+  // Linear interpolation: rank p/100 * (n - 1) into the sorted values 1, 2, 3, 4.
+  EXPECT_DOUBLE_EQ(Percentile(v, 90), 3 + 0.7 * (4 - 3));
+  EXPECT_DOUBLE_EQ(Percentile(v, 0), 1);
+  EXPECT_DOUBLE_EQ(Percentile(v, 100), 4);
+  EXPECT_DOUBLE_EQ(Percentile({7}, 99), 7);
+  EXPECT_EQ(Mean({}), 0);
+  EXPECT_EQ(Percentile({}, 50), 0);
+}
+
+RequestOutcome Success(int prompt_len, int tokens, double ttft, std::vector<double> itls) {
+  RequestOutcome o;
+  o.success = true;
+  o.prompt_len = prompt_len;
+  o.output_tokens = tokens;
+  o.ttft_s = ttft;
+  o.itls_s = std::move(itls);
+  o.e2el_s = ttft;
+  for (double g : o.itls_s) o.e2el_s += g;
+  return o;
+}
+
+TEST(ServeMetricsTest, EveryMetricFromHandMadeOutcomes) {
+  std::vector<RequestOutcome> outcomes = {
+      Success(100, 5, 0.030, {0.020, 0.020, 0.020}),  // a chunk carried two tokens
+      Success(200, 3, 0.120, {0.010, 0.010}),
+      Success(50, 1, 0.040, {}),  // one token: no TPOT, counts as TPOT 0 for goodput
+  };
+  RequestOutcome failed;
+  failed.prompt_len = 70;
+  failed.error = "HTTP 500";
+  outcomes.push_back(failed);
+  const double duration = 2.0;
+  const GoodputSlo slo = *ParseGoodput({"ttft:100", "tpot:12"});
+  const ServeMetrics m = ComputeServeMetrics(outcomes, duration, {50, 99}, slo);
+  EXPECT_EQ(m.completed, 3);
+  EXPECT_EQ(m.failed, 1);
+  EXPECT_EQ(m.total_input, 350);  // failed requests' prompts do not count
+  EXPECT_EQ(m.total_output, 9);
+  EXPECT_DOUBLE_EQ(m.request_throughput, 3 / duration);
+  EXPECT_DOUBLE_EQ(m.output_throughput, 9 / duration);
+  EXPECT_DOUBLE_EQ(m.total_token_throughput, 359 / duration);
+  // Goodput: #1 TPOT 15 ms > 12; #2 TTFT 120 ms > 100; #3 meets both (TPOT 0).
+  EXPECT_DOUBLE_EQ(m.request_goodput, 1 / duration);
+  EXPECT_DOUBLE_EQ(m.ttft.mean_ms, (30.0 + 120 + 40) / 3);
+  EXPECT_DOUBLE_EQ(m.ttft.median_ms, 40);
+  const std::vector<double> tpots = {0.060 / 4, 0.020 / 2};
+  EXPECT_NEAR(m.tpot.mean_ms, Mean(tpots) * 1000, 1e-9);
+  EXPECT_NEAR(m.tpot.std_ms, PopulationStd(tpots) * 1000, 1e-9);
+  EXPECT_NEAR(m.itl.mean_ms, (3 * 20.0 + 2 * 10) / 5, 1e-9);
+  EXPECT_NEAR(m.e2el.percentiles_ms[1].second, Percentile({0.090, 0.140, 0.040}, 99) * 1000, 1e-9);
+  EXPECT_EQ(m.e2el.percentiles_ms[1].first, 99);
+
+  const nlohmann::json j = MetricsToJson(m, outcomes, {"ttft", "itl"}, slo.any());
+  EXPECT_EQ(j["completed"], 3);
+  EXPECT_EQ(j["failed"], 1);
+  EXPECT_EQ(j["total_input_tokens"], 350);
+  EXPECT_EQ(j["output_lens"], nlohmann::json({5, 3, 1, 0}));
+  EXPECT_EQ(j["input_lens"], nlohmann::json({100, 200, 50, 70}));
+  EXPECT_EQ(j["errors"][3], "HTTP 500");
+  EXPECT_EQ(j["ttfts"][3], 0.0);
+  EXPECT_TRUE(j.contains("p99_ttft_ms"));
+  EXPECT_TRUE(j.contains("p50_itl_ms"));
+  EXPECT_FALSE(j.contains("mean_tpot_ms"));  // not among the selected metrics
+  EXPECT_DOUBLE_EQ(j["request_goodput"].get<double>(), 1 / duration);
+  EXPECT_TRUE(MetricsToJson(m, outcomes, {}, false)["request_goodput"].is_null());
+}
+
+TEST(ServeMetricsTest, GoodputFlagsAreCheckedLoudly) {
+  EXPECT_FALSE(ParseGoodput({"ttft"}).ok());
+  EXPECT_FALSE(ParseGoodput({"ttft:abc"}).ok());
+  EXPECT_FALSE(ParseGoodput({"itl:5"}).ok());
+  EXPECT_FALSE(ParseGoodput({"tpot:-1"}).ok());
+  const auto slo = ParseGoodput({"e2el:2500.5"});
+  ASSERT_TRUE(slo.ok());
+  EXPECT_DOUBLE_EQ(*slo->e2el_ms, 2500.5);
+  EXPECT_FALSE(slo->ttft_ms.has_value());
+}
+
+}  // namespace
+}  // namespace pdserve::bench
