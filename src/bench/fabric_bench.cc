@@ -9,12 +9,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -24,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "common/subprocess.h"
 #include "fabric/raw_write_probe.h"
 #include "fabric/transfer_engine.h"
@@ -160,6 +159,58 @@ struct Row {
 
 double Gbps(uint64_t bytes, double seconds) { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
 
+// The paged writes of one measurement: at most kWindow in flight, each one's latency, the first
+// error. Posted from the measuring thread, completed on the engine's progress thread; shared
+// with the completions, so one that lands after a timed-out measurement touches live memory.
+class WriteWindow {
+ public:
+  explicit WriteWindow(uint64_t transfers) : latency_us_(transfers) {}
+
+  // Waits for a free slot in the window and takes it; false if none freed before `deadline`.
+  bool Enter(TimePoint deadline) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    while (inflight_ >= kWindow) {
+      if (cv_.WaitUntil(&mu_, deadline) == std::cv_status::timeout && inflight_ >= kWindow) {
+        return false;
+      }
+    }
+    ++inflight_;
+    return true;
+  }
+
+  // Write `t` completed after `us` microseconds with `status`.
+  void Complete(uint64_t t, double us, const Status& status) EXCLUDES(mu_) {
+    {
+      MutexLock lock(&mu_);
+      latency_us_[t] = us;
+      if (!status.ok() && first_error_.ok()) first_error_ = status;
+      --inflight_;
+      ++done_;
+    }
+    cv_.NotifyAll();
+  }
+
+  // Waits until `transfers` writes completed; then the first error, or every write's latency.
+  Result<std::vector<double>> Finish(uint64_t transfers, TimePoint deadline) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    while (done_ < transfers) {
+      if (cv_.WaitUntil(&mu_, deadline) == std::cv_status::timeout && done_ < transfers) {
+        return Status::DeadlineExceeded("paged writes did not finish");
+      }
+    }
+    PD_RETURN_IF_ERROR(first_error_);
+    return latency_us_;
+  }
+
+ private:
+  Mutex mu_;
+  CondVar cv_;
+  int inflight_ GUARDED_BY(mu_) = 0;
+  uint64_t done_ GUARDED_BY(mu_) = 0;
+  std::vector<double> latency_us_ GUARDED_BY(mu_);
+  Status first_error_ GUARDED_BY(mu_);
+};
+
 Result<Row> MeasureEngine(fabric::TransferEngine& engine, fabric::RegionId region,
                           fabric::PeerId peer, const fabric::MemoryDescriptor& dst, size_t size,
                           uint32_t pages, uint64_t transfers, uint32_t imm) {
@@ -175,40 +226,23 @@ Result<Row> MeasureEngine(fabric::TransferEngine& engine, fabric::RegionId regio
   w.dst_pages = list;
   w.length = size;
   w.immediate = imm;
-  std::vector<double> latency_us(transfers);
-  std::mutex mu;
-  std::condition_variable cv;
-  int inflight = 0;
-  uint64_t done = 0;
-  Status first_error;
+  auto window = std::make_shared<WriteWindow>(transfers);
+  constexpr auto kStallLimit = std::chrono::seconds(60);
   const TimePoint start = Clock::now();
   for (uint64_t t = 0; t < transfers; ++t) {
-    {
-      std::unique_lock lock(mu);
-      if (!cv.wait_for(lock, std::chrono::seconds(60), [&] { return inflight < kWindow; })) {
-        return Status::DeadlineExceeded("paged writes stopped completing");
-      }
-      ++inflight;
+    if (!window->Enter(Clock::now() + kStallLimit)) {
+      return Status::DeadlineExceeded("paged writes stopped completing");
     }
     const TimePoint posted = Clock::now();
     PD_RETURN_IF_ERROR(engine.PostPagedWrite(
-        w, fabric::Completion{[&, t, posted](const Status& s) {
-          const double us =
-              std::chrono::duration<double, std::micro>(Clock::now() - posted).count();
-          std::lock_guard lock(mu);
-          latency_us[t] = us;
-          if (!s.ok() && first_error.ok()) first_error = s;
-          --inflight;
-          ++done;
-          cv.notify_all();
+        w, fabric::Completion{[window, t, posted](const Status& s) {
+          window->Complete(
+              t, std::chrono::duration<double, std::micro>(Clock::now() - posted).count(), s);
         }}));
   }
-  std::unique_lock lock(mu);
-  if (!cv.wait_for(lock, std::chrono::seconds(60), [&] { return done == transfers; })) {
-    return Status::DeadlineExceeded("paged writes did not finish");
-  }
+  PD_ASSIGN_OR_RETURN(std::vector<double> latency_us,
+                      window->Finish(transfers, Clock::now() + kStallLimit));
   const double seconds = SecondsSince(start);
-  PD_RETURN_IF_ERROR(first_error);
   std::sort(latency_us.begin(), latency_us.end());
   Row row;
   row.engine_gbps = Gbps(transfers * pages * size, seconds);

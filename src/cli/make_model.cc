@@ -3,9 +3,11 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "cli/commands.h"
+#include "common/dtype.h"
 #include "model/synthetic.h"
 
 namespace pdserve::cli {
@@ -34,11 +36,13 @@ int RunMakeModel(const MakeModelFlags& f) {
                  "presets)\n");
     return 2;
   }
-  const DType dtype = f.dtype == "f32"   ? DType::kF32
-                      : f.dtype == "f16" ? DType::kF16
-                                         : DType::kBF16;
+  const std::optional<DType> dtype = ParseDTypeFlag(f.dtype);
+  if (!dtype.has_value()) {
+    std::fprintf(stderr, "error: --dtype %s is not a dtype (bf16, f16, f32)\n", f.dtype.c_str());
+    return 2;
+  }
   const auto start = std::chrono::steady_clock::now();
-  Status s = WriteSyntheticModel(f.preset, f.out, f.seed, dtype);
+  Status s = WriteSyntheticModel(f.preset, f.out, f.seed, *dtype);
   if (!s.ok()) {
     std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
     return 1;

@@ -1,8 +1,28 @@
 #include "cli/model_flags.h"
 
 #include <cstdio>
+#include <optional>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "common/dtype.h"
 
 namespace pdserve::cli {
+namespace {
+
+// "auto" is no type: the loader picks one (nullopt).
+Result<std::optional<DType>> ParseAutoDType(std::string_view flag, const std::string& value) {
+  if (value == "auto") return std::optional<DType>();
+  std::optional<DType> t = ParseDTypeFlag(value);
+  if (!t.has_value()) {
+    return Status::InvalidArgument(
+        fmt::format("{} {}: not a dtype (auto, bf16, f32)", flag, value));
+  }
+  return t;
+}
+
+}  // namespace
 
 void AddModelFlags(CLI::App* cmd, ModelFlags* flags) {
   cmd->add_option("--model", flags->model, "Hugging Face model directory")->required();
@@ -30,13 +50,9 @@ void AddModelFlags(CLI::App* cmd, ModelFlags* flags) {
 
 Result<ModelDir> LoadFromFlags(const ModelFlags& flags) {
   ModelDirOptions options;
-  options.weight_dtype = flags.dtype == "bf16"  ? WeightDType::kBF16
-                         : flags.dtype == "f32" ? WeightDType::kF32
-                                                : WeightDType::kAuto;
+  PD_ASSIGN_OR_RETURN(options.weight_dtype, ParseAutoDType("--dtype", flags.dtype));
+  PD_ASSIGN_OR_RETURN(options.transformer.kv_dtype, ParseAutoDType("--kv-dtype", flags.kv_dtype));
   options.transformer.threads = flags.threads;
-  options.transformer.kv_type = flags.kv_dtype == "bf16"  ? TransformerOptions::KvType::kBF16
-                                : flags.kv_dtype == "f32" ? TransformerOptions::KvType::kF32
-                                                          : TransformerOptions::KvType::kAuto;
   return LoadModelDir(flags.model, options);
 }
 

@@ -14,6 +14,25 @@ std::string_view DTypeName(DType t) {
   return "?";
 }
 
+std::string_view DTypeFlagName(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+  }
+  return "?";
+}
+
+std::optional<DType> ParseDTypeFlag(std::string_view name) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    if (name == DTypeFlagName(t)) return t;
+  }
+  return std::nullopt;
+}
+
 float F16ToF32(uint16_t h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1f;

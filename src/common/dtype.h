@@ -1,4 +1,6 @@
-// Element types of weights, activations and the KV cache, and scalar conversions.
+// DType: the one element type of the project (checkpoint tensors, weight matrices, the KV cache)
+// and scalar conversions. A place that accepts only some types (the KV cache: F32 and BF16)
+// checks and says so; a choice that may be left to a default is a std::optional<DType>.
 // Pure functions; safe from any thread.
 #pragma once
 
@@ -6,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string_view>
 
 namespace pdserve {
@@ -14,6 +17,10 @@ enum class DType : uint8_t { kF32, kF16, kBF16 };
 
 inline size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
 std::string_view DTypeName(DType t);  // "F32", "F16", "BF16" (safetensors spelling)
+// "f32", "f16", "bf16": the spelling of command-line flags and logs.
+std::string_view DTypeFlagName(DType t);
+// Inverse of DTypeFlagName; nullopt for any other string (callers turn it into their error).
+std::optional<DType> ParseDTypeFlag(std::string_view name);
 
 inline float BF16ToF32(uint16_t v) { return std::bit_cast<float>(static_cast<uint32_t>(v) << 16); }
 // Round to nearest even; NaN stays NaN.

@@ -3,8 +3,8 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
-#include <mutex>
 
+#include "common/mutex.h"
 #include "kernels/kernel_table.h"
 
 #if defined(__x86_64__)
@@ -101,10 +101,10 @@ std::string Join(const std::vector<std::string_view>& names) {
 // everywhere, and the CPU they run on is one. The pointer is read on every kernel call; the
 // mutex orders selections and guards the description.
 std::atomic<const KernelTable*> g_active{nullptr};
-std::mutex g_mutex;
-std::string g_how;  // guarded by g_mutex
+Mutex g_mutex;
+std::string g_how GUARDED_BY(g_mutex);
 
-Status SelectLocked(std::string_view name, std::string how) {
+Status SelectLocked(std::string_view name, std::string how) REQUIRES(g_mutex) {
   const KernelTable* chosen = nullptr;
   if (name.empty() || name == "auto") {
     for (const KernelTable* p : AllPaths()) {
@@ -162,13 +162,13 @@ std::vector<std::string_view> SupportedPaths() {
 std::string_view ActivePath() { return internal::Active().name; }
 
 Status SelectPath(std::string_view name) {
-  std::lock_guard lock(g_mutex);
+  MutexLock lock(&g_mutex);
   return SelectLocked(name, HowFromName(name, false));
 }
 
 Status SelectPathFromEnvironment() {
   const std::string name = EnvironmentChoice();
-  std::lock_guard lock(g_mutex);
+  MutexLock lock(&g_mutex);
   Status s = SelectLocked(name, HowFromName(name, true));
   if (!s.ok()) return Status(s.code(), "PDSERVE_KERNELS: " + s.message());
   return s;
@@ -176,7 +176,7 @@ Status SelectPathFromEnvironment() {
 
 std::string DescribeSelection() {
   const std::string_view name = ActivePath();
-  std::lock_guard lock(g_mutex);
+  MutexLock lock(&g_mutex);
   return std::string(name) + " (" + g_how + ")";
 }
 
@@ -185,7 +185,7 @@ namespace internal {
 const KernelTable& Active() {
   const KernelTable* table = g_active.load(std::memory_order_acquire);
   if (table != nullptr) return *table;
-  std::lock_guard lock(g_mutex);
+  MutexLock lock(&g_mutex);
   if (g_active.load(std::memory_order_relaxed) == nullptr) {
     // Nobody selected: honour PDSERVE_KERNELS if it names a path this CPU runs, else the best.
     // (The CLI selects explicitly at start-up and fails on a bad value; library users that

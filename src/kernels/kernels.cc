@@ -234,7 +234,8 @@ void SiluMul(const float* gate, const float* up, float* out, int n) {
 void PagedAttention(std::span<const AttentionQuery> queries, const KvCache& cache, int layer,
                     int num_heads, float scale) {
   PD_CHECK(cache.layout().head_dim <= 16 * internal::kMaxHeadChunks);
-  if (cache.layout().dtype == KvDType::kF32) {
+  PD_CHECK(IsKvCacheDType(cache.layout().dtype));  // KvCache::Create refuses the others
+  if (cache.layout().dtype == DType::kF32) {
     PagedAttentionImpl<float>(queries, cache, layer, num_heads, scale);
   } else {
     PagedAttentionImpl<uint16_t>(queries, cache, layer, num_heads, scale);
@@ -250,7 +251,7 @@ void StoreKv(KvCache& cache, int layer, PageId page, int slot, const float* k, c
     for (int h = 0; h < layout.num_kv_heads; ++h) {
       const size_t elem = (static_cast<size_t>(h) * layout.page_tokens + slot) * hd;
       const float* s = src + static_cast<size_t>(h) * hd;
-      if (layout.dtype == KvDType::kF32) {
+      if (layout.dtype == DType::kF32) {
         std::copy(s, s + hd, reinterpret_cast<float*>(block) + elem);
       } else {
         ToBF16(s, reinterpret_cast<uint16_t*>(block) + elem, hd);

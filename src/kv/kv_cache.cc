@@ -8,6 +8,8 @@
 namespace pdserve {
 
 Result<std::unique_ptr<KvCache>> KvCache::Create(const KvLayout& layout) {
+  // Validate first: it refuses element types the kernels cannot read (F16) and sizes that overflow.
+  PD_RETURN_IF_ERROR(layout.Validate());
   size_t size = layout.total_bytes();
   if (size == 0) return Status::InvalidArgument("KV cache of zero bytes: " + layout.ToString());
   int fd = memfd_create("pdserve-kv", MFD_CLOEXEC);

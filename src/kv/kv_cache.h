@@ -16,7 +16,8 @@ namespace pdserve {
 
 class KvCache {
  public:
-  // Creates a zeroed cache of layout.total_bytes().
+  // Creates a zeroed cache of layout.total_bytes(). Errors: an invalid layout (KvLayout::Validate,
+  // e.g. an F16 dtype), no memory.
   static Result<std::unique_ptr<KvCache>> Create(const KvLayout& layout);
   ~KvCache();
   KvCache(const KvCache&) = delete;

@@ -4,6 +4,13 @@
 
 namespace pdserve {
 
+Status CheckKvCacheDType(DType t) {
+  if (IsKvCacheDType(t)) return Status::Ok();
+  // DTypeFlagName spells "?" for a value outside the enum (a corrupt layout).
+  return Status::InvalidArgument(
+      fmt::format("KV cache dtype {} is not supported (f32 or bf16)", DTypeFlagName(t)));
+}
+
 Status KvLayout::Validate() const {
   // Caps far above any real model; they keep every offset product below 2^63.
   constexpr int64_t kMaxLayers = 1 << 12, kMaxHeads = 1 << 12, kMaxHeadDim = 1 << 14;
@@ -15,10 +22,7 @@ Status KvLayout::Validate() const {
       !in_range(num_pages, 0, kMaxPages)) {
     return Status::InvalidArgument("KV layout out of range: " + ToString());
   }
-  if (dtype != KvDType::kF32 && dtype != KvDType::kBF16) {
-    return Status::InvalidArgument(
-        fmt::format("KV layout has an unknown dtype {}", static_cast<int>(dtype)));
-  }
+  PD_RETURN_IF_ERROR(CheckKvCacheDType(dtype));
   // The running product is checked before each multiplication, so it never overflows.
   uint64_t bytes = elem_size();
   for (uint64_t factor : {uint64_t(head_dim), uint64_t(page_tokens), uint64_t(num_kv_heads),
@@ -33,8 +37,8 @@ Status KvLayout::Validate() const {
 
 std::string KvLayout::ToString() const {
   return fmt::format("layers={} kv_heads={} head_dim={} page_tokens={} dtype={} pages={}",
-                     num_layers, num_kv_heads, head_dim, page_tokens,
-                     dtype == KvDType::kF32 ? "f32" : "bf16", num_pages);
+                     num_layers, num_kv_heads, head_dim, page_tokens, DTypeFlagName(dtype),
+                     num_pages);
 }
 
 }  // namespace pdserve

@@ -10,24 +10,27 @@
 #include <cstdint>
 #include <string>
 
+#include "common/dtype.h"
 #include "common/status.h"
 
 namespace pdserve {
 
 using PageId = int32_t;
 
-enum class KvDType : uint8_t { kF32, kBF16 };
-inline size_t KvDTypeSize(KvDType t) { return t == KvDType::kF32 ? 4 : 2; }
+// The element types a KV cache may hold (the attention kernels read F32 and BF16 pages).
+inline bool IsKvCacheDType(DType t) { return t == DType::kF32 || t == DType::kBF16; }
+// Ok for F32 and BF16; otherwise an InvalidArgument that names the type.
+Status CheckKvCacheDType(DType t);
 
 struct KvLayout {
   int num_layers = 0;
   int num_kv_heads = 0;  // heads held by this cache (one rank's share under TP)
   int head_dim = 0;
   int page_tokens = 16;
-  KvDType dtype = KvDType::kBF16;
+  DType dtype = DType::kBF16;  // F32 or BF16 (Validate checks)
   int num_pages = 0;
 
-  size_t elem_size() const { return KvDTypeSize(dtype); }
+  size_t elem_size() const { return DTypeSize(dtype); }
   // Bytes of one head's slice of one page: [page_tokens][head_dim].
   size_t head_bytes() const { return static_cast<size_t>(page_tokens) * head_dim * elem_size(); }
   // Bytes of K (or V) of one page of one layer: [kv_heads][page_tokens][head_dim].
@@ -50,7 +53,7 @@ struct KvLayout {
     return static_cast<int>((tokens + page_tokens - 1) / page_tokens);
   }
 
-  // Ok if every field is in range (positive sizes, a known dtype) and total_bytes() cannot
+  // Ok if every field is in range (positive sizes, a KV dtype) and total_bytes() cannot
   // overflow; layouts that come from outside (a peer's handshake) are checked with it.
   Status Validate() const;
 

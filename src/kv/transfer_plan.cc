@@ -49,8 +49,7 @@ Status CheckCompatible(const KvLayout& ref, const KvLayout& l, const char* name,
     return mismatch("page_tokens", ref.page_tokens, l.page_tokens);
   }
   if (l.dtype != ref.dtype) {
-    auto dtype_name = [](KvDType t) { return t == KvDType::kF32 ? "f32" : "bf16"; };
-    return mismatch("dtype", dtype_name(ref.dtype), dtype_name(l.dtype));
+    return mismatch("dtype", DTypeFlagName(ref.dtype), DTypeFlagName(l.dtype));
   }
   return Status::Ok();
 }

@@ -13,35 +13,40 @@ void ControlLoop::Start() {
 
 bool ControlLoop::Post(std::function<void()> fn) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (stopped_) return false;
     queue_.push_back(std::move(fn));
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
   return true;
 }
 
 void ControlLoop::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stopped_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   queue_.clear();
+}
+
+bool ControlLoop::TakeQueue(TimePoint deadline, std::deque<std::function<void()>>* batch) {
+  MutexLock lock(&mu_);
+  while (!stopped_ && queue_.empty()) {
+    if (cv_.WaitUntil(&mu_, deadline) == std::cv_status::timeout) break;
+  }
+  if (stopped_) return false;
+  batch->swap(queue_);
+  return true;
 }
 
 void ControlLoop::Run() {
   TimePoint next_tick = Clock::now() + tick_;
   while (true) {
     std::deque<std::function<void()>> batch;
-    {
-      std::unique_lock lock(mu_);
-      cv_.wait_until(lock, next_tick, [this] { return stopped_ || !queue_.empty(); });
-      if (stopped_) return;
-      batch.swap(queue_);
-    }
+    if (!TakeQueue(next_tick, &batch)) return;
     for (auto& fn : batch) fn();
     if (Clock::now() >= next_tick) {
       if (on_tick_) on_tick_();

@@ -11,13 +11,12 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 
 namespace pdserve::messenger {
 
@@ -36,14 +35,17 @@ class ControlLoop {
   bool OnLoopThread() const { return std::this_thread::get_id() == thread_.get_id(); }
 
  private:
-  void Run();
+  void Run() EXCLUDES(mu_);
+  // Waits until something is queued, Stop, or `deadline`; takes the queue into *batch. False
+  // once stopped.
+  bool TakeQueue(TimePoint deadline, std::deque<std::function<void()>>* batch) EXCLUDES(mu_);
 
   const std::chrono::milliseconds tick_;
   std::function<void()> on_tick_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;  // guarded by mu_
-  bool stopped_ = false;                     // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<void()>> queue_ GUARDED_BY(mu_);
+  bool stopped_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

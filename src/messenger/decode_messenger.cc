@@ -126,7 +126,7 @@ Status DecodeMessenger::Submit(EngineRequest request, const std::string& prefill
     RequestOutput final_out = out;
     if (auto loop = weak_loop.lock()) {
       {
-        std::lock_guard lock(failures_mu_);
+        MutexLock lock(&failures_mu_);
         auto it = failures_.find(id);
         if (it != failures_.end()) {
           final_out.finish_reason = FinishReason::kError;
@@ -449,7 +449,7 @@ void DecodeMessenger::FailRequest(Request& req, const Status& why) {
   PD_LOG_WARN("request {} failed: {}", req.id, why.ToString());
   ++counters_.requests_failed;
   {
-    std::lock_guard lock(failures_mu_);
+    MutexLock lock(&failures_mu_);
     failures_[req.id] = why;
   }
   req.retry_after_ack = false;
@@ -462,7 +462,7 @@ void DecodeMessenger::OnEngineFinished(const std::string& id) {
   Request& req = *it->second;
   req.engine_finished = true;
   {
-    std::lock_guard lock(failures_mu_);
+    MutexLock lock(&failures_mu_);
     failures_.erase(id);
   }
   switch (req.state) {
@@ -580,20 +580,23 @@ void DecodeMessenger::PublishStats() {
   s.requests_in_flight = static_cast<int>(requests_.size());
   s.slots_in_use = static_cast<int>(slot_generation_.size() - free_slots_.size());
   {
-    std::lock_guard lock(stats_mu_);
+    MutexLock lock(&stats_mu_);
     stats_ = s;
   }
-  stats_cv_.notify_all();
+  stats_cv_.NotifyAll();
 }
 
 DecodeMessengerStats DecodeMessenger::stats() const {
-  std::lock_guard lock(stats_mu_);
+  MutexLock lock(&stats_mu_);
   return stats_;
 }
 
 bool DecodeMessenger::WaitForPeers(int n, Deadline deadline) const {
-  std::unique_lock lock(stats_mu_);
-  return stats_cv_.wait_until(lock, deadline.at(), [&] { return stats_.peers_ready >= n; });
+  MutexLock lock(&stats_mu_);
+  while (stats_.peers_ready < n) {
+    if (stats_cv_.WaitUntil(&stats_mu_, deadline.at()) == std::cv_status::timeout) break;
+  }
+  return stats_.peers_ready >= n;
 }
 
 }  // namespace pdserve::messenger

@@ -22,10 +22,10 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "engine/engine.h"
 #include "fabric/transfer_engine.h"
@@ -118,12 +118,12 @@ class DecodeMessenger {
   DecodeMessengerStats counters_;
 
   // Failures the engine's final output must carry (engine.Cancel alone says "cancelled").
-  std::mutex failures_mu_;
-  std::map<std::string, Status> failures_;  // guarded by failures_mu_
+  Mutex failures_mu_;
+  std::map<std::string, Status> failures_ GUARDED_BY(failures_mu_);
 
-  mutable std::mutex stats_mu_;
-  mutable std::condition_variable stats_cv_;
-  DecodeMessengerStats stats_;  // guarded by stats_mu_
+  mutable Mutex stats_mu_;
+  mutable CondVar stats_cv_;
+  DecodeMessengerStats stats_ GUARDED_BY(stats_mu_);
 };
 
 }  // namespace pdserve::messenger

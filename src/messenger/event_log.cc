@@ -21,13 +21,13 @@ const char* EventKindName(EventKind kind) {
 }
 
 void EventLog::Record(EventKind kind, uint64_t step, int layer, uint64_t request, int64_t count) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (events_.size() >= capacity_) events_.pop_front();
   events_.push_back(Event{Clock::now(), kind, step, layer, request, count});
 }
 
 std::vector<Event> EventLog::Snapshot() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return {events_.begin(), events_.end()};
 }
 

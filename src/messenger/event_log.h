@@ -7,11 +7,11 @@
 
 #include <cstdint>
 #include <deque>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 
 namespace pdserve::messenger {
 
@@ -46,8 +46,8 @@ class EventLog {
  private:
   const size_t capacity_;
   const TimePoint origin_ = Clock::now();
-  mutable std::mutex mu_;
-  std::deque<Event> events_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::deque<Event> events_ GUARDED_BY(mu_);
 };
 
 }  // namespace pdserve::messenger

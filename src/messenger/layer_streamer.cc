@@ -24,20 +24,20 @@ void LayerStreamer::Start() {
 
 void LayerStreamer::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
 }
 
 void LayerStreamer::Add(const std::shared_ptr<StreamJob>& job) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   jobs_[job->engine_id] = job;
 }
 
 int64_t LayerStreamer::Remove(const std::shared_ptr<StreamJob>& job) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   job->stopped = true;
   auto it = jobs_.find(job->engine_id);
   if (it != jobs_.end() && it->second == job) jobs_.erase(it);
@@ -45,12 +45,12 @@ int64_t LayerStreamer::Remove(const std::shared_ptr<StreamJob>& job) {
 }
 
 void LayerStreamer::StopJob(const std::shared_ptr<StreamJob>& job) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   job->stopped = true;
 }
 
 LayerStreamer::JobProgress LayerStreamer::Progress(const StreamJob& job) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return {job.pages_streamed, job.writes_posted, job.stopped};
 }
 
@@ -58,7 +58,7 @@ void LayerStreamer::OnStepScheduled(uint64_t step, std::span<const AnnouncedChun
   StepPlan plan;
   plan.step = step;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     for (const AnnouncedChunk& c : chunks) {
       auto it = jobs_.find(*c.request_id);
       if (it == jobs_.end() || it->second->stopped) continue;
@@ -81,12 +81,12 @@ void LayerStreamer::OnStepScheduled(uint64_t step, std::span<const AnnouncedChun
 
 void LayerStreamer::OnLayerDone(uint64_t step, int layer) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     done_step_ = step;
     done_layer_ = layer;
   }
   events_->Record(EventKind::kLayerDone, step, layer);
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 int LayerStreamer::LastDoneLayer(uint64_t step) const {
@@ -96,30 +96,38 @@ int LayerStreamer::LastDoneLayer(uint64_t step) const {
 }
 
 void LayerStreamer::Run() {
-  std::unique_lock lock(mu_);
-  while (!stop_) {
-    // The timeout only bounds a missed notification; OnLayerDone wakes the thread.
-    cv_.wait_for(lock, std::chrono::milliseconds(50), [this] {
-      return stop_ ||
-             (!plans_.empty() && LastDoneLayer(plans_.front().step) >= plans_.front().next_layer);
-    });
-    while (!stop_ && !plans_.empty()) {
-      StepPlan& plan = plans_.front();
-      const int done = LastDoneLayer(plan.step);
-      for (; plan.next_layer <= done; ++plan.next_layer) PostLayer(plan, plan.next_layer);
-      if (plan.next_layer < num_layers_) break;
-      std::vector<std::shared_ptr<StreamJob>> changed;
-      for (Segment& seg : plan.segments) {
-        seg.job->pages_streamed += static_cast<int>(seg.pages.size());
-        changed.push_back(seg.job);
-      }
-      events_->Record(EventKind::kStepFinished, plan.step);
-      plans_.pop_front();
-      lock.unlock();
-      for (const auto& job : changed) on_job_changed_(job);
-      lock.lock();
-    }
+  std::vector<std::shared_ptr<StreamJob>> finished;
+  while (PostReadyLayers(&finished)) {
+    for (const auto& job : finished) on_job_changed_(job);
+    finished.clear();
   }
+}
+
+bool LayerStreamer::LayerReady() const {
+  return !plans_.empty() && LastDoneLayer(plans_.front().step) >= plans_.front().next_layer;
+}
+
+bool LayerStreamer::PostReadyLayers(std::vector<std::shared_ptr<StreamJob>>* finished) {
+  MutexLock lock(&mu_);
+  // The timeout only bounds a missed notification; OnLayerDone wakes the thread.
+  const TimePoint deadline = Clock::now() + std::chrono::milliseconds(50);
+  while (!stop_ && !LayerReady()) {
+    if (cv_.WaitUntil(&mu_, deadline) == std::cv_status::timeout) break;
+  }
+  while (!stop_ && !plans_.empty()) {
+    StepPlan& plan = plans_.front();
+    const int done = LastDoneLayer(plan.step);
+    for (; plan.next_layer <= done; ++plan.next_layer) PostLayer(plan, plan.next_layer);
+    if (plan.next_layer < num_layers_) break;
+    for (Segment& seg : plan.segments) {
+      seg.job->pages_streamed += static_cast<int>(seg.pages.size());
+      finished->push_back(seg.job);
+    }
+    events_->Record(EventKind::kStepFinished, plan.step);
+    plans_.pop_front();
+    return true;  // the caller tells the finished jobs, then comes back for the next plan
+  }
+  return !stop_;
 }
 
 void LayerStreamer::PostLayer(StepPlan& plan, int layer) {
@@ -159,7 +167,7 @@ void LayerStreamer::PostLayer(StepPlan& plan, int layer) {
       PD_LOG_WARN("request {}: posting a KV write failed: {}", job->request_id, s.ToString());
       job->stopped = true;
       {
-        std::lock_guard error_lock(job->error_mu);
+        MutexLock error_lock(&job->error_mu);
         if (job->first_error.ok()) job->first_error = s;
       }
       job->write_failed.store(true);
@@ -172,7 +180,7 @@ void LayerStreamer::PostLayer(StepPlan& plan, int layer) {
 void LayerStreamer::OnWriteDone(const std::shared_ptr<StreamJob>& job, const Status& status) {
   if (!status.ok()) {
     {
-      std::lock_guard error_lock(job->error_mu);
+      MutexLock error_lock(&job->error_mu);
       if (job->first_error.ok()) job->first_error = status;
     }
     job->write_failed.store(true);

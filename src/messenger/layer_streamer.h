@@ -11,18 +11,17 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "engine/engine.h"
 #include "fabric/transfer_engine.h"
 #include "kv/transfer_plan.h"
@@ -51,8 +50,8 @@ struct StreamJob {
   // ---- Set from completions (any thread).
   std::atomic<int64_t> writes_completed{0};
   std::atomic<bool> write_failed{false};
-  std::mutex error_mu;
-  Status first_error;  // guarded by error_mu
+  Mutex error_mu;
+  Status first_error GUARDED_BY(error_mu);
 };
 
 class LayerStreamer : public StepObserver {
@@ -90,11 +89,16 @@ class LayerStreamer : public StepObserver {
     std::vector<Segment> segments;
     int next_layer = 0;
   };
-  void Run();
-  // Highest layer of `step` known done (-1: none). Caller holds mu_.
-  int LastDoneLayer(uint64_t step) const;
-  // Posts layer `layer` of every segment of `plan`. Caller holds mu_.
-  void PostLayer(StepPlan& plan, int layer);
+  void Run() EXCLUDES(mu_);
+  // Waits (briefly) for a layer to post, posts every ready layer, and hands back the jobs of a
+  // step plan that finished, to be told outside the lock. False once stopped.
+  bool PostReadyLayers(std::vector<std::shared_ptr<StreamJob>>* finished) EXCLUDES(mu_);
+  // True if the oldest step plan has a layer done but not yet posted.
+  bool LayerReady() const REQUIRES(mu_);
+  // Highest layer of `step` known done (-1: none).
+  int LastDoneLayer(uint64_t step) const REQUIRES(mu_);
+  // Posts layer `layer` of every segment of `plan`.
+  void PostLayer(StepPlan& plan, int layer) REQUIRES(mu_);
   void OnWriteDone(const std::shared_ptr<StreamJob>& job, const Status& status);
 
   fabric::TransferEngine* const fabric_;
@@ -104,14 +108,14 @@ class LayerStreamer : public StepObserver {
   EventLog* const events_;
   const std::function<void(const std::shared_ptr<StreamJob>&)> on_job_changed_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, std::shared_ptr<StreamJob>> jobs_;  // by engine id; guarded by mu_
-  std::deque<StepPlan> plans_;                              // guarded by mu_
-  uint64_t done_step_ = 0;                                  // guarded by mu_
-  int done_layer_ = -1;                                     // guarded by mu_
-  bool stop_ = false;                                       // guarded by mu_
-  std::vector<KvWrite> scratch_;                            // streamer thread, under mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::map<std::string, std::shared_ptr<StreamJob>> jobs_ GUARDED_BY(mu_);  // by engine id
+  std::deque<StepPlan> plans_ GUARDED_BY(mu_);
+  uint64_t done_step_ GUARDED_BY(mu_) = 0;
+  int done_layer_ GUARDED_BY(mu_) = -1;
+  bool stop_ GUARDED_BY(mu_) = false;
+  std::vector<KvWrite> scratch_ GUARDED_BY(mu_);  // streamer thread
   std::thread thread_;
 };
 

@@ -260,7 +260,7 @@ void PrefillMessenger::OnEngineOutput(const std::string& engine_id, const Reques
 void PrefillMessenger::FailJob(JobState& state, const Status& why) {
   streamer_->StopJob(state.job);
   {
-    std::lock_guard lock(state.job->error_mu);
+    MutexLock lock(&state.job->error_mu);
     if (state.job->first_error.ok()) state.job->first_error = why;
   }
   state.job->write_failed.store(true);
@@ -276,7 +276,7 @@ void PrefillMessenger::CheckJob(const std::string& engine_id) {
     state.failure_reported = true;
     Status error;
     {
-      std::lock_guard lock(job->error_mu);
+      MutexLock lock(&job->error_mu);
       error = job->first_error;
     }
     streamer_->StopJob(job);
@@ -366,12 +366,12 @@ void PrefillMessenger::PublishStats() {
   s.peers_ready = 0;
   for (const auto& [id, p] : peers_) s.peers_ready += p.ready;
   s.requests_in_flight = static_cast<int>(jobs_.size());
-  std::lock_guard lock(stats_mu_);
+  MutexLock lock(&stats_mu_);
   stats_ = s;
 }
 
 PrefillMessengerStats PrefillMessenger::stats() const {
-  std::lock_guard lock(stats_mu_);
+  MutexLock lock(&stats_mu_);
   return stats_;
 }
 

@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "engine/engine.h"
 #include "fabric/transfer_engine.h"
@@ -106,8 +107,8 @@ class PrefillMessenger {
   std::map<std::string, JobState> jobs_;  // by engine id
   PrefillMessengerStats counters_;
 
-  mutable std::mutex stats_mu_;
-  PrefillMessengerStats stats_;  // guarded by stats_mu_; published by the control loop
+  mutable Mutex stats_mu_;
+  PrefillMessengerStats stats_ GUARDED_BY(stats_mu_);  // published by the control loop
 };
 
 }  // namespace pdserve::messenger

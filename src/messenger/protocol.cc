@@ -126,12 +126,16 @@ void WriteFixed(WireWriter& w, std::span<const uint8_t> bytes) {
   w.Raw(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
+// A layout's dtype travels as its own code, so reordering DType never changes the wire. Only KV
+// element types have one: EncodeMessage validates the layout before writing it.
+constexpr uint8_t kWireF32 = 0, kWireBF16 = 1;
+
 void WriteLayout(WireWriter& w, const KvLayout& l) {
   w.U32(static_cast<uint32_t>(l.num_layers));
   w.U32(static_cast<uint32_t>(l.num_kv_heads));
   w.U32(static_cast<uint32_t>(l.head_dim));
   w.U32(static_cast<uint32_t>(l.page_tokens));
-  w.U8(static_cast<uint8_t>(l.dtype));
+  w.U8(l.dtype == DType::kF32 ? kWireF32 : kWireBF16);
   w.U32(static_cast<uint32_t>(l.num_pages));
 }
 
@@ -203,10 +207,10 @@ Status ReadLayout(WireReader& r, KvLayout* l) {
   PD_RETURN_IF_ERROR(r.NonNegativeI32("page_tokens", &l->page_tokens));
   uint8_t dtype = 0;
   PD_RETURN_IF_ERROR(r.U8("dtype", &dtype));
-  if (dtype > static_cast<uint8_t>(KvDType::kBF16)) {
+  if (dtype != kWireF32 && dtype != kWireBF16) {
     return Status::ProtocolError(fmt::format("unknown KV dtype {}", dtype));
   }
-  l->dtype = static_cast<KvDType>(dtype);
+  l->dtype = dtype == kWireF32 ? DType::kF32 : DType::kBF16;
   return r.NonNegativeI32("num_pages", &l->num_pages);
 }
 

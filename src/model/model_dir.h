@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/status.h"
@@ -15,7 +16,7 @@
 namespace pdserve {
 
 struct ModelDirOptions {
-  WeightDType weight_dtype = WeightDType::kAuto;
+  std::optional<DType> weight_dtype;  // LoadWeights: nullopt = as the checkpoint
   TransformerOptions transformer;
   bool load_tokenizer = true;
 };

@@ -93,9 +93,9 @@ Result<std::unique_ptr<Transformer>> Transformer::Create(ModelConfig config, Mod
     return Status::InvalidArgument("weights do not match the config's layer count");
   }
   if (options.threads < 0) return Status::InvalidArgument("threads must be >= 0");
-  KvDType kv = weights.matrix_dtype == DType::kF32 ? KvDType::kF32 : KvDType::kBF16;
-  if (options.kv_type == TransformerOptions::KvType::kF32) kv = KvDType::kF32;
-  if (options.kv_type == TransformerOptions::KvType::kBF16) kv = KvDType::kBF16;
+  const DType kv =
+      options.kv_dtype.value_or(weights.matrix_dtype == DType::kF32 ? DType::kF32 : DType::kBF16);
+  PD_RETURN_IF_ERROR(CheckKvCacheDType(kv));
   return std::unique_ptr<Transformer>(
       new Transformer(std::move(config), std::move(weights), kv, options.threads));
 }
@@ -130,7 +130,7 @@ size_t Transformer::MatrixBytes(const Matrix& m) {
                            : kernels::PackedBF16Elements(m.n, m.k) * sizeof(uint16_t);
 }
 
-Transformer::Transformer(ModelConfig config, ModelWeights weights, KvDType kv_dtype, int threads)
+Transformer::Transformer(ModelConfig config, ModelWeights weights, DType kv_dtype, int threads)
     : config_(std::move(config)),
       weights_(std::move(weights)),
       kv_dtype_(kv_dtype),

@@ -7,10 +7,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
 
+#include "common/dtype.h"
 #include "common/status.h"
 #include "kv/kv_cache.h"
 #include "kv/layout.h"
@@ -40,8 +42,9 @@ struct TransformerOptions {
   // OpenMP team size of the forward pass; 0 = the runtime's default (OMP_NUM_THREADS or the
   // cores). Applied by Forward on whichever thread runs it: OpenMP's setting is per thread.
   int threads = 0;
-  // KV cache element type; kAuto = F32 for F32 weights, BF16 otherwise.
-  enum class KvType : uint8_t { kAuto, kF32, kBF16 } kv_type = KvType::kAuto;
+  // KV cache element type, F32 or BF16 (Create refuses others); nullopt: F32 for F32 weights,
+  // BF16 otherwise.
+  std::optional<DType> kv_dtype;
 };
 
 class Transformer {
@@ -53,7 +56,7 @@ class Transformer {
   ~Transformer();
 
   const ModelConfig& config() const { return config_; }
-  KvDType kv_dtype() const { return kv_dtype_; }
+  DType kv_dtype() const { return kv_dtype_; }
   // The KV layout of this model for a cache of `num_pages` pages.
   KvLayout MakeKvLayout(int num_pages, int page_tokens) const;
   // Bytes of weights read per decode step (every matrix once).
@@ -86,7 +89,7 @@ class Transformer {
   // Packs a BF16 matrix at *cursor in the arena (and advances it), or keeps an F32 one.
   static Matrix ToMatrix(Tensor w, uint16_t** cursor);
   static size_t MatrixBytes(const Matrix& m);  // bytes a product reads
-  Transformer(ModelConfig config, ModelWeights weights, KvDType kv_dtype, int threads);
+  Transformer(ModelConfig config, ModelWeights weights, DType kv_dtype, int threads);
   Status Validate(std::span<const SequenceChunk> chunks, const KvCache& cache) const;
   // y[m][n] = x[m][k] * w^T, in the weight's dtype.
   void Linear(const float* x, int m, const Matrix& w, float* y);
@@ -104,7 +107,7 @@ class Transformer {
   Tensor packed_arena_;
   std::vector<LayerMatrices> layers_;
   Matrix lm_head_;
-  KvDType kv_dtype_;
+  DType kv_dtype_;                // F32 or BF16
   std::string_view kernel_path_;  // a name with static storage (kernels::ActivePath)
   int threads_;                   // 0: the runtime's default
   std::vector<double> inv_freq_;  // RoPE inverse frequencies (with rope scaling applied)

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "common/check.h"
 #include "common/logging.h"
 #include "model/safetensors.h"
@@ -186,14 +188,11 @@ Status CollectLayer(const ModelConfig& c, int i, WeightCollector& w, LayerWeight
   return Status::Ok();
 }
 
-Result<DType> ChooseMatrixDType(const SafetensorsSet& set, WeightDType weight_dtype) {
-  switch (weight_dtype) {
-    case WeightDType::kBF16:
-      return DType::kBF16;
-    case WeightDType::kF32:
-      return DType::kF32;
-    case WeightDType::kAuto:
-      break;
+Result<DType> ChooseMatrixDType(const SafetensorsSet& set, std::optional<DType> wanted) {
+  if (wanted.has_value()) {
+    if (*wanted == DType::kF32 || *wanted == DType::kBF16) return *wanted;
+    return Status::InvalidArgument(
+        fmt::format("weight matrices cannot be held in {} (f32 or bf16)", DTypeFlagName(*wanted)));
   }
   // The checkpoint's own precision decides: F32 models (e.g. stories260K) stay exact.
   PD_ASSIGN_OR_RETURN(TensorView embed, set.Find("model.embed_tokens.weight"));
@@ -203,11 +202,11 @@ Result<DType> ChooseMatrixDType(const SafetensorsSet& set, WeightDType weight_dt
 }  // namespace
 
 Result<ModelWeights> LoadWeights(const ModelConfig& config, const std::string& model_dir,
-                                 WeightDType weight_dtype) {
+                                 std::optional<DType> matrix_dtype) {
   PD_RETURN_IF_ERROR(config.Validate());
   PD_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsSet> set, SafetensorsSet::Open(model_dir));
   ModelWeights w;
-  PD_ASSIGN_OR_RETURN(w.matrix_dtype, ChooseMatrixDType(*set, weight_dtype));
+  PD_ASSIGN_OR_RETURN(w.matrix_dtype, ChooseMatrixDType(*set, matrix_dtype));
   WeightCollector collect(*set, w.matrix_dtype);
   const int64_t vocab = config.vocab_size, hidden = config.hidden_size;
   PD_RETURN_IF_ERROR(collect.Matrix("model.embed_tokens.weight", {vocab, hidden}, &w.embed));

@@ -81,13 +81,12 @@ struct ModelWeights {
   size_t MatrixBytes() const;
 };
 
-// Which dtype matrices are held in. kAuto: F32 checkpoints stay F32, F16/BF16 become BF16.
-enum class WeightDType : uint8_t { kAuto, kBF16, kF32 };
-
 // Loads and converts every tensor the config needs from a model directory. Errors name the
 // file and tensor: missing tensor, wrong shape, unsupported dtype, truncated file.
 // Tensor names follow Hugging Face ("model.layers.N.self_attn.q_proj.weight", ...).
+// matrix_dtype: what the matrices are held in, F32 or BF16 (F16 is refused: no kernel reads it);
+// nullopt lets the checkpoint decide (F32 checkpoints stay F32, F16/BF16 ones become BF16).
 Result<ModelWeights> LoadWeights(const ModelConfig& config, const std::string& model_dir,
-                                 WeightDType weight_dtype = WeightDType::kAuto);
+                                 std::optional<DType> matrix_dtype = std::nullopt);
 
 }  // namespace pdserve

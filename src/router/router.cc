@@ -97,11 +97,7 @@ Status Router::Start() {
 
 void Router::Stop() {
   if (!started_ || stopping_.exchange(true)) return;
-  {
-    std::lock_guard lock(health_mu_);
-    health_wake_ = true;
-  }
-  health_cv_.notify_all();
+  WakeHealthLoop();
   server_.stop();
   if (listen_thread_.joinable()) listen_thread_.join();
   if (health_thread_.joinable()) health_thread_.join();
@@ -255,7 +251,7 @@ void Router::StartRelay(std::shared_ptr<UpstreamExchange> exchange, const Upstre
 void Router::Finish(const std::string& request_id, const httplib::Request& req, TimePoint start,
                     const Outcome& outcome) {
   {
-    std::lock_guard lock(metrics_mu_);
+    MutexLock lock(&metrics_mu_);
     ++responses_by_status_[outcome.status];
   }
   PD_LOG_INFO(
@@ -282,7 +278,7 @@ void Router::HandleMetrics(httplib::Response& res) {
   };
   header("pdserve:router_requests_total", "counter", "Requests answered, by HTTP status.");
   {
-    std::lock_guard lock(metrics_mu_);
+    MutexLock lock(&metrics_mu_);
     for (const auto& [status, count] : responses_by_status_) {
       out << "pdserve:router_requests_total{status=\"" << status << "\"} " << count << '\n';
     }
@@ -326,11 +322,7 @@ void Router::HandleRegister(const httplib::Request& req, httplib::Response& res)
   }
   if (*added) {
     PD_LOG_INFO("router: node {} registered", body["url"].get<std::string>());
-    {
-      std::lock_guard lock(health_mu_);
-      health_wake_ = true;  // check the new node now rather than at the next tick
-    }
-    health_cv_.notify_all();
+    WakeHealthLoop();  // check the new node now rather than at the next tick
   }
   nlohmann::json reply = {{"registered", true}, {"new", *added}, {"nodes", pool_.Size()}};
   res.set_content(reply.dump(), "application/json");
@@ -340,10 +332,24 @@ void Router::HealthLoop() {
   while (!stopping_.load()) {
     CheckAllNodes();
     pool_.ExpireRegistrations();
-    std::unique_lock lock(health_mu_);
-    health_cv_.wait_for(lock, options_.health_interval, [&] { return health_wake_; });
-    health_wake_ = false;
+    WaitForHealthTick(Clock::now() + options_.health_interval);
   }
+}
+
+void Router::WakeHealthLoop() {
+  {
+    MutexLock lock(&health_mu_);
+    health_wake_ = true;
+  }
+  health_cv_.NotifyAll();
+}
+
+void Router::WaitForHealthTick(TimePoint deadline) {
+  MutexLock lock(&health_mu_);
+  while (!health_wake_) {
+    if (health_cv_.WaitUntil(&health_mu_, deadline) == std::cv_status::timeout) break;
+  }
+  health_wake_ = false;
 }
 
 void Router::CheckAllNodes() {

@@ -11,11 +11,9 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,6 +21,7 @@
 #include <httplib.h>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "router/router_nodes.h"
 #include "router/router_upstream.h"
@@ -56,7 +55,7 @@ class Router {
   Status Start();
   // Stops accepting, ends open relays (their node connections close) and joins every thread.
   // Idempotent.
-  void Stop();
+  void Stop() EXCLUDES(health_mu_);
 
   int port() const { return port_; }
   NodePool& nodes() { return pool_; }
@@ -64,14 +63,18 @@ class Router {
  private:
   explicit Router(RouterOptions options);
   void InstallRoutes();
-  void HealthLoop();
+  void HealthLoop() EXCLUDES(health_mu_);
   void CheckAllNodes();
+  // Ends the health loop's current wait: a new node to check, or Stop.
+  void WakeHealthLoop() EXCLUDES(health_mu_);
+  // Waits until woken or `deadline`, then clears the wake flag.
+  void WaitForHealthTick(TimePoint deadline) EXCLUDES(health_mu_);
 
   // Handlers.
   void HandleForward(const httplib::Request& req, httplib::Response& res);
   void HandleHealth(httplib::Response& res);
-  void HandleMetrics(httplib::Response& res);
-  void HandleRegister(const httplib::Request& req, httplib::Response& res);
+  void HandleMetrics(httplib::Response& res) EXCLUDES(metrics_mu_);
+  void HandleRegister(const httplib::Request& req, httplib::Response& res) EXCLUDES(health_mu_);
 
   // What a finished request leaves for the log line and the metrics.
   struct Outcome {
@@ -82,7 +85,7 @@ class Router {
     std::string note;  // "ok", "client_gone", "upstream_broken", ...
   };
   void Finish(const std::string& request_id, const httplib::Request& req, TimePoint start,
-              const Outcome& outcome);
+              const Outcome& outcome) EXCLUDES(metrics_mu_);
   // Streams the node's SSE answer to the client; the handler returns right after.
   void StartRelay(std::shared_ptr<UpstreamExchange> exchange, const UpstreamHead& head,
                   const std::string& request_id, const httplib::Request& req, TimePoint start,
@@ -97,13 +100,13 @@ class Router {
   std::atomic<bool> stopping_{false};
   bool started_ = false;
 
-  std::mutex health_mu_;
-  std::condition_variable health_cv_;
-  bool health_wake_ = false;  // GUARDED_BY(health_mu_)
+  Mutex health_mu_;
+  CondVar health_cv_;
+  bool health_wake_ GUARDED_BY(health_mu_) = false;
 
   // Metrics.
-  std::mutex metrics_mu_;
-  std::map<int, int64_t> responses_by_status_;  // GUARDED_BY(metrics_mu_)
+  Mutex metrics_mu_;
+  std::map<int, int64_t> responses_by_status_ GUARDED_BY(metrics_mu_);
   std::atomic<int64_t> retries_{0};
   std::atomic<int64_t> no_healthy_node_{0};
   std::atomic<int64_t> client_disconnects_{0};

@@ -46,7 +46,7 @@ NodePool::Node* NodePool::FindLocked(const std::string& url) {
 
 Status NodePool::AddStatic(std::string_view url) {
   PD_ASSIGN_OR_RETURN(NodeAddress address, ParseNodeUrl(url));
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (Node* node = FindLocked(address.url)) {
     node->registered = false;  // a command-line node never expires
     return Status::Ok();
@@ -59,7 +59,7 @@ Status NodePool::AddStatic(std::string_view url) {
 
 Result<bool> NodePool::Register(std::string_view url, TimePoint now) {
   PD_ASSIGN_OR_RETURN(NodeAddress address, ParseNodeUrl(url));
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (Node* node = FindLocked(address.url)) {
     node->last_registration = now;
     return false;
@@ -73,7 +73,7 @@ Result<bool> NodePool::Register(std::string_view url, TimePoint now) {
 }
 
 void NodePool::ExpireRegistrations(TimePoint now) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   std::erase_if(nodes_, [&](const Node& node) {
     return node.registered && node.outstanding == 0 &&
            now - node.last_registration > options_.registration_ttl;
@@ -81,7 +81,7 @@ void NodePool::ExpireRegistrations(TimePoint now) {
 }
 
 std::optional<NodeAddress> NodePool::Acquire(const std::vector<std::string>& exclude) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   const size_t n = nodes_.size();
   Node* best = nullptr;
   size_t best_index = 0;
@@ -104,13 +104,13 @@ std::optional<NodeAddress> NodePool::Acquire(const std::vector<std::string>& exc
 }
 
 void NodePool::Release(const std::string& url) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   // The node may have been dropped meanwhile; then there is nothing to count down.
   if (Node* node = FindLocked(url); node != nullptr && node->outstanding > 0) --node->outstanding;
 }
 
 bool NodePool::ReportHealthy(const std::string& url) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   Node* node = FindLocked(url);
   if (node == nullptr) return false;
   const bool changed = !node->healthy;
@@ -120,7 +120,7 @@ bool NodePool::ReportHealthy(const std::string& url) {
 }
 
 bool NodePool::ReportUnhealthy(const std::string& url) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   Node* node = FindLocked(url);
   if (node == nullptr) return false;
   if (node->consecutive_failures < std::numeric_limits<int>::max()) ++node->consecutive_failures;
@@ -130,7 +130,7 @@ bool NodePool::ReportUnhealthy(const std::string& url) {
 }
 
 void NodePool::ReportConnectFailure(const std::string& url) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (Node* node = FindLocked(url)) {
     node->healthy = false;
     node->consecutive_failures = std::max(node->consecutive_failures, options_.failures_to_down);
@@ -138,14 +138,14 @@ void NodePool::ReportConnectFailure(const std::string& url) {
 }
 
 std::vector<NodeAddress> NodePool::Addresses() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<NodeAddress> out;
   for (const Node& node : nodes_) out.push_back(node.address);
   return out;
 }
 
 std::vector<NodeSnapshot> NodePool::Snapshot() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<NodeSnapshot> out;
   for (const Node& node : nodes_) {
     out.push_back({node.address.url, node.healthy, node.registered, node.outstanding, node.requests,
@@ -155,13 +155,13 @@ std::vector<NodeSnapshot> NodePool::Snapshot() const {
 }
 
 int NodePool::HealthyCount() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return static_cast<int>(
       std::count_if(nodes_.begin(), nodes_.end(), [](const Node& n) { return n.healthy; }));
 }
 
 int NodePool::Size() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return static_cast<int>(nodes_.size());
 }
 

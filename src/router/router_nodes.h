@@ -5,13 +5,13 @@
 #pragma once
 
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace pdserve::router {
@@ -51,31 +51,31 @@ class NodePool {
 
   // A node from the command line; it never expires. New nodes start unhealthy until their first
   // successful health check, so no request is sent to a node still loading its model.
-  Status AddStatic(std::string_view url);
+  Status AddStatic(std::string_view url) EXCLUDES(mu_);
   // Adds a self-registered node or refreshes its registration. Returns true if it was new.
-  Result<bool> Register(std::string_view url, TimePoint now = Clock::now());
+  Result<bool> Register(std::string_view url, TimePoint now = Clock::now()) EXCLUDES(mu_);
   // Drops self-registered nodes whose registration expired and that carry no request.
-  void ExpireRegistrations(TimePoint now = Clock::now());
+  void ExpireRegistrations(TimePoint now = Clock::now()) EXCLUDES(mu_);
 
   // Picks the healthy node with the fewest outstanding requests, skipping the urls in
   // `exclude` (nodes already tried for this request), and counts one more request on it.
   // Every successful Acquire is paired with one Release.
-  std::optional<NodeAddress> Acquire(const std::vector<std::string>& exclude = {});
-  void Release(const std::string& url);
+  std::optional<NodeAddress> Acquire(const std::vector<std::string>& exclude = {}) EXCLUDES(mu_);
+  void Release(const std::string& url) EXCLUDES(mu_);
 
   // Health check results. A success makes the node healthy at once; failures_to_down
   // consecutive failures make it unhealthy.
   // Both return true when the node's health changed (for the log).
-  bool ReportHealthy(const std::string& url);
-  bool ReportUnhealthy(const std::string& url);
+  bool ReportHealthy(const std::string& url) EXCLUDES(mu_);
+  bool ReportUnhealthy(const std::string& url) EXCLUDES(mu_);
   // A request could not even connect: the node is marked down without waiting for the
   // health checker (it comes back with the next successful check).
-  void ReportConnectFailure(const std::string& url);
+  void ReportConnectFailure(const std::string& url) EXCLUDES(mu_);
 
-  std::vector<NodeAddress> Addresses() const;
-  std::vector<NodeSnapshot> Snapshot() const;
-  int HealthyCount() const;
-  int Size() const;
+  std::vector<NodeAddress> Addresses() const EXCLUDES(mu_);
+  std::vector<NodeSnapshot> Snapshot() const EXCLUDES(mu_);
+  int HealthyCount() const EXCLUDES(mu_);
+  int Size() const EXCLUDES(mu_);
 
  private:
   struct Node {
@@ -87,12 +87,12 @@ class NodePool {
     int64_t requests = 0;
     int consecutive_failures = 0;
   };
-  Node* FindLocked(const std::string& url);
+  Node* FindLocked(const std::string& url) REQUIRES(mu_);
 
   const NodePoolOptions options_;
-  mutable std::mutex mu_;
-  std::vector<Node> nodes_;  // GUARDED_BY(mu_); order of addition
-  size_t next_ = 0;          // GUARDED_BY(mu_); round-robin start among ties
+  mutable Mutex mu_;
+  std::vector<Node> nodes_ GUARDED_BY(mu_);  // order of addition
+  size_t next_ GUARDED_BY(mu_) = 0;          // round-robin start among ties
 };
 
 }  // namespace pdserve::router

@@ -55,27 +55,28 @@ void UpstreamExchange::Run(UpstreamRequest request) {
 }
 
 bool UpstreamExchange::OnHead(const httplib::Response& response) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   head_ = UpstreamHead{response.status, response.headers};
-  cv_.notify_all();
+  cv_.NotifyAll();
   return !cancelled_;
 }
 
 bool UpstreamExchange::OnData(const char* data, size_t size) {
-  std::unique_lock lock(mu_);
-  // Back-pressure: wait for the consumer rather than buffer a whole slow stream.
+  MutexLock lock(&mu_);
+  // Back-pressure: wait for the consumer rather than buffer a whole slow stream. No deadline of
+  // its own: the consumer pops or cancels (its reads have deadlines; the destructor cancels).
   while (!cancelled_ && buffered_ > timeouts_.max_buffered_bytes) {
-    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    cv_.WaitFor(&mu_, std::chrono::milliseconds(100));
   }
   if (cancelled_) return false;
   pieces_.emplace_back(data, size);
   buffered_ += size;
-  cv_.notify_all();
+  cv_.NotifyAll();
   return true;
 }
 
 void UpstreamExchange::Finish(httplib::Error error, const httplib::Response& response) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   done_ = true;
   // httplib skips the response handler for bodiless answers (204); their head is in `response`.
   if (error == httplib::Error::Success && !head_.has_value()) {
@@ -86,12 +87,14 @@ void UpstreamExchange::Finish(httplib::Error error, const httplib::Response& res
     connect_failed_ = !head_.has_value() && (error == httplib::Error::Connection ||
                                              error == httplib::Error::ConnectionTimeout);
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 Result<UpstreamHead> UpstreamExchange::WaitHead(Deadline deadline) {
-  std::unique_lock lock(mu_);
-  cv_.wait_until(lock, deadline.at(), [&] { return head_.has_value() || done_; });
+  MutexLock lock(&mu_);
+  while (!head_.has_value() && !done_) {
+    if (cv_.WaitUntil(&mu_, deadline.at()) == std::cv_status::timeout) break;
+  }
   if (head_.has_value()) return *head_;
   if (done_) {
     return Status::Unavailable(node_.url + ": " + (error_.empty() ? "no response" : error_));
@@ -100,13 +103,15 @@ Result<UpstreamHead> UpstreamExchange::WaitHead(Deadline deadline) {
 }
 
 UpstreamExchange::Next UpstreamExchange::Pop(std::string* data, Deadline deadline) {
-  std::unique_lock lock(mu_);
-  cv_.wait_until(lock, deadline.at(), [&] { return !pieces_.empty() || done_; });
+  MutexLock lock(&mu_);
+  while (pieces_.empty() && !done_) {
+    if (cv_.WaitUntil(&mu_, deadline.at()) == std::cv_status::timeout) break;
+  }
   if (!pieces_.empty()) {
     *data = std::move(pieces_.front());
     pieces_.pop_front();
     buffered_ -= data->size();
-    cv_.notify_all();  // wakes a producer held back by back-pressure
+    cv_.NotifyAll();  // wakes a producer held back by back-pressure
     return Next::kData;
   }
   if (!done_) return Next::kTimeout;
@@ -142,10 +147,10 @@ Result<std::string> UpstreamExchange::ReadAll(Deadline deadline, size_t limit) {
 
 void UpstreamExchange::Cancel() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (done_ || cancelled_) return;
     cancelled_ = true;
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
   // Unblocks a read waiting on the node; the receiver then returns false and the connection
   // closes, which the node sees as a client disconnect.
@@ -153,7 +158,7 @@ void UpstreamExchange::Cancel() {
 }
 
 bool UpstreamExchange::connect_failed() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return connect_failed_;
 }
 

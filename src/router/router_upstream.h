@@ -5,10 +5,8 @@
 // Thread-safe: Start on any thread; WaitHead/Pop from one consumer thread; Cancel from any.
 #pragma once
 
-#include <condition_variable>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -16,6 +14,7 @@
 #include <httplib.h>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "router/router_nodes.h"
 
@@ -52,42 +51,42 @@ class UpstreamExchange {
   // The response head. Unavailable if the node could not be reached or failed before sending
   // a head (the request never started there, so it may be retried elsewhere);
   // DeadlineExceeded past `deadline`.
-  Result<UpstreamHead> WaitHead(Deadline deadline);
+  Result<UpstreamHead> WaitHead(Deadline deadline) EXCLUDES(mu_);
 
   enum class Next { kData, kEnd, kTimeout, kError };
   // The next body piece into *data (kData), the end of the body (kEnd), nothing before
   // `deadline` (kTimeout), or a broken exchange (kError, message in *data).
-  Next Pop(std::string* data, Deadline deadline);
+  Next Pop(std::string* data, Deadline deadline) EXCLUDES(mu_);
 
   // The whole remaining body, for non-streamed responses. Errors if the exchange breaks or
   // the body exceeds `limit`.
-  Result<std::string> ReadAll(Deadline deadline, size_t limit);
+  Result<std::string> ReadAll(Deadline deadline, size_t limit) EXCLUDES(mu_);
 
-  void Cancel();
-  bool connect_failed() const;
+  void Cancel() EXCLUDES(mu_);
+  bool connect_failed() const EXCLUDES(mu_);
   const NodeAddress& node() const { return node_; }
 
  private:
   UpstreamExchange(NodeAddress node, UpstreamTimeouts timeouts);
   void Run(UpstreamRequest request);
-  bool OnHead(const httplib::Response& response);
-  bool OnData(const char* data, size_t size);
-  void Finish(httplib::Error error, const httplib::Response& response);
+  bool OnHead(const httplib::Response& response) EXCLUDES(mu_);
+  bool OnData(const char* data, size_t size) EXCLUDES(mu_);
+  void Finish(httplib::Error error, const httplib::Response& response) EXCLUDES(mu_);
 
   const NodeAddress node_;
   const UpstreamTimeouts timeouts_;
   httplib::Client client_;  // stop() is the one call made from other threads
   std::thread thread_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::optional<UpstreamHead> head_;  // GUARDED_BY(mu_)
-  std::deque<std::string> pieces_;    // GUARDED_BY(mu_)
-  size_t buffered_ = 0;               // GUARDED_BY(mu_)
-  bool done_ = false;                 // GUARDED_BY(mu_)
-  bool cancelled_ = false;            // GUARDED_BY(mu_)
-  bool connect_failed_ = false;       // GUARDED_BY(mu_)
-  std::string error_;                 // GUARDED_BY(mu_); set if the exchange broke
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::optional<UpstreamHead> head_ GUARDED_BY(mu_);
+  std::deque<std::string> pieces_ GUARDED_BY(mu_);
+  size_t buffered_ GUARDED_BY(mu_) = 0;
+  bool done_ GUARDED_BY(mu_) = false;
+  bool cancelled_ GUARDED_BY(mu_) = false;
+  bool connect_failed_ GUARDED_BY(mu_) = false;
+  std::string error_ GUARDED_BY(mu_);  // set if the exchange broke
 };
 
 }  // namespace pdserve::router

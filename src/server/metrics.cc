@@ -49,31 +49,31 @@ void Gauge(const std::string& name, const std::string& help, double value, std::
 ServerMetrics::ServerMetrics() : ttft_(kTtftBounds), itl_(kItlBounds), e2e_(kE2eBounds) {}
 
 void ServerMetrics::ObserveTimeToFirstToken(double s) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   ttft_.Observe(s);
 }
 void ServerMetrics::ObserveInterTokenLatency(double s) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   itl_.Observe(s);
 }
 void ServerMetrics::ObserveE2eLatency(double s) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   e2e_.Observe(s);
 }
 void ServerMetrics::AddPromptTokens(int64_t n) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   prompt_tokens_ += n;
 }
 void ServerMetrics::AddGenerationTokens(int64_t n) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   generation_tokens_ += n;
 }
 void ServerMetrics::RequestSucceeded(const std::string& finish_reason) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   ++success_[finish_reason];
 }
 void ServerMetrics::RequestFailed(int http_status) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   ++errors_[http_status];
 }
 
@@ -90,7 +90,7 @@ std::string ServerMetrics::Render(const EngineStats& stats) const {
       "# HELP pdserve:num_preemptions_total Sequences preempted for lack of KV pages.\n"
       "# TYPE pdserve:num_preemptions_total counter\npdserve:num_preemptions_total {}\n",
       stats.preemptions);
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   out += fmt::format(
       "# HELP pdserve:prompt_tokens_total Prompt tokens processed.\n"
       "# TYPE pdserve:prompt_tokens_total counter\npdserve:prompt_tokens_total {}\n",

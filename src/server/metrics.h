@@ -4,10 +4,10 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "engine/engine.h"
 
 namespace pdserve::server {
@@ -30,25 +30,25 @@ class Histogram {
 class ServerMetrics {
  public:
   ServerMetrics();
-  void ObserveTimeToFirstToken(double seconds);
-  void ObserveInterTokenLatency(double seconds);
-  void ObserveE2eLatency(double seconds);
-  void AddPromptTokens(int64_t n);
-  void AddGenerationTokens(int64_t n);
-  void RequestSucceeded(const std::string& finish_reason);
-  void RequestFailed(int http_status);
+  void ObserveTimeToFirstToken(double seconds) EXCLUDES(mu_);
+  void ObserveInterTokenLatency(double seconds) EXCLUDES(mu_);
+  void ObserveE2eLatency(double seconds) EXCLUDES(mu_);
+  void AddPromptTokens(int64_t n) EXCLUDES(mu_);
+  void AddGenerationTokens(int64_t n) EXCLUDES(mu_);
+  void RequestSucceeded(const std::string& finish_reason) EXCLUDES(mu_);
+  void RequestFailed(int http_status) EXCLUDES(mu_);
   // The whole exposition; gauges come from the engine's latest stats.
-  std::string Render(const EngineStats& stats) const;
+  std::string Render(const EngineStats& stats) const EXCLUDES(mu_);
 
  private:
-  mutable std::mutex mu_;
-  Histogram ttft_;                          // guarded by mu_
-  Histogram itl_;                           // guarded by mu_
-  Histogram e2e_;                           // guarded by mu_
-  int64_t prompt_tokens_ = 0;               // guarded by mu_
-  int64_t generation_tokens_ = 0;           // guarded by mu_
-  std::map<std::string, int64_t> success_;  // by finish reason; guarded by mu_
-  std::map<int, int64_t> errors_;           // by HTTP status; guarded by mu_
+  mutable Mutex mu_;
+  Histogram ttft_ GUARDED_BY(mu_);
+  Histogram itl_ GUARDED_BY(mu_);
+  Histogram e2e_ GUARDED_BY(mu_);
+  int64_t prompt_tokens_ GUARDED_BY(mu_) = 0;
+  int64_t generation_tokens_ GUARDED_BY(mu_) = 0;
+  std::map<std::string, int64_t> success_ GUARDED_BY(mu_);  // by finish reason
+  std::map<int, int64_t> errors_ GUARDED_BY(mu_);           // by HTTP status
 };
 
 }  // namespace pdserve::server

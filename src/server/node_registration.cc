@@ -16,10 +16,10 @@ NodeRegistration::NodeRegistration(std::string router_url, std::string node_url,
 
 NodeRegistration::~NodeRegistration() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   thread_.join();
 }
 
@@ -33,12 +33,19 @@ bool NodeRegistration::RegisterOnce() {
   return res && res->status >= 200 && res->status < 300;
 }
 
+bool NodeRegistration::StopRequestedBy(TimePoint deadline) {
+  MutexLock lock(&mu_);
+  while (!stop_) {
+    if (cv_.WaitUntil(&mu_, deadline) == std::cv_status::timeout) break;
+  }
+  return stop_;
+}
+
 void NodeRegistration::Run() {
   bool last_ok = true;
   bool first = true;
-  std::unique_lock lock(mu_);
-  while (!stop_) {
-    lock.unlock();
+  // The first round registers at once; later ones wait an interval (or for the destructor).
+  for (TimePoint next = Clock::now(); !StopRequestedBy(next); next = Clock::now() + interval_) {
     const bool ok = RegisterOnce();
     if (ok != last_ok || first) {
       if (ok) {
@@ -50,8 +57,6 @@ void NodeRegistration::Run() {
     }
     last_ok = ok;
     first = false;
-    lock.lock();
-    cv_.wait_for(lock, interval_, [this] { return stop_; });
   }
 }
 

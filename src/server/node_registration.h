@@ -5,10 +5,11 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <string>
 #include <thread>
+
+#include "common/clock.h"
+#include "common/mutex.h"
 
 namespace pdserve::server {
 
@@ -21,15 +22,17 @@ class NodeRegistration {
   NodeRegistration& operator=(const NodeRegistration&) = delete;
 
  private:
-  void Run();
+  void Run() EXCLUDES(mu_);
   bool RegisterOnce();
+  // Waits until the destructor asks to stop or `deadline` passes; true if asked to stop.
+  bool StopRequestedBy(TimePoint deadline) EXCLUDES(mu_);
 
   const std::string router_url_;
   const std::string node_url_;
   const std::chrono::milliseconds interval_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

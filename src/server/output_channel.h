@@ -4,39 +4,42 @@
 // callback after the HTTP side gave up is harmless.
 #pragma once
 
-#include <condition_variable>
-#include <mutex>
 #include <vector>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "engine/request.h"
 
 namespace pdserve::server {
 
 class OutputChannel {
  public:
-  void Push(const RequestOutput& out) {
+  void Push(const RequestOutput& out) EXCLUDES(mu_) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       pending_.push_back(out);
     }
-    cv_.notify_one();
+    cv_.NotifyOne();
   }
 
   // Moves every pending output into *outs (cleared first). Waits until there is one or the
   // deadline passes; returns false on timeout with *outs empty.
-  bool Wait(std::vector<RequestOutput>* outs, Deadline deadline) {
+  bool Wait(std::vector<RequestOutput>* outs, Deadline deadline) EXCLUDES(mu_) {
     outs->clear();
-    std::unique_lock lock(mu_);
-    if (!cv_.wait_until(lock, deadline.at(), [&] { return !pending_.empty(); })) return false;
+    MutexLock lock(&mu_);
+    while (pending_.empty()) {
+      if (cv_.WaitUntil(&mu_, deadline.at()) == std::cv_status::timeout && pending_.empty()) {
+        return false;
+      }
+    }
     outs->swap(pending_);
     return true;
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<RequestOutput> pending_;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<RequestOutput> pending_ GUARDED_BY(mu_);
 };
 
 }  // namespace pdserve::server

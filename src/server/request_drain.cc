@@ -16,19 +16,19 @@ double SecondsBetween(TimePoint from, TimePoint to) {
 }  // namespace
 
 void LiveRequests::Add(const std::string& id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   ids_.insert(id);
   waiting_.fetch_add(1);
 }
 
 void LiveRequests::Remove(const std::string& id, bool still_waiting) {
   if (still_waiting) waiting_.fetch_sub(1);
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   ids_.erase(id);
 }
 
 std::vector<std::string> LiveRequests::Ids() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return {ids_.begin(), ids_.end()};
 }
 

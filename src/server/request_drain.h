@@ -13,13 +13,13 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "engine/engine.h"
 #include "engine/request.h"
@@ -33,17 +33,17 @@ namespace pdserve::server {
 class LiveRequests {
  public:
   // Adds `id`, counted as waiting for its first output.
-  void Add(const std::string& id);
+  void Add(const std::string& id) EXCLUDES(mu_);
   // Removes `id`; `still_waiting` says whether it never got a first output.
-  void Remove(const std::string& id, bool still_waiting);
+  void Remove(const std::string& id, bool still_waiting) EXCLUDES(mu_);
   // One request got its first output.
   void FirstOutput() { waiting_.fetch_sub(1); }
   int waiting() const { return waiting_.load(); }
-  std::vector<std::string> Ids() const;
+  std::vector<std::string> Ids() const EXCLUDES(mu_);
 
  private:
-  mutable std::mutex mu_;
-  std::set<std::string> ids_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::set<std::string> ids_ GUARDED_BY(mu_);
   std::atomic<int> waiting_{0};
 };
 

@@ -26,5 +26,15 @@ TEST(DTypeTest, F16RoundTripsRepresentableValues) {
   EXPECT_EQ(F16ToF32(0x3555), 0.333251953125f);
 }
 
+TEST(DTypeTest, FlagNamesRoundTripAndRejectOthers) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    EXPECT_EQ(ParseDTypeFlag(DTypeFlagName(t)), t) << DTypeName(t);
+  }
+  EXPECT_EQ(DTypeFlagName(DType::kBF16), "bf16");
+  for (const char* bad : {"", "auto", "BF16", "fp32", "bf16 "}) {
+    EXPECT_FALSE(ParseDTypeFlag(bad).has_value()) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace pdserve

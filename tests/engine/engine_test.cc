@@ -127,6 +127,30 @@ TEST(EngineInvarianceTest, PreemptionUnderPagePressureReproducesTheSameTokens) {
   EXPECT_EQ(tight.engine().page_pool().used(), 0);
 }
 
+// The KV cache type follows the weights unless chosen, and a type the cache cannot hold is an
+// error when the model is loaded, not a crash in the attention kernel.
+TEST(EngineTest, KvCacheDTypeFollowsTheWeightsUnlessChosen) {
+  const std::string dir = testing::SyntheticModelDir("tiny", DType::kF32);
+  ModelDirOptions options;
+  options.load_tokenizer = false;
+  auto as_weights = LoadModelDir(dir, options);
+  ASSERT_TRUE(as_weights.ok()) << as_weights.status().ToString();
+  EXPECT_EQ(as_weights->transformer->kv_dtype(), DType::kF32);
+  EXPECT_EQ(as_weights->transformer->MakeKvLayout(4, 16).dtype, DType::kF32);
+
+  options.transformer.kv_dtype = DType::kBF16;
+  auto chosen = LoadModelDir(dir, options);
+  ASSERT_TRUE(chosen.ok()) << chosen.status().ToString();
+  EXPECT_EQ(chosen->transformer->kv_dtype(), DType::kBF16);
+
+  options.transformer.kv_dtype = DType::kF16;
+  auto refused = LoadModelDir(dir, options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().ToString().find("f16"), std::string::npos)
+      << refused.status().ToString();
+}
+
 TEST(EngineTest, CancelFreesPagesAndEndsTheRequest) {
   const std::string dir = testing::SyntheticModelDir("tiny", DType::kBF16);
   EngineFixture fx(dir, {.page_tokens = 4, .max_batch_tokens = 16});

@@ -215,7 +215,7 @@ std::vector<float> RunAttention(const AttentionCase& c, int page_tokens, bool to
                   .num_kv_heads = c.kv_heads,
                   .head_dim = c.head_dim,
                   .page_tokens = page_tokens,
-                  .dtype = KvDType::kF32,
+                  .dtype = DType::kF32,
                   .num_pages = pages + 3};
   auto cache = KvCache::Create(layout);
   EXPECT_TRUE(cache.ok());
@@ -388,7 +388,7 @@ std::vector<float> RunEveryKernel() {
     kernels::ApplyRope(rope.data(), 2, 20, x.data(), x.data() + 10);
     append(rope);
   }
-  for (KvDType dtype : {KvDType::kF32, KvDType::kBF16}) {  // attention, both cache types
+  for (DType dtype : {DType::kF32, DType::kBF16}) {  // attention, both cache types
     const AttentionCase c = MakeCase({6, 2, 72, 45});
     KvLayout layout{.num_layers = 1,
                     .num_kv_heads = c.kv_heads,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -73,7 +74,7 @@ TEST(KvLayoutTest, HndOffsetsKeepHeadsContiguous) {
              .num_kv_heads = 4,
              .head_dim = 8,
              .page_tokens = 16,
-             .dtype = KvDType::kBF16,
+             .dtype = DType::kBF16,
              .num_pages = 5};
   EXPECT_EQ(l.head_bytes(), 16u * 8 * 2);
   EXPECT_EQ(l.block_bytes(), 2 * 4 * l.head_bytes());
@@ -94,7 +95,7 @@ TEST(KvCacheTest, StorageIsZeroedAndSharedThroughTheFd) {
              .num_kv_heads = 2,
              .head_dim = 4,
              .page_tokens = 4,
-             .dtype = KvDType::kF32,
+             .dtype = DType::kF32,
              .num_pages = 3};
   auto cache = KvCache::Create(l);
   ASSERT_TRUE(cache.ok()) << cache.status().ToString();
@@ -104,6 +105,19 @@ TEST(KvCacheTest, StorageIsZeroedAndSharedThroughTheFd) {
   c.Block(1, 2, true)[0] = 7;
   EXPECT_EQ(c.base()[l.BlockOffset(1, 2) + l.half_block_bytes()], 7);
   EXPECT_GE(c.fd(), 0);
+}
+
+TEST(KvCacheTest, RefusesAnElementTypeTheKernelsCannotRead) {
+  KvLayout l{.num_layers = 1,
+             .num_kv_heads = 1,
+             .head_dim = 4,
+             .page_tokens = 4,
+             .dtype = DType::kF16,
+             .num_pages = 2};
+  auto cache = KvCache::Create(l);
+  ASSERT_FALSE(cache.ok());
+  EXPECT_EQ(cache.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(cache.status().ToString().find("f16"), std::string::npos) << cache.status().ToString();
 }
 
 }  // namespace

@@ -19,7 +19,7 @@ constexpr int kPageTokens = 3;
 constexpr int kSourcePages = 7;
 constexpr int kDestinationPages = 9;
 
-KvSideLayout MakeSide(int kv_heads, int tp, int num_pages, KvDType dtype = KvDType::kBF16) {
+KvSideLayout MakeSide(int kv_heads, int tp, int num_pages, DType dtype = DType::kBF16) {
   auto shards = KvShardLayout::ForTensorParallel(kv_heads, tp);
   EXPECT_TRUE(shards.ok()) << shards.status().ToString();
   KvSideLayout side{.shards = *shards, .ranks = {}};
@@ -65,12 +65,12 @@ struct Config {
   int source_tp;
   int destination_tp;
   int kv_heads;
-  KvDType dtype;
+  DType dtype;
 };
 
 std::string Name(const Config& c) {
   return "P" + std::to_string(c.source_tp) + "->D" + std::to_string(c.destination_tp) +
-         " kv_heads=" + std::to_string(c.kv_heads) + (c.dtype == KvDType::kF32 ? " f32" : " bf16");
+         " kv_heads=" + std::to_string(c.kv_heads) + " " + std::string(DTypeFlagName(c.dtype));
 }
 
 std::vector<Config> AllConfigs() {
@@ -79,7 +79,7 @@ std::vector<Config> AllConfigs() {
   std::vector<Config> configs;
   for (auto [p, d] : tps) {
     for (int kv : {2, 4, 8}) {
-      for (KvDType dtype : {KvDType::kBF16, KvDType::kF32}) configs.push_back({p, d, kv, dtype});
+      for (DType dtype : {DType::kBF16, DType::kF32}) configs.push_back({p, d, kv, dtype});
     }
   }
   return configs;
@@ -252,7 +252,7 @@ TEST(TransferPlanTest, RefusesMismatchedPagesAndDtypes) {
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("page_tokens"), std::string::npos) << r.status().ToString();
 
-  other = MakeSide(4, 1, 8, KvDType::kF32);
+  other = MakeSide(4, 1, 8, DType::kF32);
   r = TransferPlan::Create(source, other);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("dtype is bf16 on source rank 0 but f32"), std::string::npos)
@@ -347,15 +347,20 @@ TEST(KvLayoutTest, ValidateRefusesOutOfRangeAndOverflowingLayouts) {
              .num_kv_heads = 2,
              .head_dim = 64,
              .page_tokens = 16,
-             .dtype = KvDType::kBF16,
+             .dtype = DType::kBF16,
              .num_pages = 10};
   EXPECT_TRUE(l.Validate().ok());
   KvLayout bad = l;
   bad.head_dim = 0;
   EXPECT_FALSE(bad.Validate().ok());
   bad = l;
-  bad.dtype = static_cast<KvDType>(7);
+  bad.dtype = static_cast<DType>(7);
   EXPECT_FALSE(bad.Validate().ok());
+  bad = l;
+  bad.dtype = DType::kF16;  // a real element type, but not one the KV cache holds
+  Status f16 = bad.Validate();
+  EXPECT_FALSE(f16.ok());
+  EXPECT_NE(f16.ToString().find("f16"), std::string::npos) << f16.ToString();
   bad = l;
   bad.num_layers = 4096;
   bad.num_kv_heads = 4096;

@@ -23,7 +23,7 @@ NodeInfo SampleNode(int kv_heads, int tp) {
                                   .num_kv_heads = shards->heads(r).size(),
                                   .head_dim = 128,
                                   .page_tokens = 16,
-                                  .dtype = r % 2 ? KvDType::kF32 : KvDType::kBF16,
+                                  .dtype = r % 2 ? DType::kF32 : DType::kBF16,
                                   .num_pages = 1000 + r});
     n.rank_memory.push_back(std::string("\x00\x01key", 5) + std::to_string(r));
   }
@@ -248,9 +248,15 @@ TEST(ProtocolTest, OutOfRangeValuesAreRefusedOnDecode) {
   bytes = hello;
   PatchU32(&bytes, ranks_at, 1);  // rank 0 now holds [1, 4), overlapping nobody's start
   ExpectRefused(bytes, "rank 0 heads");
+  // Protocol version 1 spells a layout's dtype 0 for f32 and 1 for bf16, whatever DType's order.
+  EXPECT_EQ(finish.node.kv.ranks[0].dtype, DType::kBF16);
+  EXPECT_EQ(hello[ranks_at + 8 + 16], 1);
   bytes = hello;
   bytes[ranks_at + 8 + 16] = 9;  // rank 0 dtype
   ExpectRefused(bytes, "dtype 9");
+  bytes = hello;
+  bytes[ranks_at + 8 + 16] = 2;  // no KV dtype has code 2 (DType::kF16's value)
+  ExpectRefused(bytes, "dtype 2");
   bytes = hello;
   PatchU32(&bytes, ranks_at + 8 + 8, 0);  // rank 0 head_dim 0
   ExpectRefused(bytes, "head_dim 0");
@@ -281,6 +287,9 @@ TEST(ProtocolTest, EncoderRefusesWhatTheDecoderWould) {
   NodeInfo node = SampleNode(4, 2);
   node.rank_memory.pop_back();
   refused(HelloFinish{.proof = {}, .node = node}, "descriptor missing");
+  node = SampleNode(4, 2);
+  node.kv.ranks[1].dtype = DType::kF16;
+  refused(HelloFinish{.proof = {}, .node = node}, "f16 KV layout");
   refused(WriteFailed{.request_id = 1, .reason = std::string(kMaxTextBytes + 1, 'x')},
           "reason too long");
   // Within every count cap but over the message cap.

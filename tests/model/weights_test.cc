@@ -181,17 +181,23 @@ TEST(WeightsTest, F16BecomesBf16WithCorrectValues) {
 TEST(WeightsTest, ForcedDtypes) {
   ModelConfig c = SmallConfig(Architecture::kLlama, true);
   Checkpoint bf16 = WriteCheckpoint(DType::kBF16, CheckpointShapes(c));
-  Result<ModelWeights> w = LoadWeights(c, bf16.dir, WeightDType::kF32);
+  Result<ModelWeights> w = LoadWeights(c, bf16.dir, DType::kF32);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   EXPECT_EQ(w->embed.dtype(), DType::kF32);
   EXPECT_EQ(w->embed.as<float>()[7], StoredValue(bf16, "model.embed_tokens.weight", 7));
 
   Checkpoint f32 = WriteCheckpoint(DType::kF32, CheckpointShapes(c));
-  w = LoadWeights(c, f32.dir, WeightDType::kBF16);
+  w = LoadWeights(c, f32.dir, DType::kBF16);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   EXPECT_EQ(w->embed.dtype(), DType::kBF16);
   EXPECT_EQ(w->embed.as<uint16_t>()[7],
             F32ToBF16(StoredValue(f32, "model.embed_tokens.weight", 7)));
+
+  // F16 is a checkpoint type, but no kernel multiplies F16 matrices: a clear error, not a crash.
+  w = LoadWeights(c, f32.dir, DType::kF16);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(w.status().ToString().find("f16"), std::string::npos) << w.status().ToString();
 }
 
 TEST(WeightsTest, TiedAndUntiedOutput) {

@@ -9,9 +9,11 @@
 namespace pdserve::testing {
 namespace {
 
-// The pdserve binary with `args`, stdout on a pipe (stderr stays the test's).
-Result<Subprocess> Spawn(const std::vector<std::string>& args) {
+// The pdserve binary with `args` and `env`, stdout on a pipe (stderr stays the test's).
+Result<Subprocess> Spawn(const std::vector<std::string>& args,
+                         const std::vector<std::pair<std::string, std::string>>& env = {}) {
   SubprocessOptions options;
+  options.env = env;
   options.argv = {BinaryPath("src/cli/pdserve")};
   options.argv.insert(options.argv.end(), args.begin(), args.end());
   options.stdout_mode = StdStream::kPipe;
@@ -37,10 +39,11 @@ std::string RunPdserve(const std::vector<std::string>& args, int* exit_code) {
 }
 
 NodeProcess::NodeProcess(const std::string& model_dir, const std::vector<std::string>& extra_args,
-                         const std::string& listen) {
+                         const std::string& listen,
+                         const std::vector<std::pair<std::string, std::string>>& env) {
   std::vector<std::string> args = {"serve", "--listen", listen, "--model", model_dir};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
-  auto process = Spawn(args);
+  auto process = Spawn(args, env);
   if (!process.ok()) {
     error_ = "cannot spawn pdserve: " + process.status().ToString();
     return;

@@ -8,6 +8,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <httplib.h>
@@ -25,11 +26,13 @@ std::string RunPdserve(const std::vector<std::string>& args, int* exit_code);
 
 class NodeProcess {
  public:
-  // Starts `pdserve serve --listen LISTEN --model DIR <extra>` and waits (30 s) for its
-  // "ready on" line. On failure, ok() is false and error() says why. LISTEN is any free port
-  // unless given (a restarted node reuses its predecessor's address).
+  // Starts `pdserve serve --listen LISTEN --model DIR <extra>` (with `env` set on top of this
+  // process's environment) and waits (30 s) for its "ready on" line. On failure, ok() is false
+  // and error() says why. LISTEN is any free port unless given (a restarted node reuses its
+  // predecessor's address).
   NodeProcess(const std::string& model_dir, const std::vector<std::string>& extra_args,
-              const std::string& listen = "127.0.0.1:0");
+              const std::string& listen = "127.0.0.1:0",
+              const std::vector<std::pair<std::string, std::string>>& env = {});
   NodeProcess(const NodeProcess&) = delete;
   NodeProcess& operator=(const NodeProcess&) = delete;
 
