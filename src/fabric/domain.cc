@@ -487,10 +487,11 @@ void Domain::HandleCompletion(const fi_cq_data_entry& entry, fi_addr_t source) {
     PeerId from = kUnknownPeer;
     if (has_source_ && source != FI_ADDR_NOTAVAIL) {
       auto it = source_to_peer_.find(source);
-      if (it != source_to_peer_.end()) {
-        if (!peers_[it->second].active) return;  // from a removed peer: dropped
-        from = it->second;
-      }
+      // An arrival attributed to a removed peer still counts: the immediate's slot and
+      // generation (not its source) keep an abandoned attempt from completing a later one, and
+      // the tcp provider was seen to attribute a live peer's writes to a removed peer's address
+      // entry (a retried request then never completed; docs/fabric.md).
+      if (it != source_to_peer_.end() && peers_[it->second].active) from = it->second;
     }
     events_->OnImmediate(from, static_cast<uint32_t>(entry.data));
     return;

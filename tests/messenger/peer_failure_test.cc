@@ -105,15 +105,14 @@ void ExpectRestartedPrefillUsed(bool mid_transfer) {
   ExpectNodeDrained(prefill->port());
 }
 
-// Fails today (both variants): the restarted node's handshake completes, but its KV writes
-// never count on the decode node: the fabric attributes their immediates (FI_SOURCE) to the
-// removed predecessor's address-vector entry and drops them ("immediate from removed peer"),
-// although the two endpoint names differ. See docs/messenger.md, "Left to do".
-TEST(MessengerPeerFailureTest, DISABLED_RestartedPrefillIsHandshakenAndUsedAgain) {
+// Both variants once failed: the restarted node's KV writes never counted on the decode node,
+// because the fabric attributed their immediates (FI_SOURCE) to the removed predecessor's
+// address-vector entry and dropped them. Arrivals now count whatever their source.
+TEST(MessengerPeerFailureTest, RestartedPrefillIsHandshakenAndUsedAgain) {
   ExpectRestartedPrefillUsed(/*mid_transfer=*/false);
 }
 
-TEST(MessengerPeerFailureTest, DISABLED_PrefillKilledMidTransferThenRestartedIsUsedAgain) {
+TEST(MessengerPeerFailureTest, PrefillKilledMidTransferThenRestartedIsUsedAgain) {
   ExpectRestartedPrefillUsed(/*mid_transfer=*/true);
 }
 
