@@ -5,6 +5,7 @@
 #include "common/logging.h"
 #include "messenger/immediate.h"
 #include "messenger/node_info.h"
+#include "messenger/send_control.h"
 
 namespace pdserve::messenger {
 
@@ -343,22 +344,7 @@ void PrefillMessenger::Tick() {
 }
 
 void PrefillMessenger::SendTo(fabric::PeerId peer, const Message& message) {
-  Result<std::string> bytes = EncodeMessage(message);
-  if (!bytes.ok()) {
-    PD_LOG_ERROR("cannot encode {}: {}", MessageTypeName(TypeOf(message)),
-                 bytes.status().ToString());
-    return;
-  }
-  Status s = fabric_->Send(peer, std::as_bytes(std::span(bytes->data(), bytes->size())),
-                           fabric::Completion{.callback =
-                                                  [](const Status& st) {
-                                                    if (!st.ok())
-                                                      PD_LOG_DEBUG("control message lost: {}",
-                                                                   st.ToString());
-                                                  },
-                                              .counter = nullptr},
-                           Deadline::After(options_.peer_timeout));
-  if (!s.ok()) PD_LOG_DEBUG("cannot send {}: {}", MessageTypeName(TypeOf(message)), s.ToString());
+  SendControlMessage(*fabric_, peer, message, options_.peer_timeout);
 }
 
 void PrefillMessenger::PublishStats() {
