@@ -334,6 +334,39 @@ void WidenBF16(const uint16_t* src, float* dst, int64_t n) {
   }
 }
 
+// rows [n][cols] -> dst [cols][stride] in 8 x 8 blocks (values are copied, so any order gives
+// the same bits); rows past n load as zeros, which fills positions n..stride-1.
+void TransposeRows(const float* rows, int64_t n, int cols, float* dst, int64_t stride) {
+  for (int64_t r0 = 0; r0 < stride; r0 += 8) {
+    for (int c0 = 0; c0 < cols; c0 += 8) {
+      const int64_t live_cols = cols - c0;
+      __m256 v[8];
+      for (int i = 0; i < 8; ++i) {
+        v[i] = r0 + i < n ? LoadTail(rows + (r0 + i) * cols + c0, live_cols) : _mm256_setzero_ps();
+      }
+      // Pairs of rows interleaved, then pairs of pairs, then the 128-bit halves.
+      __m256 a[8], b[8];
+      for (int i = 0; i < 8; i += 2) {
+        a[i] = _mm256_unpacklo_ps(v[i], v[i + 1]);
+        a[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
+      }
+      for (int i = 0; i < 8; i += 4) {
+        b[i] = _mm256_shuffle_ps(a[i], a[i + 2], 0x44);
+        b[i + 1] = _mm256_shuffle_ps(a[i], a[i + 2], 0xee);
+        b[i + 2] = _mm256_shuffle_ps(a[i + 1], a[i + 3], 0x44);
+        b[i + 3] = _mm256_shuffle_ps(a[i + 1], a[i + 3], 0xee);
+      }
+      for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_permute2f128_ps(b[i], b[i + 4], 0x20);
+        v[i + 4] = _mm256_permute2f128_ps(b[i], b[i + 4], 0x31);
+      }
+      for (int i = 0; i < 8 && i < live_cols; ++i) {
+        _mm256_storeu_ps(dst + (c0 + i) * stride + r0, v[i]);
+      }
+    }
+  }
+}
+
 // e^x, 8 lanes: the avx512 path's Exp512 step for step. vscalefps (p * 2^n, one rounding) is
 // p * 2^n by exponent bits for n >= -126; below, where the result is denormal, p * 2^(n + 64)
 // (exact) times 2^-64 rounds once as well.
@@ -486,7 +519,7 @@ const KernelTable kAvx2Kernels = {
     .apply_rope = ApplyRope,
     .silu_mul = SiluMul,
     .widen_bf16 = WidenBF16,
-    .transpose_rows = TransposeRowsScalar,
+    .transpose_rows = TransposeRows,
     .attend_heads = AttendHeads,
 };
 }  // namespace internal
