@@ -53,6 +53,11 @@ ApiError ApiError::UriTooLong() {
   return Make(414, kInvalidRequest, "uri_too_long", "request URI too long");
 }
 
+ApiError ApiError::HeaderTooLarge() {
+  return Make(431, kInvalidRequest, "request_header_fields_too_large",
+              "a request header is too large");
+}
+
 ApiError ApiError::RateLimited(std::string message) {
   return Make(429, "rate_limit_error", "rate_limit_exceeded", std::move(message));
 }
@@ -85,6 +90,8 @@ ApiError ApiError::ForHttpStatus(int http_status) {
       return PayloadTooLarge();
     case 414:
       return UriTooLong();
+    case 431:
+      return HeaderTooLarge();
     default:
       if (http_status >= 500) {
         ApiError e = Internal("internal error");

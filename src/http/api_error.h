@@ -39,6 +39,8 @@ struct ApiError {
   static ApiError ContextLengthExceeded(std::string message, std::string param = "");
   // 414 uri_too_long.
   static ApiError UriTooLong();
+  // 431 request_header_fields_too_large: a header line over the server's limit.
+  static ApiError HeaderTooLarge();
   // 429 rate_limit_error (sent with Retry-After).
   static ApiError RateLimited(std::string message);
   // 503 server_overloaded: too much queued work (sent with Retry-After).

@@ -112,18 +112,20 @@ void Router::InstallRoutes() {
   auto forward = [this](const httplib::Request& req, httplib::Response& res) {
     HandleForward(req, res);
   };
+  std::vector<http::PostRoute> posts;
   for (const char* path : {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"}) {
-    server_.Post(path, forward);
+    posts.push_back({path, forward});
   }
+  posts.push_back(
+      {"/internal/register",
+       [this](const httplib::Request& req, httplib::Response& res) { HandleRegister(req, res); }});
+  http::AddPostRoutes(server_, options_.max_body_bytes, std::move(posts));
   server_.Get("/v1/models", forward);
   server_.Get("/v1/models/(.+)", forward);
   server_.Get("/health",
               [this](const httplib::Request&, httplib::Response& res) { HandleHealth(res); });
   server_.Get("/metrics",
               [this](const httplib::Request&, httplib::Response& res) { HandleMetrics(res); });
-  server_.Post("/internal/register", [this](const httplib::Request& req, httplib::Response& res) {
-    HandleRegister(req, res);
-  });
 }
 
 void Router::HandleForward(const httplib::Request& req, httplib::Response& res) {
