@@ -45,7 +45,7 @@ ApiError ApiError::PayloadTooLarge() {
 }
 
 ApiError ApiError::ContextLengthExceeded(std::string message, std::string param) {
-  return Make(413, kInvalidRequest, "context_length_exceeded", std::move(message),
+  return Make(400, kInvalidRequest, "context_length_exceeded", std::move(message),
               std::move(param));
 }
 
