@@ -45,12 +45,17 @@ ApiError ApiError::PayloadTooLarge() {
 }
 
 ApiError ApiError::ContextLengthExceeded(std::string message, std::string param) {
-  return Make(413, kInvalidRequest, "context_length_exceeded", std::move(message),
+  return Make(400, kInvalidRequest, "context_length_exceeded", std::move(message),
               std::move(param));
 }
 
 ApiError ApiError::UriTooLong() {
   return Make(414, kInvalidRequest, "uri_too_long", "request URI too long");
+}
+
+ApiError ApiError::HeaderTooLarge() {
+  return Make(431, kInvalidRequest, "request_header_fields_too_large",
+              "a request header is too large");
 }
 
 ApiError ApiError::RateLimited(std::string message) {
@@ -85,6 +90,8 @@ ApiError ApiError::ForHttpStatus(int http_status) {
       return PayloadTooLarge();
     case 414:
       return UriTooLong();
+    case 431:
+      return HeaderTooLarge();
     default:
       if (http_status >= 500) {
         ApiError e = Internal("internal error");

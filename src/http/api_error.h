@@ -35,10 +35,13 @@ struct ApiError {
   static ApiError MethodNotAllowed();
   // 413 payload_too_large: the body exceeds the server's limit.
   static ApiError PayloadTooLarge();
-  // 413 context_length_exceeded: the prompt does not fit the model.
+  // 400 context_length_exceeded: the prompt does not fit the model (400, as OpenAI and vLLM
+  // answer it: SDKs raise BadRequestError with the code).
   static ApiError ContextLengthExceeded(std::string message, std::string param = "");
   // 414 uri_too_long.
   static ApiError UriTooLong();
+  // 431 request_header_fields_too_large: a header line over the server's limit.
+  static ApiError HeaderTooLarge();
   // 429 rate_limit_error (sent with Retry-After).
   static ApiError RateLimited(std::string message);
   // 503 server_overloaded: too much queued work (sent with Retry-After).
@@ -55,8 +58,8 @@ struct ApiError {
   // Another 4xx/5xx status with no more specific constructor (httplib's own parse errors).
   static ApiError ForHttpStatus(int http_status);
   // Maps an engine/model Status to what a client should see: InvalidArgument -> 400,
-  // OutOfRange -> 413, ResourceExhausted/Unavailable -> 503, DeadlineExceeded -> 504,
-  // Cancelled -> 503 "cancelled", anything else -> 500.
+  // OutOfRange -> 400 context_length_exceeded, ResourceExhausted/Unavailable -> 503,
+  // DeadlineExceeded -> 504, Cancelled -> 503 "cancelled", anything else -> 500.
   static ApiError FromStatus(const Status& status);
 
   // Whether a client should retry after a pause (429, 503): answers carry Retry-After.

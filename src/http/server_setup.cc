@@ -2,13 +2,20 @@
 
 #include <dirent.h>
 #include <netinet/in.h>
+#include <strings.h>
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <exception>
+#include <memory>
+#include <optional>
+#include <utility>
 
 #include "common/logging.h"
+#include "http/lingering_close.h"
 #include "http/request_id.h"
 
 namespace pdserve::http {
@@ -58,12 +65,97 @@ void RaiseListenBacklog(int port, int backlog) {
   closedir(dir);
 }
 
+// The declared body length, or nullopt without a (numeric) Content-Length.
+std::optional<uint64_t> DeclaredLength(const httplib::Request& req) {
+  if (!req.has_header("Content-Length")) return std::nullopt;
+  const std::string value = req.get_header_value("Content-Length");
+  if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos) {
+    return std::nullopt;
+  }
+  errno = 0;
+  const uint64_t n = std::strtoull(value.c_str(), nullptr, 10);
+  return errno == ERANGE ? UINT64_MAX : n;
+}
+
+// Whether httplib failed reading the request's head, before routing (the pre-routing handler,
+// which sets the request id, has not run): its rest is unread, so the connection must close.
+bool HeadUnreadable(const httplib::Response& res) {
+  return res.status == 400 && !res.has_header(kRequestIdHeader);
+}
+
+// Of those failures, a bad request line leaves req.path empty; the others are a header line
+// over CPPHTTPLIB_HEADER_MAX_LENGTH or a head cut short (the client went away: no one reads
+// the answer).
+bool HeaderTooLarge(const httplib::Request& req) { return !req.path.empty(); }
+
+// Reads the request body through `read`, stopping once it exceeds `max_bytes`. A request
+// with neither Content-Length nor chunked framing has no body (RFC 9112 6.3); httplib would
+// read one until the client closes.
+enum class BodyRead { kComplete, kTooLarge, kBroken };
+BodyRead ReadBody(const httplib::Request& req, const httplib::ContentReader& read, size_t max_bytes,
+                  std::string* body) {
+  if (!req.has_header("Content-Length") &&
+      strcasecmp(req.get_header_value("Transfer-Encoding").c_str(), "chunked") != 0) {
+    return BodyRead::kComplete;
+  }
+  bool too_large = false;
+  const bool complete = read([&](const char* data, size_t size) {
+    if (size > max_bytes - body->size()) {
+      too_large = true;
+      return false;
+    }
+    body->append(data, size);
+    return true;
+  });
+  if (too_large) return BodyRead::kTooLarge;
+  return complete ? BodyRead::kComplete : BodyRead::kBroken;
+}
+
+// Runs last, on the answer's head. HTTP/1.0 knows no chunked framing: a stream goes out as it
+// is, ended by closing the connection. httplib closes after the answer unless the client sent
+// "Connection: Keep-Alive" (compared exactly, as httplib does); then the stream ends with the
+// keep-alive timeout. An answer that closes the connection says so once, without Keep-Alive.
+void FinishHead(const httplib::Request& req, httplib::Response& res) {
+  if (req.version == "HTTP/1.0") {
+    if (res.is_chunked_content_provider_) {
+      res.is_chunked_content_provider_ = false;
+      res.headers.erase("Transfer-Encoding");
+    }
+    if (req.get_header_value("Connection") != "Keep-Alive") res.set_header("Connection", "close");
+  }
+  if (res.get_header_value("Connection") == "close") {
+    res.headers.erase("Connection");
+    res.headers.erase("Keep-Alive");
+    res.set_header("Connection", "close");
+  }
+}
+
 }  // namespace
 
 void SendError(httplib::Response& res, const ApiError& error) {
   res.status = error.http_status;
   if (error.retry_later()) res.set_header("Retry-After", "1");
   res.set_content(error.ToJson(), "application/json");
+}
+
+void SendErrorAndClose(const httplib::Request& req, httplib::Response& res, const ApiError& error) {
+  res.status = error.http_status;
+  if (error.retry_later()) res.set_header("Retry-After", "1");
+  res.set_header("Connection", "close");
+  auto body = std::make_shared<const std::string>(error.ToJson());
+  // httplib 0.11 closes a connection only when the client asked or a write failed: a provider
+  // that writes the whole answer and then reports failure sends it and ends the connection,
+  // after a lingering drain so that a client still sending its body reads the answer.
+  res.set_content_provider(body->size(), "application/json",
+                           [body, local = req.local_port, remote = req.remote_port](
+                               size_t offset, size_t length, httplib::DataSink& sink) {
+                             if (sink.write(body->data() + offset, length)) {
+                               if (const int fd = FindConnectedSocket(local, remote); fd >= 0) {
+                                 DrainBeforeClose(fd, LingerLimits{});
+                               }
+                             }
+                             return false;
+                           });
 }
 
 std::string RequestIdOf(const httplib::Response& res) {
@@ -84,9 +176,16 @@ void ConfigureServer(httplib::Server& server, const ServerConfig& config) {
   // wait for an ACK.
   server.set_tcp_nodelay(true);
 
-  server.set_pre_routing_handler([api_key = config.api_key, open_paths = config.open_paths](
-                                     const httplib::Request& req, httplib::Response& res) {
+  server.set_pre_routing_handler([api_key = config.api_key, open_paths = config.open_paths,
+                                  max_body = config.max_body_bytes](const httplib::Request& req,
+                                                                    httplib::Response& res) {
     res.set_header(kRequestIdHeader, ChooseRequestId(req.get_header_value(kRequestIdHeader)));
+    // Refused from the header, before any of the body is read: httplib itself would read and
+    // discard the declared length first, holding a thread until the read timeout.
+    if (std::optional<uint64_t> length = DeclaredLength(req); length && *length > max_body) {
+      SendErrorAndClose(req, res, ApiError::PayloadTooLarge());
+      return httplib::Server::HandlerResponse::Handled;
+    }
     const bool open = std::find(open_paths.begin(), open_paths.end(), req.path) != open_paths.end();
     if (api_key.empty() || open ||
         SameKey(req.get_header_value("Authorization"), "Bearer " + api_key)) {
@@ -101,6 +200,13 @@ void ConfigureServer(httplib::Server& server, const ServerConfig& config) {
       httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty() || res.content_length_ > 0 || res.is_chunked_content_provider_) {
           return httplib::Server::HandlerResponse::Unhandled;
+        }
+        if (HeadUnreadable(res)) {
+          // Close rather than parse the unread rest as a request.
+          SendErrorAndClose(
+              req, res,
+              HeaderTooLarge(req) ? ApiError::HeaderTooLarge() : ApiError::ForHttpStatus(400));
+          return httplib::Server::HandlerResponse::Handled;
         }
         SendError(res, res.status == 404 ? ApiError::NotFound(req.method, req.path)
                                          : ApiError::ForHttpStatus(res.status));
@@ -118,6 +224,36 @@ void ConfigureServer(httplib::Server& server, const ServerConfig& config) {
         PD_LOG_ERROR("HTTP handler exception: {}", what);
         SendError(res, ApiError::Internal(what));
       });
+  server.set_post_routing_handler(FinishHead);
+}
+
+void AddPostRoutes(httplib::Server& server, size_t max_body_bytes, std::vector<PostRoute> routes) {
+  // Content-reader routes: httplib hands over the body unread, so its size is checked as it
+  // arrives.
+  auto with_body = [max_body_bytes](httplib::Server::Handler handler) {
+    return [max_body_bytes, handler = std::move(handler)](const httplib::Request& req,
+                                                          httplib::Response& res,
+                                                          const httplib::ContentReader& read) {
+      std::string body;
+      switch (ReadBody(req, read, max_body_bytes, &body)) {
+        case BodyRead::kTooLarge:
+          return SendErrorAndClose(req, res, ApiError::PayloadTooLarge());
+        case BodyRead::kBroken:
+          return SendErrorAndClose(req, res, ApiError::ForHttpStatus(400));
+        case BodyRead::kComplete:
+          break;
+      }
+      // The body goes where httplib would have put it, so that the handler and the logger
+      // see the request as usual. httplib's Request is its own non-const object, handed out
+      // as const only: writing it is defined.
+      const_cast<httplib::Request&>(req).body = std::move(body);
+      handler(req, res);
+    };
+  };
+  for (PostRoute& route : routes) server.Post(route.pattern, with_body(std::move(route.handler)));
+  server.Post(".*", with_body([](const httplib::Request& req, httplib::Response& res) {
+                SendError(res, ApiError::NotFound(req.method, req.path));
+              }));
 }
 
 Result<int> BindServer(httplib::Server& server, const std::string& host, int port,

@@ -21,8 +21,10 @@ struct ServerConfig {
   // Each open connection holds one thread (a stream for its whole length): this caps them.
   int threads = 64;
   size_t max_body_bytes = size_t{4} << 20;
+  // Bodies of routes added with AddPostRoute, whatever their framing (Content-Length, chunked,
+  // or until the client closes); larger ones get 413 and the connection closes.
   // Request line and header lines are capped by httplib at build time (8 KiB each,
-  // CPPHTTPLIB_REQUEST_URI_MAX_LENGTH / CPPHTTPLIB_HEADER_MAX_LENGTH); longer ones get 414/400.
+  // CPPHTTPLIB_REQUEST_URI_MAX_LENGTH / CPPHTTPLIB_HEADER_MAX_LENGTH); longer ones get 414/431.
   Duration read_timeout = std::chrono::seconds(30);   // a client silent this long is dropped
   Duration write_timeout = std::chrono::seconds(30);  // a client not reading this long, too
   Duration keep_alive_timeout = std::chrono::seconds(5);
@@ -34,10 +36,26 @@ struct ServerConfig {
   int listen_backlog = 1024;
 };
 
-// Applies `config` to `server` and installs its pre-routing handler (request id, API key),
-// error handler (404/405/413/414/400 from httplib in the OpenAI shape) and exception handler
-// (500). Call before adding routes' own handlers of those kinds (there are none elsewhere).
+// Applies `config` to `server` and installs its pre-routing handler (request id, API key, 413
+// at once for a declared Content-Length over the limit), error handler (404/405/413/414/431/400
+// from httplib in the OpenAI shape), exception handler (500) and post-routing handler (HTTP/1.0
+// clients get streams without chunked framing, ended by closing the connection). Call before
+// adding routes' own handlers of those kinds (there are none elsewhere).
 void ConfigureServer(httplib::Server& server, const ServerConfig& config);
+
+// A POST route: its path pattern (a regex, as httplib::Server::Post takes) and its handler,
+// which sees the request with its body read whole.
+struct PostRoute {
+  std::string pattern;
+  httplib::Server::Handler handler;
+};
+
+// Adds every POST route of `server`, each reading its body under `max_body_bytes` whatever its
+// framing (httplib 0.11 applies its payload limit to Content-Length bodies only and buffers a
+// chunked one whole), then a last route that reads any other POST's body under the same limit
+// and answers 404. Over the limit the client gets 413 and the connection closes without the
+// rest being read. Call once, after ConfigureServer, with all POST routes.
+void AddPostRoutes(httplib::Server& server, size_t max_body_bytes, std::vector<PostRoute> routes);
 
 // Binds host:port (port 0: any free port) and raises the listen backlog to
 // `config.listen_backlog`. Returns the bound port; Unavailable names the address on failure.
@@ -46,6 +64,11 @@ Result<int> BindServer(httplib::Server& server, const std::string& host, int por
 
 // Answers `res` with `error`: its status, JSON body and, for 429/503, Retry-After.
 void SendError(httplib::Response& res, const ApiError& error);
+
+// SendError, then closes the connection: for answers to `req` given before it was read whole
+// (its unread rest would otherwise be parsed as the next request). What the client still
+// sends is read and discarded for a bounded time first (see http/lingering_close.h).
+void SendErrorAndClose(const httplib::Request& req, httplib::Response& res, const ApiError& error);
 
 // The id ConfigureServer's pre-routing handler chose for the request `res` answers.
 std::string RequestIdOf(const httplib::Response& res);

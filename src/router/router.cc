@@ -1,6 +1,7 @@
 #include "router/router.h"
 
 #include <csignal>
+#include <optional>
 #include <sstream>
 #include <utility>
 
@@ -107,18 +108,20 @@ void Router::InstallRoutes() {
   auto forward = [this](const httplib::Request& req, httplib::Response& res) {
     HandleForward(req, res);
   };
+  std::vector<http::PostRoute> posts;
   for (const char* path : {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"}) {
-    server_.Post(path, forward);
+    posts.push_back({path, forward});
   }
+  posts.push_back(
+      {"/internal/register",
+       [this](const httplib::Request& req, httplib::Response& res) { HandleRegister(req, res); }});
+  http::AddPostRoutes(server_, options_.max_body_bytes, std::move(posts));
   server_.Get("/v1/models", forward);
   server_.Get("/v1/models/(.+)", forward);
   server_.Get("/health",
               [this](const httplib::Request&, httplib::Response& res) { HandleHealth(res); });
   server_.Get("/metrics",
               [this](const httplib::Request&, httplib::Response& res) { HandleMetrics(res); });
-  server_.Post("/internal/register", [this](const httplib::Request& req, httplib::Response& res) {
-    HandleRegister(req, res);
-  });
 }
 
 void Router::HandleForward(const httplib::Request& req, httplib::Response& res) {
@@ -133,7 +136,10 @@ void Router::HandleForward(const httplib::Request& req, httplib::Response& res) 
   Outcome outcome;
   outcome.node = "-";
   std::vector<std::string> tried;
-  bool failed = false;  // a node failed and `res` holds what it (or its absence) said
+  // What the last failed attempt would tell the client if no node does better. It is kept
+  // apart from `res` and copied there only once every attempt failed: a retry that succeeds
+  // must carry nothing of it (no second Content-Type, no stale body or Retry-After).
+  std::optional<httplib::Response> failure;
   for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
     std::optional<NodeAddress> node = pool_.Acquire(tried);
     if (!node.has_value()) break;
@@ -141,6 +147,7 @@ void Router::HandleForward(const httplib::Request& req, httplib::Response& res) 
     tried.push_back(node->url);
     outcome.node = node->url;
     outcome.attempts = attempt + 1;
+    failure.emplace();
     auto exchange = UpstreamExchange::Start(*node, upstream, options_.upstream);
     Result<UpstreamHead> head = exchange->WaitHead(Deadline::After(options_.upstream.read));
     if (!head.ok()) {
@@ -148,12 +155,10 @@ void Router::HandleForward(const httplib::Request& req, httplib::Response& res) 
       pool_.Release(node->url);
       if (head.status().code() == StatusCode::kDeadlineExceeded) {
         // The node took the request and went silent: it may still run it, so no retry.
-        SendError(res, ApiError::Timeout(head.status().message(), "upstream_timeout"));
-        failed = true;
+        SendError(*failure, ApiError::Timeout(head.status().message(), "upstream_timeout"));
         break;
       }
-      SendError(res, ApiError::BadGateway(head.status().message(), "upstream_unreachable"));
-      failed = true;
+      SendError(*failure, ApiError::BadGateway(head.status().message(), "upstream_unreachable"));
       continue;
     }
     if (IsRetryableStatus(head->status)) {
@@ -161,11 +166,10 @@ void Router::HandleForward(const httplib::Request& req, httplib::Response& res) 
       // better, and try the next one.
       Result<std::string> body = exchange->ReadAll(Deadline::AfterMs(2000), kErrorBodyLimit);
       pool_.Release(node->url);
-      res.status = head->status;
-      res.set_content(body.ok() ? *body : "",
-                      HeaderOr(head->headers, "Content-Type", "application/json"));
-      CopyReturnedHeaders(*head, res);
-      failed = true;
+      failure->status = head->status;
+      failure->set_content(body.ok() ? *body : "",
+                           HeaderOr(head->headers, "Content-Type", "application/json"));
+      CopyReturnedHeaders(*head, *failure);
       continue;
     }
     if (IsEventStream(*head)) {
@@ -177,24 +181,29 @@ void Router::HandleForward(const httplib::Request& req, httplib::Response& res) 
     pool_.Release(node->url);
     if (!body.ok()) {
       // Broken before the client saw a byte: another node may still answer.
-      SendError(res, ApiError::BadGateway(body.status().message(), "upstream_broken"));
-      failed = true;
+      SendError(*failure, ApiError::BadGateway(body.status().message(), "upstream_broken"));
       continue;
     }
+    failure.reset();
     res.status = head->status;
     res.set_content(std::move(*body), HeaderOr(head->headers, "Content-Type", "application/json"));
     CopyReturnedHeaders(*head, res);
-    failed = false;
     break;
   }
-  if (outcome.attempts == 0 || (failed && res.status == 502 && pool_.HealthyCount() == 0)) {
+  if (outcome.attempts == 0 ||
+      (failure.has_value() && failure->status == 502 && pool_.HealthyCount() == 0)) {
     ++no_healthy_node_;
-    SendError(res, NoHealthyNode("no healthy node to serve the request"));
-    failed = true;
+    failure.emplace();
+    SendError(*failure, NoHealthyNode("no healthy node to serve the request"));
+  }
+  if (failure.has_value()) {
+    res.status = failure->status;
+    for (const auto& [key, value] : failure->headers) res.set_header(key, value);
+    res.body = std::move(failure->body);
   }
   outcome.status = res.status;
   outcome.bytes = res.body.size();
-  outcome.note = failed ? "failed" : "ok";
+  outcome.note = failure.has_value() ? "failed" : "ok";
   Finish(request_id, req, start, outcome);
 }
 

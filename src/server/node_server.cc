@@ -396,12 +396,21 @@ NodeServer::NodeServer(NodeServerOptions options)
   impl->http_config.max_body_bytes = impl->options.max_body_bytes;
   impl->http_config.api_key = impl->options.api_key;
   http::ConfigureServer(*http_, impl->http_config);
-  http_->Post("/v1/completions", [impl](const httplib::Request& req, httplib::Response& res) {
-    impl->HandleGenerate(ApiKind::kCompletion, req, res);
-  });
-  http_->Post("/v1/chat/completions", [impl](const httplib::Request& req, httplib::Response& res) {
-    impl->HandleGenerate(ApiKind::kChat, req, res);
-  });
+  std::vector<http::PostRoute> posts;
+  posts.push_back({"/v1/completions", [impl](const httplib::Request& req, httplib::Response& res) {
+                     impl->HandleGenerate(ApiKind::kCompletion, req, res);
+                   }});
+  posts.push_back(
+      {"/v1/chat/completions", [impl](const httplib::Request& req, httplib::Response& res) {
+         impl->HandleGenerate(ApiKind::kChat, req, res);
+       }});
+  posts.push_back({"/tokenize", [impl](const httplib::Request& req, httplib::Response& res) {
+                     impl->HandleTokenize(req, res);
+                   }});
+  posts.push_back({"/detokenize", [impl](const httplib::Request& req, httplib::Response& res) {
+                     impl->HandleDetokenize(req, res);
+                   }});
+  http::AddPostRoutes(*http_, impl->http_config.max_body_bytes, std::move(posts));
   http_->Get("/v1/models",
              [impl](const httplib::Request&, httplib::Response& res) { impl->HandleModels(res); });
   // Model ids may contain '/' (e.g. "Qwen/Qwen2.5-0.5B-Instruct").
@@ -421,12 +430,6 @@ NodeServer::NodeServer(NodeServerOptions options)
                  return SendError(res, ApiError::NotFound("GET", req.path));
                res.set_content(route->second(), "text/plain");
              });
-  http_->Post("/tokenize", [impl](const httplib::Request& req, httplib::Response& res) {
-    impl->HandleTokenize(req, res);
-  });
-  http_->Post("/detokenize", [impl](const httplib::Request& req, httplib::Response& res) {
-    impl->HandleDetokenize(req, res);
-  });
   http_->set_logger([impl](const httplib::Request& req, const httplib::Response& res) {
     if (res.status >= 400) impl->metrics.RequestFailed(res.status);
     PD_LOG_INFO("request_id={} method={} path={} status={} remote={} bytes_in={}",

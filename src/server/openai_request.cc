@@ -313,6 +313,24 @@ MaybeError RejectUnsupported(const json& j) {
   if (Field(j, "suffix") != nullptr) {
     return ApiError::InvalidRequest("'suffix' is not supported", "suffix", "unsupported_value");
   }
+  // Constrained output is not implemented: accepting these would return free text where the
+  // client relies on JSON or on a tool call.
+  if (const json* format = Field(j, "response_format")) {
+    if (!format->is_object()) return TypeError("response_format", "an object");
+    const json* type = Field(*format, "type");
+    if (type == nullptr || !type->is_string() || *type != "text") {
+      return ApiError::InvalidRequest(
+          "only 'response_format': {\"type\": \"text\"} is supported (no JSON mode or schema)",
+          "response_format", "unsupported_value");
+    }
+  }
+  if (const json* choice = Field(j, "tool_choice")) {
+    if (!choice->is_string() || (*choice != "auto" && *choice != "none")) {
+      return ApiError::InvalidRequest(
+          "only 'tool_choice' \"auto\" or \"none\" is supported (tool calls cannot be forced)",
+          "tool_choice", "unsupported_value");
+    }
+  }
   return std::nullopt;
 }
 

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <memory>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -20,6 +21,7 @@
 #include "http/request_id.h"
 #include "http/server_setup.h"
 #include "http/sse.h"
+#include "server/raw_http_client.h"
 
 namespace pdserve::http {
 namespace {
@@ -42,9 +44,10 @@ TEST(ApiErrorTest, NamedConstructorsCarryStatusTypeAndCode) {
       {ApiError::ModelNotFound("gpt-9"), 404, "invalid_request_error", "model_not_found"},
       {ApiError::MethodNotAllowed(), 405, "invalid_request_error", "method_not_allowed"},
       {ApiError::PayloadTooLarge(), 413, "invalid_request_error", "payload_too_large"},
-      {ApiError::ContextLengthExceeded("m"), 413, "invalid_request_error",
+      {ApiError::ContextLengthExceeded("m"), 400, "invalid_request_error",
        "context_length_exceeded"},
       {ApiError::UriTooLong(), 414, "invalid_request_error", "uri_too_long"},
+      {ApiError::HeaderTooLarge(), 431, "invalid_request_error", "request_header_fields_too_large"},
       {ApiError::RateLimited("m"), 429, "rate_limit_error", "rate_limit_exceeded"},
       {ApiError::Overloaded("m"), 503, "service_unavailable_error", "server_overloaded"},
       {ApiError::Unavailable("m", "loading"), 503, "service_unavailable_error", "loading"},
@@ -153,8 +156,20 @@ class ServerSetupTest : public ::testing::Test {
     config.max_body_bytes = 1024;
     config.api_key = "sekret";
     ConfigureServer(server_, config);
-    server_.Post("/echo", [](const httplib::Request& req, httplib::Response& res) {
-      res.set_content(req.body, "text/plain");
+    AddPostRoutes(server_, config.max_body_bytes,
+                  {{"/echo", [](const httplib::Request& req, httplib::Response& res) {
+                      res.set_content(req.body, "text/plain");
+                    }}});
+    // Three SSE events, as a generation streams them.
+    server_.Get("/stream", [](const httplib::Request&, httplib::Response& res) {
+      auto sent = std::make_shared<int>(0);
+      res.set_chunked_content_provider("text/event-stream",
+                                       [sent](size_t, httplib::DataSink& sink) {
+                                         const std::string event = SseEvent("{}");
+                                         sink.write(event.data(), event.size());
+                                         if (++*sent == 3) sink.done();
+                                         return true;
+                                       });
     });
     server_.Get("/health", [](const httplib::Request&, httplib::Response& res) {
       res.set_content("ok", "text/plain");
@@ -251,6 +266,126 @@ TEST_F(ServerSetupTest, AcceptedSocketsHaveTcpNoDelay) {
   ASSERT_EQ(r->status, 200) << r->body;
   ASSERT_NE(r->body, "-1") << "the accepted socket was not found among the descriptors";
   EXPECT_EQ(r->body, "1");
+}
+
+using testing::Chunk;
+using testing::ChunkedPostHead;
+using testing::RawHttpClient;
+
+// The status line's code of a raw answer, or 0.
+int StatusOf(const std::string& answer) {
+  return answer.starts_with("HTTP/1.1 ") && answer.size() >= 12 ? std::stoi(answer.substr(9, 3))
+                                                                : 0;
+}
+
+const char kAuth[] = "Authorization: Bearer sekret\r\n";
+
+// httplib 0.11 buffered a chunked body whole, whatever its size: the limit must hold for it too,
+// answered as soon as it is passed (not after the client sent everything), on a known route and
+// on any other POST path.
+TEST_F(ServerSetupTest, ChunkedBodyOverTheLimitGets413AndTheConnectionCloses) {
+  for (const std::string path : {"/echo", "/nothing"}) {
+    RawHttpClient raw(port_);
+    ASSERT_TRUE(raw.ok());
+    std::string head = ChunkedPostHead(path);
+    head.insert(head.size() - 2, kAuth);
+    constexpr size_t kTotal = size_t{64} << 20;
+    std::atomic<size_t> sent{0};
+    std::thread sender([&] {
+      if (!raw.Send(head)) return;
+      const std::string chunk = Chunk(4096);
+      while (sent < kTotal && raw.Send(chunk)) sent += 4096;
+    });
+    // The answer comes while the client is still sending; the server then drains the rest for
+    // a bounded time (lingering close) so that the client can read it, and closes.
+    std::string answer = raw.ReadAtLeast(12, Deadline::AfterMs(20000));
+    const size_t sent_at_answer = sent.load();
+    bool closed = false;
+    answer += raw.ReadUntilClose(Deadline::AfterMs(20000), &closed);
+    sender.join();
+    EXPECT_EQ(StatusOf(answer), 413) << path << ": " << answer.substr(0, 200);
+    EXPECT_NE(answer.find("payload_too_large"), std::string::npos) << answer;
+    EXPECT_TRUE(closed) << path;
+    EXPECT_LT(sent_at_answer, kTotal) << path << ": the server read the whole body";
+  }
+}
+
+TEST_F(ServerSetupTest, ChunkedBodyUnderTheLimitIsRead) {
+  RawHttpClient raw(port_);
+  ASSERT_TRUE(raw.ok());
+  std::string head = ChunkedPostHead("/echo");
+  head.insert(head.size() - 2, std::string(kAuth) + "Connection: close\r\n");
+  ASSERT_TRUE(raw.Send(head + Chunk(300) + Chunk(200) + "0\r\n\r\n"));
+  bool closed = false;
+  const std::string answer = raw.ReadUntilClose(Deadline::AfterMs(10000), &closed);
+  EXPECT_EQ(StatusOf(answer), 200) << answer;
+  EXPECT_TRUE(answer.ends_with("\r\n\r\n" + std::string(500, 'x'))) << answer;
+}
+
+// Refused from the header alone: a client that declares a huge body and sends none must not
+// hold a thread until the read timeout (30 s here).
+TEST_F(ServerSetupTest, DeclaredLengthOverTheLimitIsRefusedAtOnce) {
+  RawHttpClient raw(port_);
+  ASSERT_TRUE(raw.ok());
+  ASSERT_TRUE(raw.Send(std::string("POST /echo HTTP/1.1\r\nHost: x\r\n") + kAuth +
+                       "Content-Length: 100000000\r\n\r\n"));
+  const TimePoint start = Clock::now();
+  bool closed = false;
+  const std::string answer = raw.ReadUntilClose(Deadline::AfterMs(10000), &closed);
+  EXPECT_EQ(StatusOf(answer), 413) << answer;
+  EXPECT_NE(answer.find("payload_too_large"), std::string::npos) << answer;
+  EXPECT_TRUE(closed);
+  EXPECT_LT(SecondsSince(start), 3.0);
+}
+
+// A request with neither Content-Length nor chunked framing has no body (RFC 9112 6.3).
+TEST_F(ServerSetupTest, PostWithoutFramingHasAnEmptyBody) {
+  RawHttpClient raw(port_);
+  ASSERT_TRUE(raw.ok());
+  ASSERT_TRUE(raw.Send(std::string("POST /echo HTTP/1.1\r\nHost: x\r\n") + kAuth +
+                       "Connection: close\r\n\r\n"));
+  bool closed = false;
+  const std::string answer = raw.ReadUntilClose(Deadline::AfterMs(10000), &closed);
+  EXPECT_EQ(StatusOf(answer), 200) << answer;
+  EXPECT_TRUE(closed) << "the server waited for a body that was never announced";
+}
+
+TEST_F(ServerSetupTest, OversizedHeaderGets431) {
+  RawHttpClient raw(port_);
+  ASSERT_TRUE(raw.ok());
+  ASSERT_TRUE(
+      raw.Send("GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(9000, 'a') + "\r\n\r\n"));
+  bool closed = false;
+  const std::string answer = raw.ReadUntilClose(Deadline::AfterMs(10000), &closed);
+  EXPECT_EQ(StatusOf(answer), 431) << answer;
+  EXPECT_NE(answer.find("request_header_fields_too_large"), std::string::npos) << answer;
+  EXPECT_TRUE(closed);
+  // A malformed request line is still a plain 400.
+  RawHttpClient bad(port_);
+  ASSERT_TRUE(bad.Send("BREW /pot HTTP/1.1\r\n\r\n"));
+  EXPECT_EQ(StatusOf(bad.ReadUntilClose(Deadline::AfterMs(10000), &closed)), 400);
+}
+
+// HTTP/1.0 has no chunked framing: the stream comes as it is, ended by the close.
+TEST_F(ServerSetupTest, Http10ClientGetsAPlainStream) {
+  RawHttpClient raw(port_);
+  ASSERT_TRUE(raw.ok());
+  ASSERT_TRUE(raw.Send(std::string("GET /stream HTTP/1.0\r\n") + kAuth + "\r\n"));
+  bool closed = false;
+  const std::string answer = raw.ReadUntilClose(Deadline::AfterMs(10000), &closed);
+  EXPECT_TRUE(closed);
+  EXPECT_EQ(StatusOf(answer), 200) << answer;
+  const size_t end_of_head = answer.find("\r\n\r\n");
+  ASSERT_NE(end_of_head, std::string::npos) << answer;
+  const std::string head = answer.substr(0, end_of_head);
+  EXPECT_EQ(head.find("Transfer-Encoding"), std::string::npos) << head;
+  EXPECT_EQ(head.find("Keep-Alive"), std::string::npos) << head;
+  EXPECT_NE(head.find("Connection: close"), std::string::npos) << head;
+  EXPECT_EQ(answer.substr(end_of_head + 4), SseEvent("{}") + SseEvent("{}") + SseEvent("{}"));
+  // HTTP/1.1 clients still get chunks.
+  auto r = Client().Get("/stream", auth_);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->get_header_value("Transfer-Encoding"), "chunked");
 }
 
 }  // namespace

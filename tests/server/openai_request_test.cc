@@ -97,6 +97,29 @@ TEST(OpenAiRequestTest, ErrorsNameTheField) {
   EXPECT_NE(utf8.error().ToJson().find("invalid_json"), std::string::npos);
 }
 
+// Constrained output is refused until implemented, never silently ignored.
+TEST(OpenAiRequestTest, ResponseFormatAndToolChoiceOnlyWhatIsSupported) {
+  const std::string messages = R"("messages": [{"role": "user", "content": "x"}])";
+  for (const char* ok : {R"("response_format": {"type": "text"})", R"("tool_choice": "auto")",
+                         R"("tool_choice": "none")", R"("response_format": null)"}) {
+    auto r = ParseChatRequest("{" + messages + ", " + ok + "}", Limits());
+    EXPECT_TRUE(r.ok()) << ok << ": " << (r.ok() ? "" : r.error().message);
+  }
+  for (const char* refused :
+       {R"("response_format": {"type": "json_schema", "json_schema": {}})",
+        R"("response_format": {"type": "json_object"})", R"("tool_choice": "required")",
+        R"("tool_choice": {"type": "function", "function": {"name": "f"}})"}) {
+    auto r = ParseChatRequest("{" + messages + ", " + refused + "}", Limits());
+    ASSERT_FALSE(r.ok()) << refused;
+    EXPECT_EQ(r.error().http_status, 400);
+    EXPECT_EQ(r.error().code, "unsupported_value") << refused;
+    EXPECT_TRUE(r.error().param == "response_format" || r.error().param == "tool_choice");
+  }
+  auto completion = ParseCompletionRequest(
+      R"({"prompt": "a", "response_format": {"type": "json_object"}})", Limits());
+  EXPECT_FALSE(completion.ok());
+}
+
 TEST(OpenAiRequestTest, TokenizeAndDetokenize) {
   auto t = ParseTokenizeRequest(R"({"prompt": "hello", "add_special_tokens": false})", Limits());
   ASSERT_TRUE(t.ok());

@@ -16,6 +16,7 @@
 
 #include "router/router.h"
 #include "router/router_nodes.h"
+#include "server/raw_http_client.h"
 #include "server/router_test_util.h"
 #include "testing/test_paths.h"
 
@@ -465,6 +466,37 @@ TEST(RouterTest, ErrorsHaveOpenAiShape) {
   auto ok = client.Post("/v1/completions", auth, "{}", "application/json");
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200);
+}
+
+// A chunked body is held to the limit as a sized one is: refused with 413 once past it, the
+// connection closed, and nothing forwarded to a node.
+TEST(RouterTest, ChunkedBodyOverTheLimitIsRefusedAndNotForwarded) {
+  FakeNode a("a");
+  RouterOptions options = WithNodes({a.url()});
+  options.max_body_bytes = 64 << 10;
+  auto router = StartRouter(options);
+  ASSERT_TRUE(router && WaitHealthyNodes(*router, 1));
+  testing::RawHttpClient raw(router->port());
+  ASSERT_TRUE(raw.ok());
+  constexpr size_t kTotal = size_t{32} << 20;
+  std::atomic<size_t> sent{0};
+  std::thread sender([&] {
+    if (!raw.Send(testing::ChunkedPostHead("/v1/completions"))) return;
+    const std::string chunk = testing::Chunk(16 << 10);
+    while (sent < kTotal && raw.Send(chunk)) sent += 16 << 10;
+  });
+  // The answer comes while the client is still sending; the server then drains the rest for
+  // a bounded time (lingering close) so that the client can read it, and closes.
+  std::string answer = raw.ReadAtLeast(12, Deadline::AfterMs(20000));
+  const size_t sent_at_answer = sent.load();
+  bool closed = false;
+  answer += raw.ReadUntilClose(Deadline::AfterMs(30000), &closed);
+  sender.join();
+  EXPECT_TRUE(answer.starts_with("HTTP/1.1 413 ")) << answer.substr(0, 300);
+  EXPECT_NE(answer.find("payload_too_large"), std::string::npos);
+  EXPECT_TRUE(closed);
+  EXPECT_LT(sent_at_answer, kTotal) << "the router read the whole body";
+  EXPECT_EQ(a.completions.load(), 0) << "the body was forwarded";
 }
 
 // The real binaries: `pdserve router` in front of two `pdserve serve` nodes on the tiny model.
