@@ -485,15 +485,15 @@ void Domain::HandleCompletion(const fi_cq_data_entry& entry, fi_addr_t source) {
   }
   if ((entry.flags & FI_REMOTE_CQ_DATA) != 0) {
     PeerId from = kUnknownPeer;
+    bool from_removed_peer = false;
     if (has_source_ && source != FI_ADDR_NOTAVAIL) {
       auto it = source_to_peer_.find(source);
-      // An arrival attributed to a removed peer still counts: the immediate's slot and
-      // generation (not its source) keep an abandoned attempt from completing a later one, and
-      // the tcp provider was seen to attribute a live peer's writes to a removed peer's address
-      // entry (a retried request then never completed; docs/fabric.md).
-      if (it != source_to_peer_.end() && peers_[it->second].active) from = it->second;
+      if (it != source_to_peer_.end()) {
+        from_removed_peer = !peers_[it->second].active;
+        if (!from_removed_peer) from = it->second;
+      }
     }
-    events_->OnImmediate(from, static_cast<uint32_t>(entry.data));
+    events_->OnImmediate(from, static_cast<uint32_t>(entry.data), from_removed_peer);
     return;
   }
   if (entry.op_context != nullptr) {

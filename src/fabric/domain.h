@@ -78,7 +78,8 @@ struct BatchRequest {
 class DomainEvents {
  public:
   virtual ~DomainEvents() = default;
-  virtual void OnImmediate(PeerId from, uint32_t imm) = 0;
+  // `from_removed_peer`: the provider attributes the arrival to a peer that was removed.
+  virtual void OnImmediate(PeerId from, uint32_t imm, bool from_removed_peer) = 0;
   virtual void OnMessage(std::span<const std::byte> bytes) = 0;
   virtual void OnPeerError(PeerId peer, const Status& status) = 0;
   // Periodic tick (about every millisecond while awake); returns the next time it wants.

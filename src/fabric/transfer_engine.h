@@ -120,7 +120,7 @@ class TransferEngine {
   Result<Deadline> TransferDeadline(const std::optional<Deadline>& deadline) const;
   // Returns the live peer or an error.
   Result<const Peer*> LivePeer(PeerId peer) const REQUIRES_SHARED(peers_mu_);
-  void HandleImmediate(PeerId from, uint32_t imm);
+  void HandleImmediate(PeerId from, uint32_t imm, bool from_removed_peer);
   void HandleMessage(std::span<const std::byte> bytes);
   void HandlePeerError(PeerId peer, const Status& error);
   TimePoint HandleTick(int domain_index, TimePoint now);

@@ -172,7 +172,8 @@ TEST_P(FaultTest, PeerRemovedWithWritesInFlightGetsNoLateCallback) {
   EXPECT_EQ(finished.load(), kTransfers);  // all ended before RemovePeer returned
   EXPECT_EQ(engine_->PostPagedWrite(Write(pages, 1000), Completion{}).code(),
             StatusCode::kNotFound);
-  // Nothing the removed peer sends reaches a handler or counter.
+  // Nothing the removed peer sends reaches a handler or is remembered (with no expectation
+  // waiting, its immediates count nowhere).
   auto desc = engine_->Describe(region_);
   ASSERT_TRUE(desc.ok());
   ASSERT_TRUE(peer_.Command("send 1 after-removal", Deadline::AfterMs(5000)).ok());
