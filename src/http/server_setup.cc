@@ -15,26 +15,17 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "common/sha256.h"
 #include "http/lingering_close.h"
 #include "http/request_id.h"
 
 namespace pdserve::http {
 namespace {
 
-template <typename Setter>
-void SetTimeout(Duration d, Setter setter) {
-  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(d).count();
-  setter(static_cast<time_t>(us / 1000000), static_cast<time_t>(us % 1000000));
-}
-
-// Compares without an early exit, so the time taken says nothing about the key.
+// Compares digests in constant time: neither where the given key first differs nor the
+// expected key's length shows in the time taken.
 bool SameKey(const std::string& given, const std::string& expected) {
-  unsigned diff = given.size() == expected.size() ? 0u : 1u;
-  for (size_t i = 0; i < given.size(); ++i) {
-    diff |= static_cast<unsigned char>(given[i]) ^
-            static_cast<unsigned char>(expected[i % std::max<size_t>(1, expected.size())]);
-  }
-  return diff == 0;
+  return ConstantTimeEqual(Sha256Hash(given), Sha256Hash(expected));
 }
 
 // cpp-httplib (Debian's 0.11 build) listens with a backlog of 5, so a burst of clients (64

@@ -17,6 +17,14 @@
 
 namespace pdserve::http {
 
+// Calls setter(seconds, microseconds) with `d`: httplib's timeout setters (server and client)
+// take the two parts.
+template <typename Setter>
+void SetTimeout(Duration d, Setter setter) {
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(d).count();
+  setter(static_cast<time_t>(us / 1000000), static_cast<time_t>(us % 1000000));
+}
+
 struct ServerConfig {
   // Each open connection holds one thread (a stream for its whole length): this caps them.
   int threads = 64;

@@ -2,24 +2,16 @@
 
 #include <utility>
 
+#include "http/server_setup.h"
+
 namespace pdserve::router {
-
-namespace {
-
-template <typename Setter>
-void SetTimeout(Duration d, Setter setter) {
-  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(d).count();
-  setter(static_cast<time_t>(us / 1000000), static_cast<time_t>(us % 1000000));
-}
-
-}  // namespace
 
 UpstreamExchange::UpstreamExchange(NodeAddress node, UpstreamTimeouts timeouts)
     : node_(std::move(node)), timeouts_(timeouts), client_(node_.host, node_.port) {
-  SetTimeout(timeouts_.connect,
-             [&](time_t s, time_t us) { client_.set_connection_timeout(s, us); });
-  SetTimeout(timeouts_.read, [&](time_t s, time_t us) { client_.set_read_timeout(s, us); });
-  SetTimeout(timeouts_.write, [&](time_t s, time_t us) { client_.set_write_timeout(s, us); });
+  http::SetTimeout(timeouts_.connect,
+                   [&](time_t s, time_t us) { client_.set_connection_timeout(s, us); });
+  http::SetTimeout(timeouts_.read, [&](time_t s, time_t us) { client_.set_read_timeout(s, us); });
+  http::SetTimeout(timeouts_.write, [&](time_t s, time_t us) { client_.set_write_timeout(s, us); });
   // The router relays bytes as they are; decompressing would change what the client sees.
   client_.set_decompress(false);
 }
