@@ -127,9 +127,10 @@ std::string PyQuote(const std::string& s) {
   return out;
 }
 
+// `unit` is one UTF-16 code unit (callers split larger code points into surrogates).
 void AppendUnicodeEscape(std::string* out, uint32_t unit) {
   char buf[8];
-  std::snprintf(buf, sizeof(buf), "\\u%04x", unit);
+  std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(unit & 0xffffu));
   *out += buf;
 }
 
