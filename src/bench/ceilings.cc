@@ -172,27 +172,29 @@ Result<double> RunGemm(int m, int n, int k, double seconds) {
 
 }  // namespace
 
-const char* GemmTypeName(GemmType type) { return type == GemmType::kBF16 ? "bf16" : "f32"; }
-
-Result<double> MeasureGemmFlops(GemmType type, int m, int n, int k, int threads, double seconds) {
+Result<double> MeasureGemmFlops(DType type, int m, int n, int k, int threads, double seconds) {
   if (m < 1 || n < 1 || k < 1) {
     return Status::InvalidArgument(
         fmt::format("GEMM sizes must be >= 1, got m={} n={} k={}", m, n, k));
+  }
+  if (type != DType::kBF16 && type != DType::kF32) {
+    return Status::InvalidArgument(
+        fmt::format("GEMM ceiling type must be bf16 or f32, got {}", DTypeFlagName(type)));
   }
   PD_RETURN_IF_ERROR(CheckDuration(seconds));
   ScopedOmpThreads omp_threads(threads);
   // oneDNN reports failures (no kernel of this type for this CPU, bad descriptors) by
   // exception; they end here.
   try {
-    return type == GemmType::kBF16 ? RunGemm<uint16_t>(m, n, k, seconds)
-                                   : RunGemm<float>(m, n, k, seconds);
+    return type == DType::kBF16 ? RunGemm<uint16_t>(m, n, k, seconds)
+                                : RunGemm<float>(m, n, k, seconds);
   } catch (const dnnl::error& e) {
     return Status::Unavailable(fmt::format("oneDNN {} matmul {}x{}x{} failed: {} (status {})",
-                                           GemmTypeName(type), m, n, k, e.what(),
+                                           DTypeFlagName(type), m, n, k, e.what(),
                                            static_cast<int>(e.status)));
   } catch (const std::bad_alloc&) {
     return Status::ResourceExhausted(
-        fmt::format("out of memory for a {}x{}x{} {} matmul", m, n, k, GemmTypeName(type)));
+        fmt::format("out of memory for a {}x{}x{} {} matmul", m, n, k, DTypeFlagName(type)));
   }
 }
 

@@ -9,21 +9,19 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/dtype.h"
 #include "common/status.h"
 
 namespace pdserve {
 
-enum class GemmType : uint8_t { kBF16, kF32 };
-const char* GemmTypeName(GemmType type);  // "bf16", "f32"
-
-// FLOP/s (2*m*n*k per product) of a `type` x `type` -> f32 oneDNN matmul, src [m, k] row-major,
-// weights [n, k] row-major as in a Hugging Face checkpoint and reordered once into the layout
-// oneDNN prefers (format_tag::any), as the engine does. Repeats the product for about
-// `seconds` (at least once after a warm-up) and reports the best run: a ceiling, not an
-// average disturbed by neighbours. threads <= 0: OpenMP's default.
-// InvalidArgument on bad sizes; Unavailable if oneDNN has no such matmul here (oneDNN runs
-// bf16 matmuls only on CPUs with AVX-512 or AVX2-VNNI-2; an AVX2 host has f32 only).
-Result<double> MeasureGemmFlops(GemmType type, int m, int n, int k, int threads, double seconds);
+// FLOP/s (2*m*n*k per product) of a `type` x `type` -> f32 (type: DType::kBF16 or kF32) oneDNN
+// matmul, src [m, k] row-major, weights [n, k] row-major as in a Hugging Face checkpoint and
+// reordered once into the layout oneDNN prefers (format_tag::any), as the engine does. Repeats the
+// product for about `seconds` (at least once after a warm-up) and reports the best run: a ceiling,
+// not an average disturbed by neighbours. threads <= 0: OpenMP's default. InvalidArgument on bad
+// sizes; Unavailable if oneDNN has no such matmul here (oneDNN runs bf16 matmuls only on CPUs with
+// AVX-512 or AVX2-VNNI-2; an AVX2 host has f32 only).
+Result<double> MeasureGemmFlops(DType type, int m, int n, int k, int threads, double seconds);
 
 // Bytes read per second streaming through a buffer of `bytes` (choose it well above the
 // last-level cache, e.g. 1 GiB) with `threads` OpenMP threads (<= 0: OpenMP's default), each

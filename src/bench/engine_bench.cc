@@ -150,10 +150,10 @@ Status RunEngineBench(ModelDir& dir, const EngineBenchOptions& f) {
   // The compute ceiling is oneDNN's bf16 matmul where this CPU has one; oneDNN runs bf16 only
   // with AVX-512 (or AVX2-VNNI-2), so elsewhere it is its f32 matmul, which is also what our
   // AVX2 path does per multiply-add (bf16 widened to f32, FMA).
-  GemmType gemm_type = GemmType::kBF16;
+  DType gemm_type = DType::kBF16;
   if (MeasureGemmFlops(gemm_type, 8, 8, 8, threads, 0.0).status().code() ==
       StatusCode::kUnavailable) {
-    gemm_type = GemmType::kF32;
+    gemm_type = DType::kF32;
   }
   auto gemm_rate = [&] {
     return MeasureGemmFlops(gemm_type, f.prompt_len, 2 * c.intermediate_size, c.hidden_size,
@@ -198,8 +198,8 @@ Status RunEngineBench(ModelDir& dir, const EngineBenchOptions& f) {
   std::printf(
       "ceilings (median of the per-round measurements): oneDNN %s GEMM %.1f GFLOP/s "
       "(m=%d n=%d k=%d); memory read %.1f GB/s\n",
-      GemmTypeName(gemm_type), Median(gemm_rates) / 1e9, f.prompt_len, 2 * c.intermediate_size,
-      c.hidden_size, Median(bandwidths) / 1e9);
+      std::string(DTypeFlagName(gemm_type)).c_str(), Median(gemm_rates) / 1e9, f.prompt_len,
+      2 * c.intermediate_size, c.hidden_size, Median(bandwidths) / 1e9);
   std::printf(
       "medians of %d rounds; in each round the best run of a %.1f s window, against the best run "
       "of its ceiling in a window as long, measured just before\n\n",

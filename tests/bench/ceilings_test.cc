@@ -12,18 +12,18 @@ namespace {
 // f32 runs on every x86-64 oneDNN supports; bf16 needs AVX-512 (or AVX2-VNNI-2).
 TEST(CeilingsTest, F32GemmRateIsPositiveAndFinite) {
   const Result<double> flops =
-      MeasureGemmFlops(GemmType::kF32, 16, 64, 128, /*threads=*/1, /*seconds=*/0.0);
+      MeasureGemmFlops(DType::kF32, 16, 64, 128, /*threads=*/1, /*seconds=*/0.0);
   ASSERT_TRUE(flops.ok()) << flops.status().ToString();
   EXPECT_GT(*flops, 0.0);
   EXPECT_TRUE(std::isfinite(*flops));
-  const Result<double> odd = MeasureGemmFlops(GemmType::kF32, 3, 17, 33, 2, 0.01);
+  const Result<double> odd = MeasureGemmFlops(DType::kF32, 3, 17, 33, 2, 0.01);
   ASSERT_TRUE(odd.ok()) << odd.status().ToString();
   EXPECT_GT(*odd, 0.0);
 }
 
 TEST(CeilingsTest, Bf16GemmRateIsPositiveAndFinite) {
   const Result<double> flops =
-      MeasureGemmFlops(GemmType::kBF16, 16, 64, 128, /*threads=*/1, /*seconds=*/0.0);
+      MeasureGemmFlops(DType::kBF16, 16, 64, 128, /*threads=*/1, /*seconds=*/0.0);
   if (flops.status().code() == StatusCode::kUnavailable) {
     GTEST_SKIP() << "SKIPPED LOUDLY: oneDNN cannot run a bf16 matmul on this CPU: "
                  << flops.status().ToString();
@@ -32,7 +32,7 @@ TEST(CeilingsTest, Bf16GemmRateIsPositiveAndFinite) {
   EXPECT_GT(*flops, 0.0);
   EXPECT_TRUE(std::isfinite(*flops));
   // Odd sizes go through the same path.
-  const Result<double> odd = MeasureGemmFlops(GemmType::kBF16, 3, 17, 33, 2, 0.01);
+  const Result<double> odd = MeasureGemmFlops(DType::kBF16, 3, 17, 33, 2, 0.01);
   ASSERT_TRUE(odd.ok()) << odd.status().ToString();
   EXPECT_GT(*odd, 0.0);
 }
@@ -49,11 +49,11 @@ TEST(CeilingsTest, BandwidthIsPositiveAndFinite) {
 }
 
 TEST(CeilingsTest, BadArgumentsAreErrors) {
-  EXPECT_EQ(MeasureGemmFlops(GemmType::kBF16, 0, 8, 8, 1, 0.0).status().code(),
+  EXPECT_EQ(MeasureGemmFlops(DType::kBF16, 0, 8, 8, 1, 0.0).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(MeasureGemmFlops(GemmType::kF32, 8, 8, -1, 1, 0.0).status().code(),
+  EXPECT_EQ(MeasureGemmFlops(DType::kF32, 8, 8, -1, 1, 0.0).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(MeasureGemmFlops(GemmType::kF32, 8, 8, 8, 1, -1.0).status().code(),
+  EXPECT_EQ(MeasureGemmFlops(DType::kF32, 8, 8, 8, 1, -1.0).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(MeasureMemoryBandwidth(10, 1, 0.0).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(MeasureMemoryBandwidth(1 << 20, 1, NAN).status().code(), StatusCode::kInvalidArgument);
