@@ -36,6 +36,10 @@ std::string Gauge(const std::string& name, const std::string& help, double value
   return fmt::format("# HELP {0} {1}\n# TYPE {0} gauge\n{0} {2}\n", name, help, value);
 }
 
+std::string Counter(const std::string& name, const std::string& help, double value) {
+  return fmt::format("# HELP {0} {1}\n# TYPE {0} counter\n{0} {2}\n", name, help, value);
+}
+
 }  // namespace
 
 void AddMessengerFlags(CLI::App* cmd, MessengerFlags* f) {
@@ -138,7 +142,10 @@ Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFla
                  static_cast<double>(s.requests_failed)) +
            Gauge("pdserve:messenger_requests_cancelled",
                  "Requests whose client went away while their KV was in flight (Cancel sent).",
-                 static_cast<double>(s.requests_cancelled));
+                 static_cast<double>(s.requests_cancelled)) +
+           Counter("pdserve:messenger_kv_writes_received_total",
+                   "KV page writes received for prompts whose KV landed.",
+                   static_cast<double>(s.kv_writes_received));
   };
   return node;
 }

@@ -378,6 +378,7 @@ void DecodeMessenger::OnLanded(const std::string& id, uint32_t imm, const Status
   if (status.ok()) {
     // Every write P will send has landed: the slot can be reused.
     req.peer->own_tokens -= static_cast<int64_t>(req.prefix.size());
+    counters_.kv_writes_received += arrived;
     FreeSlot(req);
     req.state = Request::State::kLanded;
     engine_->Admit(id);

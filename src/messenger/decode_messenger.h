@@ -50,6 +50,7 @@ struct DecodeMessengerStats {
   int64_t requests_retried = 0;
   int64_t requests_failed = 0;
   int64_t requests_cancelled = 0;
+  int64_t kv_writes_received = 0;  // KV writes of transfers that completed
   std::string last_peer_error;
 };
 
