@@ -40,7 +40,8 @@ struct UpFlags {
   // Disaggregated nodes; 1P1D when neither these nor --nodes are given.
   int prefill = 0;
   int decode = 0;
-  std::string fabric_provider;  // empty: serve's default
+  std::string fabric_provider;        // empty: serve's default
+  int local_prefill_max_tokens = -1;  // decode nodes; -1: serve's default
   std::string host = "127.0.0.1";
   int port = 8000;
   int threads_per_node = 0;  // 0: the node's share of the cores
@@ -98,9 +99,10 @@ Status ResolveTopology(UpFlags* f) {
     return Status::InvalidArgument(
         "a disaggregated cluster needs both --prefill N and --decode M (each at least 1)");
   }
-  if (f->nodes >= 0 && !f->fabric_provider.empty()) {
+  if (f->nodes >= 0 && (!f->fabric_provider.empty() || f->local_prefill_max_tokens >= 0)) {
     return Status::InvalidArgument(
-        "--fabric-provider applies to prefill/decode nodes, not to colocated --nodes");
+        "--fabric-provider and --local-prefill-max-tokens apply to prefill/decode nodes, not to "
+        "colocated --nodes");
   }
   if (f->nodes < 0 && !disaggregated) f->prefill = f->decode = 1;
   return Status::Ok();
@@ -164,6 +166,10 @@ std::vector<std::string> NodeArgv(const std::string& exe, const std::string& mod
   }
   for (const std::string& peer : spec.prefill_peers) {
     argv.insert(argv.end(), {"--prefill-peer", peer});
+  }
+  if (spec.role == "decode" && f.local_prefill_max_tokens >= 0) {
+    argv.insert(argv.end(),
+                {"--local-prefill-max-tokens", std::to_string(f.local_prefill_max_tokens)});
   }
   return argv;
 }
@@ -336,6 +342,10 @@ void AddUpCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--fabric-provider", flags->fabric_provider,
                   "KV transfer provider of the prefill/decode nodes: tcp | shm (default: serve's)")
       ->check(CLI::IsMember({"tcp", "shm"}));
+  cmd->add_option("--local-prefill-max-tokens", flags->local_prefill_max_tokens,
+                  "Decode nodes prefill prompts up to this many tokens themselves (default: "
+                  "serve's)")
+      ->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--host", flags->host, "Router address")->capture_default_str();
   cmd->add_option("--port", flags->port, "Router port (0: any free port)")
       ->check(CLI::Range(0, 65535))
