@@ -19,7 +19,7 @@ namespace pdserve::cli {
 
 // Prompts of at most this many tokens are prefilled by the decode node itself; measured on this
 // project's CPUs (docs/messenger.md, "Conditional disaggregation").
-inline constexpr int kDefaultLocalPrefillMaxTokens = 16;
+inline constexpr int kDefaultLocalPrefillMaxTokens = 8;
 
 struct MessengerFlags {
   std::string provider = "tcp";  // tcp over loopback by default: see docs/messenger.md
