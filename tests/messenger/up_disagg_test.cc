@@ -3,9 +3,11 @@
 // a colocated `serve` returns, with the prompt's KV written by the prefill node (the decode
 // node's KV-write counter moves); SIGTERM to `up` stops every node. Flags that mix colocated and
 // disaggregated nodes are refused.
+#include <sched.h>
 #include <signal.h>
 
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <regex>
 #include <string>
@@ -71,6 +73,24 @@ bool ProcessAlive(pid_t pid) {
   return state != "Z";
 }
 
+// A file of /proc/PID as a string ("" if unreadable).
+std::string ProcFile(pid_t pid, const std::string& name) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/" + name, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// The CPUs a process may run on, from /proc/PID/status ("0-1,4").
+std::string CpusAllowed(pid_t pid) {
+  const std::string status = ProcFile(pid, "status");
+  const std::string key = "Cpus_allowed_list:";
+  const size_t at = status.find(key);
+  if (at == std::string::npos) return "";
+  const size_t end = status.find('\n', at);
+  std::string list = status.substr(at + key.size(), end - at - key.size());
+  list.erase(0, list.find_first_not_of(" \t"));
+  return list;
+}
+
 bool AllGone(const std::vector<UpNode>& nodes, Deadline deadline) {
   for (;;) {
     bool any = false;
@@ -94,6 +114,17 @@ TEST(UpDisaggTest, OnePrefillOneDecodeMatchColocatedAndStopOnSigterm) {
   const int decode_port = up.nodes[1].port;
   // Ready means handshaken: the decode node already has its prefill peer.
   EXPECT_EQ(NodeMetric(decode_port, "pdserve:messenger_peers_ready"), 1);
+  // The cluster key reaches the nodes through the environment, never their command line.
+  for (const UpNode& n : up.nodes) {
+    EXPECT_EQ(ProcFile(n.pid, "cmdline").find("cluster-key"), std::string::npos) << n.role;
+    EXPECT_NE(ProcFile(n.pid, "environ").find("PDSERVE_CLUSTER_KEY="), std::string::npos) << n.role;
+  }
+  // With two cores or more, P and D run on different ones.
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0 && CPU_COUNT(&allowed) >= 2) {
+    EXPECT_NE(CpusAllowed(up.nodes[0].pid), CpusAllowed(up.nodes[1].pid));
+  }
 
   NodeProcess colocated(model, {"--threads", "1", "--kv-cache-mb", "64"});
   ASSERT_TRUE(colocated.ok()) << colocated.error();
