@@ -106,7 +106,9 @@ TEST_P(GoldenTest, GenerateCommandPrintsTheGoldenTokens) {
 
 INSTANTIATE_TEST_SUITE_P(Paths, GoldenTest,
                          ::testing::ValuesIn(::pdserve::testing::KernelPathNames()),
-                         [](const auto& info) { return info.param; });
+                         [](const auto& info) {
+                           return ::pdserve::testing::KernelPathTestName(info.param);
+                         });
 
 // The model's fingerprint names the kernel path it was loaded on, and it refuses to run on
 // another: a KV cache is reproduced bit for bit only by the path that wrote it.
