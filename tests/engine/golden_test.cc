@@ -2,6 +2,7 @@
 // by an independent implementation. The engine (and `pdserve generate`) must reproduce every
 // greedy continuation token for token and the last-position top-5 logits within 1e-3 relative,
 // on every kernel path this CPU runs (kernels/dispatch.h; a path it lacks is SKIPPED loudly).
+// The checkpoint is F32: amx_engine_test.cc runs a BF16 copy, whose products reach the AMX tiles.
 #include <array>
 #include <cstdio>
 #include <fstream>
