@@ -199,9 +199,11 @@ TEST(AmxModelTest, DenormalInputsAreZerosAndTinyResultsFlushToZero) {
   // A denormal bf16 (2^-133) times 2^100 would be 2^-33; as zero it is 0.
   std::vector<uint16_t> a = {0x0001, 0}, b = {Bf16(0x1p100f), 0};
   EXPECT_EQ(ModelDot({0.0f}, a, b, 1, 1, 1)[0], 0.0f);
-  // A denormal accumulator in C is taken as zero: C = 1e-40 + 0 gives +0.
-  const float kept = ModelDot({1e-40f}, {0, 0}, {0, 0}, 1, 1, 1)[0];
-  EXPECT_EQ(std::bit_cast<uint32_t>(kept), 0u);
+  // A denormal accumulator in C is taken as zero: C = 2^-127 plus the instruction's 2^-126
+  // (2^-63 * 2^-63) gives 2^-126, not 1.5 * 2^-126.
+  a = {Bf16(0x1p-63f), 0};
+  b = {Bf16(0x1p-63f), 0};
+  EXPECT_EQ(ModelDot({0x1p-127f}, a, b, 1, 1, 1)[0], 0x1p-126f);
   // 2^-70 * 2^-70 = 2^-140 is denormal: flushed, to a zero of its sign.
   a = {Bf16(0x1p-70f), 0};
   b = {Bf16(0x1p-70f), 0};
