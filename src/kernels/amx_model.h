@@ -6,7 +6,7 @@
 // thread at a time.
 //
 // Semantics modelled, from the Intel 64 and IA-32 Architectures Software Developer's Manual
-// (SDM), vol. 2 (instruction pages) and vol. 1 ch. 18 (AMX), and the SDM's TDPBF16PS
+// (SDM), vol. 2 (instruction pages) and vol. 1 (its AMX chapter), and the SDM's TDPBF16PS
 // pseudocode:
 //  - Palette 1: 8 tiles of at most 16 rows x 64 bytes. LDTILECFG takes the 64-byte TileConfig
 //    below; reserved bytes must be zero and start_row 0 here; rows/colsb of each tile within
@@ -32,7 +32,7 @@
 //  - Shape rules (SDM, exception class AMX-E4): #UD unless the three tiles are distinct and
 //    configured, C.colsb == B.colsb, C.rows == A.rows, A.colsb / 4 == B.rows, all colsb
 //    multiples of 4. The model aborts (PD_CHECK) where the CPU raises #UD: a programmer error.
-// Not modelled: NaN payloads (the SDM does not say which NaN an FMA of NaNs returns; any NaN is
+// Not modelled: NaN payloads (the TDPBF16PS page gives no NaN priorities; any NaN is
 // a NaN here), start_row restarts after a fault, and TSX aborts.
 #pragma once
 
