@@ -75,8 +75,9 @@ void AddBenchEngineCommand(CLI::App& bench, int* exit_code) {
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   cmd->add_option("--kernels", flags->kernels,
-                  "Kernel path: avx512, avx2, generic or auto (default: $PDSERVE_KERNELS, else "
-                  "the best this CPU runs)");
+                  "Kernel path: amx, avx512, avx2, amx-model (AMX tile kernel on the software "
+                  "model of the tiles), generic or auto (default: $PDSERVE_KERNELS, else the "
+                  "best this CPU runs)");
   cmd->callback([flags, exit_code] { *exit_code = RunBenchEngine(*flags); });
 }
 

@@ -3,12 +3,17 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 
 #include "common/mutex.h"
 #include "kernels/kernel_table.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 namespace pdserve::kernels {
@@ -22,6 +27,7 @@ using internal::KernelTable;
 // "f16c").
 struct CpuFeatures {
   bool fma, f16c, avx2, bmi2, avx512f, avx512dq, avx512bw, avx512vl, avx512bf16;
+  bool amx_tile, amx_bf16;
   uint64_t xcr0;  // the state the OS saves across context switches (0 without OSXSAVE)
 };
 
@@ -43,6 +49,8 @@ CpuFeatures ReadCpuFeatures() {
     f.avx512dq = (ebx & (1u << 17)) != 0;
     f.avx512bw = (ebx & (1u << 30)) != 0;
     f.avx512vl = (ebx & (1u << 31)) != 0;
+    f.amx_bf16 = (edx & (1u << 22)) != 0;
+    f.amx_tile = (edx & (1u << 24)) != 0;
     const uint32_t max_subleaf = eax;
     if (max_subleaf >= 1 && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0) {
       f.avx512bf16 = (eax & (1u << 5)) != 0;
@@ -50,13 +58,79 @@ CpuFeatures ReadCpuFeatures() {
   }
   return f;
 }
+
+// Linux gives a process the 8 KB of tile data state only on request (the kernel's
+// Documentation/arch/x86/xstate.rst): arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
+// The permission is the process's, so it is asked for once.
+bool HaveAmxPermission() {
+#if defined(__linux__)
+  constexpr int kArchReqXcompPerm = 0x1023;
+  constexpr int kXfeatureXtiledata = 18;
+  static const bool granted = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  return granted;
+#else
+  return false;
 #endif
+}
+#endif
+
+// A path whose BF16 products are AMX tile kernels (`products` fills name and packed_tile*) and
+// whose other kernels are `base`'s.
+KernelTable WithAmxProducts(const KernelTable& products, const KernelTable& base,
+                            const char* name) {
+  KernelTable table = base;
+  table.name = name;
+  table.packed_tile = products.packed_tile;
+  table.packed_tile_tokens = products.packed_tile_tokens;
+  return table;
+}
+
+std::vector<std::string_view> MissingFeatures(const KernelTable& path);
+
+#if defined(__x86_64__)
+const KernelTable& AmxPath() {
+  static const KernelTable table =
+      WithAmxProducts(internal::kAmxKernels, internal::kAvx512Kernels, "amx");
+  return table;
+}
+#endif
+
+// "amx-model": the products on the tile model, the rest from the best other path this CPU runs,
+// which its name states ("amx-model+avx2"): that name is what the model fingerprint and the
+// peers of a disaggregated deployment compare.
+const KernelTable& AmxModelPath() {
+  static const KernelTable table = [] {
+#if defined(__x86_64__)
+    if (MissingFeatures(internal::kAvx512Kernels).empty()) {
+      return WithAmxProducts(internal::kAmxModelKernels, internal::kAvx512Kernels,
+                             "amx-model+avx512");
+    }
+    if (MissingFeatures(internal::kAvx2Kernels).empty()) {
+      return WithAmxProducts(internal::kAmxModelKernels, internal::kAvx2Kernels, "amx-model+avx2");
+    }
+#endif
+    return WithAmxProducts(internal::kAmxModelKernels, internal::kGenericKernels,
+                           "amx-model+generic");
+  }();
+  return table;
+}
+
+// The name that selects a path: its name up to a '+' ("amx-model+avx2" -> "amx-model").
+std::string_view SelectionName(const KernelTable& path) {
+  const std::string_view name = path.name;
+  return name.substr(0, name.find('+'));
+}
 
 // The CPU features a path needs and this CPU lacks, as named in /proc/cpuinfo.
 std::vector<std::string_view> MissingFeatures(const KernelTable& path) {
   std::vector<std::string_view> missing;
 #if defined(__x86_64__)
-  if (&path == &internal::kGenericKernels) return missing;
+  // The model path runs anywhere (its base was chosen among the paths this CPU runs). Told by
+  // its products: AmxModelPath() itself asks this function while it is being built.
+  if (&path == &internal::kGenericKernels ||
+      path.packed_tile == internal::kAmxModelKernels.packed_tile) {
+    return missing;
+  }
   const CpuFeatures f = ReadCpuFeatures();
   // The OS must save the YMM (and for AVX-512 the opmask and ZMM) state across context
   // switches, or the instructions fault although CPUID lists them.
@@ -64,7 +138,8 @@ std::vector<std::string_view> MissingFeatures(const KernelTable& path) {
   if (!f.avx2) missing.push_back("avx2");
   if (!f.fma) missing.push_back("fma");
   if (!f.f16c) missing.push_back("f16c");
-  if (&path == &internal::kAvx512Kernels) {
+  const bool amx = &path == &AmxPath();
+  if (&path == &internal::kAvx512Kernels || amx) {
     if ((f.xcr0 & 0xe6) != 0xe6) missing.push_back("os-avx512-state");
     if (!f.avx512f) missing.push_back("avx512f");
     if (!f.avx512bw) missing.push_back("avx512bw");
@@ -73,18 +148,27 @@ std::vector<std::string_view> MissingFeatures(const KernelTable& path) {
     if (!f.avx512bf16) missing.push_back("avx512_bf16");
     if (!f.bmi2) missing.push_back("bmi2");
   }
+  if (amx) {
+    if (!f.amx_tile) missing.push_back("amx_tile");
+    if (!f.amx_bf16) missing.push_back("amx_bf16");
+    // XCR0 bits 17 (XTILECFG) and 18 (XTILEDATA): the OS manages the tile state.
+    if ((f.xcr0 & 0x60000) != 0x60000) missing.push_back("os-amx-state");
+    if (missing.empty() && !HaveAmxPermission()) missing.push_back("os-amx-permission");
+  }
 #else
   (void)path;
 #endif
   return missing;
 }
 
-// Best first.
+// Fastest first. "amx-model" is a development path (AMX's order of accumulation where no AMX
+// is), never chosen by "auto"; it sits before generic, which stays last.
 std::vector<const KernelTable*> AllPaths() {
 #if defined(__x86_64__)
-  return {&internal::kAvx512Kernels, &internal::kAvx2Kernels, &internal::kGenericKernels};
+  return {&AmxPath(), &internal::kAvx512Kernels, &internal::kAvx2Kernels, &AmxModelPath(),
+          &internal::kGenericKernels};
 #else
-  return {&internal::kGenericKernels};
+  return {&AmxModelPath(), &internal::kGenericKernels};
 #endif
 }
 
@@ -108,14 +192,14 @@ Status SelectLocked(std::string_view name, std::string how) REQUIRES(g_mutex) {
   const KernelTable* chosen = nullptr;
   if (name.empty() || name == "auto") {
     for (const KernelTable* p : AllPaths()) {
-      if (MissingFeatures(*p).empty()) {
+      if (p != &AmxModelPath() && MissingFeatures(*p).empty()) {
         chosen = p;
         break;
       }
     }
   } else {
     for (const KernelTable* p : AllPaths()) {
-      if (name == p->name) chosen = p;
+      if (name == p->name || name == SelectionName(*p)) chosen = p;
     }
     if (chosen == nullptr) {
       return Status::InvalidArgument("unknown kernel path '" + std::string(name) +
@@ -147,14 +231,14 @@ std::string HowFromName(std::string_view name, bool from_env) {
 
 std::vector<std::string_view> KnownPaths() {
   std::vector<std::string_view> names;
-  for (const KernelTable* p : AllPaths()) names.emplace_back(p->name);
+  for (const KernelTable* p : AllPaths()) names.emplace_back(SelectionName(*p));
   return names;
 }
 
 std::vector<std::string_view> SupportedPaths() {
   std::vector<std::string_view> names;
   for (const KernelTable* p : AllPaths()) {
-    if (MissingFeatures(*p).empty()) names.emplace_back(p->name);
+    if (MissingFeatures(*p).empty()) names.emplace_back(SelectionName(*p));
   }
   return names;
 }

@@ -1,6 +1,9 @@
-// Which kernel path runs the functions of kernels.h: "avx512" (AVX-512 with BF16 dot
-// products), "avx2" (AVX2 + FMA + F16C, x86-64-v3) or "generic" (plain C++, any CPU). The best
-// path the CPU (and OS) supports is chosen on the first kernel call, unless PDSERVE_KERNELS or
+// Which kernel path runs the functions of kernels.h: "amx" (the BF16 products on AMX tiles, the
+// rest as avx512), "avx512" (AVX-512 with BF16 dot products), "avx2" (AVX2 + FMA + F16C,
+// x86-64-v3) or "generic" (plain C++, any CPU); and "amx-model", the AMX products on a software
+// model of the tiles with the other kernels of the best other path the CPU runs (ActivePath
+// names that one too: "amx-model+avx2"), which is never chosen unless named. The best path the
+// CPU (and OS) supports is chosen on the first kernel call, unless PDSERVE_KERNELS or
 // SelectPath names one. Every path is batch-invariant by itself; different paths may differ in
 // the last bits (see kernels.h), so a KV cache is only reusable by the path that wrote it.
 //
@@ -17,11 +20,12 @@
 
 namespace pdserve::kernels {
 
-// Every path name this build knows, best first.
+// Every path name this build knows, fastest first ("amx-model" just before "generic").
 std::vector<std::string_view> KnownPaths();
-// The paths this CPU can run, best first ("generic" always).
+// The paths this CPU can run, in the same order ("amx-model" and "generic" always).
 std::vector<std::string_view> SupportedPaths();
-// The path the kernels run on now (selecting the default on first use).
+// The path the kernels run on now (selecting the default on first use): the selection name,
+// extended with the base path for "amx-model" ("amx-model+avx2").
 std::string_view ActivePath();
 
 // Makes `name` the active path. "auto" or "" selects the best supported path. Errors:

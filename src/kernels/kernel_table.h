@@ -44,9 +44,12 @@ constexpr int kMaxGroup = 8;
 struct KernelTable {
   const char* name;
   // One tile of MatMulBF16: `groups` 16-column groups of the packed block at `block` (first
-  // column c0) x `tokens` rows of x from t0; tokens <= kTokens.
+  // column c0) x `tokens` rows of x from t0; tokens <= packed_tile_tokens.
   void (*packed_tile)(const uint16_t* x, const uint16_t* block, float* y, int n, int k, int c0,
                       int t0, int groups, int tokens);
+  // Rows of x per packed_tile call (its `tokens` never exceed it): kTokens for the vector
+  // paths, 16 for the AMX tiles.
+  int packed_tile_tokens;
   // One tile of MatMulF32: weight rows [r0, r0 + rows) x rows [t0, t0 + tokens) of x; rows <=
   // kRows, tokens <= kTokens. Each output sums 16 lanes (lane j: elements j, j + 16, ...) with
   // FMA, then lane i + lane i+8, +4, +2, +1.
@@ -76,7 +79,12 @@ extern const KernelTable kGenericKernels;
 #if defined(__x86_64__)
 extern const KernelTable kAvx2Kernels;
 extern const KernelTable kAvx512Kernels;
+// AMX tile products (kernels_amx.cc): name and packed_tile* only; dispatch.cc adds the rest.
+extern const KernelTable kAmxKernels;
 #endif
+// The same kernel on the software model of the tiles (kernels_amx_model.cc, amx_model.h); name
+// and packed_tile* only.
+extern const KernelTable kAmxModelKernels;
 
 // The selected path (dispatch.cc); selects the best one this CPU supports on first use.
 const KernelTable& Active();

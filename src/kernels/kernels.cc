@@ -40,17 +40,17 @@ void ParallelFor(int64_t n, bool parallel, Body&& body) {
 }
 
 // Walks a product's tiles: weight blocks in parallel, token blocks of kTokenBlock rows in
-// sequence (so they stay in L2 while every weight block streams past), kTokens rows per tile.
-// tile(block, first_row, rows) computes one tile. Small products run on the calling thread:
-// waking the team costs more than it saves.
+// sequence (so they stay in L2 while every weight block streams past), tile_tokens rows per
+// tile. tile(block, first_row, rows) computes one tile. Small products run on the calling
+// thread: waking the team costs more than it saves.
 template <typename TileAt>
-void ForEachTile(int m, int n, int k, int weight_blocks, TileAt&& tile) {
+void ForEachTile(int m, int n, int k, int weight_blocks, int tile_tokens, TileAt&& tile) {
   const bool parallel = static_cast<int64_t>(std::min(m, kTokenBlock)) * n * k >= kParallelMacs;
   for (int tb = 0; tb < m; tb += kTokenBlock) {
     const int t_end = std::min(m, tb + kTokenBlock);
     ParallelFor(weight_blocks, parallel, [&](int64_t b) {
-      for (int t = tb; t < t_end; t += kTokens) {
-        tile(static_cast<int>(b), t, std::min(kTokens, t_end - t));
+      for (int t = tb; t < t_end; t += tile_tokens) {
+        tile(static_cast<int>(b), t, std::min(tile_tokens, t_end - t));
       }
     });
   }
@@ -191,16 +191,17 @@ void UnpackRowBF16(const uint16_t* packed, int n, int k, int row, float* out) {
 void MatMulBF16(const uint16_t* x, const uint16_t* packed_w, float* y, int m, int n, int k) {
   const internal::KernelTable& path = Active();
   const size_t block_elems = static_cast<size_t>(internal::Pairs(k)) * kPairElems;
-  ForEachTile(m, n, k, internal::ColBlocks(n), [&](int b, int t, int tokens) {
-    const int c0 = b * kBlockCols;
-    const int groups = std::min(kBlockGroups, (n - c0 + kGroupCols - 1) / kGroupCols);
-    path.packed_tile(x, packed_w + b * block_elems, y, n, k, c0, t, groups, tokens);
-  });
+  ForEachTile(m, n, k, internal::ColBlocks(n), path.packed_tile_tokens,
+              [&](int b, int t, int tokens) {
+                const int c0 = b * kBlockCols;
+                const int groups = std::min(kBlockGroups, (n - c0 + kGroupCols - 1) / kGroupCols);
+                path.packed_tile(x, packed_w + b * block_elems, y, n, k, c0, t, groups, tokens);
+              });
 }
 
 void MatMulF32(const float* x, const float* w, float* y, int m, int n, int k) {
   const internal::KernelTable& path = Active();
-  ForEachTile(m, n, k, (n + kRows - 1) / kRows, [&](int b, int t, int tokens) {
+  ForEachTile(m, n, k, (n + kRows - 1) / kRows, kTokens, [&](int b, int t, int tokens) {
     const int r0 = b * kRows;
     path.f32_tile(x, w, y, n, k, r0, t, std::min(kRows, n - r0), tokens);
   });

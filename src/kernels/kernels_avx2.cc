@@ -513,6 +513,7 @@ namespace internal {
 const KernelTable kAvx2Kernels = {
     .name = "avx2",
     .packed_tile = PackedTile,
+    .packed_tile_tokens = internal::kTokens,
     .f32_tile = F32Tile,
     .to_bf16 = ToBF16Run,
     .rms_norm_row = RmsNormRow,

@@ -152,6 +152,7 @@ namespace internal {
 const KernelTable kGenericKernels = {
     .name = "generic",
     .packed_tile = PackedTile,
+    .packed_tile_tokens = internal::kTokens,
     .f32_tile = F32Tile,
     .to_bf16 = ToBF16Run,
     .rms_norm_row = RmsNormRow,

@@ -2,6 +2,7 @@
 // by an independent implementation. The engine (and `pdserve generate`) must reproduce every
 // greedy continuation token for token and the last-position top-5 logits within 1e-3 relative,
 // on every kernel path this CPU runs (kernels/dispatch.h; a path it lacks is SKIPPED loudly).
+// The checkpoint is F32: amx_engine_test.cc runs a BF16 copy, whose products reach the AMX tiles.
 #include <array>
 #include <cstdio>
 #include <fstream>
@@ -106,7 +107,9 @@ TEST_P(GoldenTest, GenerateCommandPrintsTheGoldenTokens) {
 
 INSTANTIATE_TEST_SUITE_P(Paths, GoldenTest,
                          ::testing::ValuesIn(::pdserve::testing::KernelPathNames()),
-                         [](const auto& info) { return info.param; });
+                         [](const auto& info) {
+                           return ::pdserve::testing::KernelPathTestName(info.param);
+                         });
 
 // The model's fingerprint names the kernel path it was loaded on, and it refuses to run on
 // another: a KV cache is reproduced bit for bit only by the path that wrote it.

@@ -2,6 +2,7 @@
 // binaries that link pdserve_kernels (directly or through the model). Main thread only.
 #pragma once
 
+#include <cctype>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,6 +19,15 @@ inline std::vector<std::string> KernelPathNames() {
   std::vector<std::string> names;
   for (std::string_view name : kernels::KnownPaths()) names.emplace_back(name);
   return names;
+}
+
+// `path` as a test name part: GoogleTest allows only letters, digits and '_' ("amx-model" ->
+// "amx_model").
+inline std::string KernelPathTestName(std::string path) {
+  for (char& c : path) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return path;
 }
 
 // Selects `path`, or marks the current test SKIPPED, loudly, when this CPU cannot run it. Call
