@@ -9,7 +9,7 @@ FORMAT_FILES = $(shell git ls-files '*.h' '*.cc' '*.cpp' 2>/dev/null)
 UP_FLAGS ?=
 
 .PHONY: deps build release test test-asan test-tsan format format-check check-includes \
-  thread-safety fuzz fuzz-request fuzz-protocol up experiment soak clean
+  thread-safety fuzz fuzz-request fuzz-protocol up up-colocated experiment soak clean
 
 deps:
 	@scripts/install-deps.sh
@@ -88,10 +88,14 @@ $(PROTOCOL_FUZZ_BIN): $(PROTOCOL_FUZZ_SOURCES) $(wildcard src/messenger/*.h src/
 	@mkdir -p $(dir $@)
 	clang++ $(FUZZ_CXXFLAGS) $(PROTOCOL_FUZZ_SOURCES) -lfmt -o $@
 
-# Router + nodes on this machine with the embedded tiny model (or UP_FLAGS="--model DIR ...");
-# Ctrl-C stops everything.
+# Router + 1 prefill + 1 decode node (up's default) on this machine with the embedded tiny
+# model (or UP_FLAGS="--model DIR --prefill N --decode M ..."); up-colocated: router +
+# colocated nodes (--nodes). Ctrl-C stops everything.
 up: build
 	$(BUILD)/src/cli/pdserve up $(UP_FLAGS)
+
+up-colocated: build
+	$(BUILD)/src/cli/pdserve up --nodes 0 $(UP_FLAGS)
 
 # Colocated versus 1P1D on qwen2.5-0.5b, rate sweeps and plots into docs/experiment/ (about
 # 20-30 minutes on 2 cores; EXPERIMENT_SCALE, RATES, ... in scripts/experiment.sh). Run it on

@@ -100,6 +100,7 @@ start_1p1d() {
     return 2
   fi
   "$PDSERVE" up --model "$MODEL" --prefill 1 --decode 1 --fabric-provider shm \
+    --local-prefill-max-tokens 0 \
     --port "$PORT" >"$LOGS/1p1d-up.log" 2>&1 &
   PIDS+=($!)
 }

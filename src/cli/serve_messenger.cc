@@ -36,6 +36,10 @@ std::string Gauge(const std::string& name, const std::string& help, double value
   return fmt::format("# HELP {0} {1}\n# TYPE {0} gauge\n{0} {2}\n", name, help, value);
 }
 
+std::string Counter(const std::string& name, const std::string& help, double value) {
+  return fmt::format("# HELP {0} {1}\n# TYPE {0} counter\n{0} {2}\n", name, help, value);
+}
+
 }  // namespace
 
 void AddMessengerFlags(CLI::App* cmd, MessengerFlags* f) {
@@ -55,6 +59,11 @@ void AddMessengerFlags(CLI::App* cmd, MessengerFlags* f) {
   cmd->add_option("--peer-timeout-ms", f->peer_timeout_ms,
                   "A messenger peer silent this long is removed")
       ->check(CLI::Range(50, 600000))
+      ->capture_default_str();
+  cmd->add_option("--local-prefill-max-tokens", f->local_prefill_max_tokens,
+                  "Decode role: prompts of at most this many tokens are prefilled here, not sent "
+                  "to a prefill node (0: never)")
+      ->check(CLI::Range(0, 1 << 24))
       ->capture_default_str();
   cmd->add_option("--prefill-timeout-ms", f->prefill_timeout_ms,
                   "Decode role: how long a prompt's KV may take to land")
@@ -83,6 +92,7 @@ Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFla
   options.peer_timeout = std::chrono::milliseconds(flags.peer_timeout_ms);
   options.handshake_timeout = std::chrono::milliseconds(flags.peer_timeout_ms);
   options.prefill_timeout = std::chrono::milliseconds(flags.prefill_timeout_ms);
+  options.local_prefill_max_tokens = flags.local_prefill_max_tokens;
 
   NodeMessenger node;
   if (role == "prefill") {
@@ -138,7 +148,16 @@ Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFla
                  static_cast<double>(s.requests_failed)) +
            Gauge("pdserve:messenger_requests_cancelled",
                  "Requests whose client went away while their KV was in flight (Cancel sent).",
-                 static_cast<double>(s.requests_cancelled));
+                 static_cast<double>(s.requests_cancelled)) +
+           Counter("pdserve:messenger_kv_writes_received_total",
+                   "KV page writes received for prompts whose KV landed.",
+                   static_cast<double>(s.kv_writes_received)) +
+           Counter("pdserve:decode_local_prefills_total",
+                   "Prompts prefilled by this decode node (--local-prefill-max-tokens).",
+                   static_cast<double>(s.local_prefills)) +
+           Counter("pdserve:decode_remote_prefills_total",
+                   "Prompts sent to a prefill node to be prefilled.",
+                   static_cast<double>(s.requests_total));
   };
   return node;
 }

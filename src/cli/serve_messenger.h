@@ -17,6 +17,10 @@
 
 namespace pdserve::cli {
 
+// Prompts of at most this many tokens are prefilled by the decode node itself; measured on this
+// project's CPUs (docs/messenger.md, "Conditional disaggregation").
+inline constexpr int kDefaultLocalPrefillMaxTokens = 8;
+
 struct MessengerFlags {
   std::string provider = "tcp";  // tcp over loopback by default: see docs/messenger.md
   std::string address = "127.0.0.1";
@@ -25,6 +29,7 @@ struct MessengerFlags {
   int heartbeat_ms = 250;
   int peer_timeout_ms = 3000;
   int prefill_timeout_ms = 60000;
+  int local_prefill_max_tokens = kDefaultLocalPrefillMaxTokens;  // decode role
 };
 
 void AddMessengerFlags(CLI::App* cmd, MessengerFlags* flags);

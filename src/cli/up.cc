@@ -1,19 +1,30 @@
-// `pdserve up`: a whole local cluster in one command — the router (in this process) and N
-// colocated nodes (child processes running `pdserve serve`), each pinned to its own cores.
-// Prints the URL and a ready curl line once every node is healthy; Ctrl-C/SIGTERM stops all.
+// `pdserve up`: a whole local cluster in one command — the router (in this process) and its
+// nodes (child processes running `pdserve serve`), each pinned to its own cores: N prefill and
+// M decode nodes (--prefill/--decode; 1P1D by default), or K colocated ones (--nodes). The
+// router sends requests only to decode (or colocated) nodes; each decode node is given every
+// prefill node as a peer, and all share a fresh cluster key passed through the environment.
+// Prints the URL and a ready curl line once every node is healthy and every decode node has
+// handshaken with its prefill peers; Ctrl-C/SIGTERM stops all.
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
+
+#include <httplib.h>
 
 #include "cli/commands.h"
 #include "cli/model_flags.h"
 #include "cli/router_process.h"
 #include "cli/up_processes.h"
 #include "common/logging.h"
+#include "fabric/descriptors.h"
+#include "messenger/cluster_proof.h"
 #include "model/synthetic.h"
 #include "router/router.h"
 
@@ -24,7 +35,13 @@ namespace fs = std::filesystem;
 
 struct UpFlags {
   std::string model;  // empty: the embedded default ("tiny"), built once into the cache
-  int nodes = 0;      // 0: 2 when there are at least 2 cores, else 1
+  // Colocated nodes: -1 not asked for; 0: 2 when there are at least 2 cores, else 1.
+  int nodes = -1;
+  // Disaggregated nodes; 1P1D when neither these nor --nodes are given.
+  int prefill = 0;
+  int decode = 0;
+  std::string fabric_provider;        // empty: serve's default
+  int local_prefill_max_tokens = -1;  // decode nodes; -1: serve's default
   std::string host = "127.0.0.1";
   int port = 8000;
   int threads_per_node = 0;  // 0: the node's share of the cores
@@ -71,36 +88,90 @@ Result<std::string> SelfExe() {
   return exe.string();
 }
 
-// The processes to start. --prefill/--decode (messenger issue) will add specs with those roles.
+// Checks that the flags describe one kind of cluster and fills in the default (1P1D).
+Status ResolveTopology(UpFlags* f) {
+  const bool disaggregated = f->prefill > 0 || f->decode > 0;
+  if (f->nodes >= 0 && disaggregated) {
+    return Status::InvalidArgument(
+        "--nodes starts colocated nodes and cannot be combined with --prefill/--decode");
+  }
+  if (disaggregated && (f->prefill == 0 || f->decode == 0)) {
+    return Status::InvalidArgument(
+        "a disaggregated cluster needs both --prefill N and --decode M (each at least 1)");
+  }
+  if (f->nodes >= 0 && (!f->fabric_provider.empty() || f->local_prefill_max_tokens >= 0)) {
+    return Status::InvalidArgument(
+        "--fabric-provider and --local-prefill-max-tokens apply to prefill/decode nodes, not to "
+        "colocated --nodes");
+  }
+  if (f->nodes < 0 && !disaggregated) f->prefill = f->decode = 1;
+  return Status::Ok();
+}
+
+// The processes to start: prefill nodes first (so that with 2 cores 1P1D puts P on the first
+// core and D on the second), each decode node told every prefill node's address.
 Result<std::vector<NodeSpec>> PlanNodes(const UpFlags& f, CorePlan* plan) {
   const std::vector<int> cpus = AllowedCpus();
-  const int nodes = f.nodes > 0 ? f.nodes : (cpus.size() >= 2 ? 2 : 1);
-  *plan = PlanCores(cpus, nodes);
-  std::vector<NodeSpec> specs(static_cast<size_t>(nodes));
+  std::vector<std::string> roles;
+  if (f.prefill > 0) {
+    roles.assign(static_cast<size_t>(f.prefill), "prefill");
+    roles.insert(roles.end(), static_cast<size_t>(f.decode), "decode");
+  } else {
+    roles.assign(f.nodes > 0 ? static_cast<size_t>(f.nodes) : (cpus.size() >= 2 ? 2 : 1),
+                 "colocated");
+  }
+  *plan = PlanCores(cpus, static_cast<int>(roles.size()));
+  std::vector<NodeSpec> specs(roles.size());
+  std::vector<std::string> prefill_addresses;
   for (size_t i = 0; i < specs.size(); ++i) {
+    specs[i].role = roles[i];
     specs[i].cpus = plan->node_cpus[i];
     specs[i].threads = f.threads_per_node > 0
                            ? f.threads_per_node
                            : std::max<int>(1, static_cast<int>(specs[i].cpus.size()));
     PD_ASSIGN_OR_RETURN(specs[i].port, FindFreePort());
+    if (specs[i].role == "prefill") {
+      prefill_addresses.push_back("127.0.0.1:" + std::to_string(specs[i].port));
+    }
+  }
+  for (NodeSpec& spec : specs) {
+    if (spec.role == "decode") spec.prefill_peers = prefill_addresses;
   }
   return specs;
 }
 
+// A fresh secret for this cluster's messengers (the handshake's shared key).
+Result<std::string> NewClusterKey() {
+  PD_ASSIGN_OR_RETURN(messenger::Nonce bytes, messenger::MakeNonce());
+  return fabric::HexEncode(
+      std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+}
+
 std::vector<std::string> NodeArgv(const std::string& exe, const std::string& model,
                                   const NodeSpec& spec, const UpFlags& f) {
-  return {exe,
-          "serve",
-          "--role",
-          spec.role,
-          "--model",
-          model,
-          "--listen",
-          "127.0.0.1:" + std::to_string(spec.port),
-          "--threads",
-          std::to_string(spec.threads),
-          "--kv-cache-mb",
-          std::to_string(f.kv_cache_mb)};
+  std::vector<std::string> argv = {exe,
+                                   "serve",
+                                   "--role",
+                                   spec.role,
+                                   "--model",
+                                   model,
+                                   "--listen",
+                                   "127.0.0.1:" + std::to_string(spec.port),
+                                   "--threads",
+                                   std::to_string(spec.threads),
+                                   "--kv-cache-mb",
+                                   std::to_string(f.kv_cache_mb)};
+  if (spec.role != "colocated" && !f.fabric_provider.empty()) {
+    argv.insert(argv.end(), {"--fabric-provider", f.fabric_provider});
+  }
+  for (const std::string& peer : spec.prefill_peers) {
+    argv.insert(argv.end(), {"--prefill-peer", peer});
+  }
+  if (spec.role == "decode" && f.local_prefill_max_tokens >= 0) {
+    argv.insert(argv.end(),
+                {"--local-prefill-max-tokens", std::to_string(f.local_prefill_max_tokens)});
+  }
+  return argv;
 }
 
 std::string CpuList(const std::vector<int>& cpus) {
@@ -109,11 +180,58 @@ std::string CpuList(const std::vector<int>& cpus) {
   return out.empty() ? "any" : out;
 }
 
-// Waits until every node is healthy. Fails if a node exits, a signal arrives or time runs out.
-Status WaitUntilHealthy(router::Router& front, int nodes, ChildProcesses& children,
-                        TerminationSignals& signals, Deadline deadline) {
-  while (front.nodes().HealthyCount() < nodes) {
-    if (deadline.Passed()) return Status::DeadlineExceeded("nodes not healthy in time");
+// GET http://127.0.0.1:port/path: the body of a 200 answer, else nullopt.
+std::optional<std::string> LocalGet(int port, const char* path) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_connection_timeout(1, 0);
+  client.set_read_timeout(2, 0);
+  auto res = client.Get(path);
+  if (!res || res->status != 200) return std::nullopt;
+  return res->body;
+}
+
+// Why a node the router does not health-check (prefill) or that needs its peers (decode) is not
+// ready yet; empty once it is. A decode node is ready once its /metrics shows every prefill
+// peer handshaken (pdserve:messenger_peers_ready).
+std::string NotReadyReason(const NodeSpec& spec) {
+  const std::string who = spec.role + " node 127.0.0.1:" + std::to_string(spec.port);
+  if (spec.role == "prefill") {
+    return LocalGet(spec.port, "/health") ? "" : who + " is not healthy";
+  }
+  if (spec.role != "decode") return "";
+  const std::optional<std::string> metrics = LocalGet(spec.port, "/metrics");
+  if (!metrics) return who + " is not healthy";
+  constexpr std::string_view kGauge = "\npdserve:messenger_peers_ready ";
+  const size_t at = metrics->find(kGauge);
+  const int ready = at == std::string::npos ? 0 : std::atoi(metrics->c_str() + at + kGauge.size());
+  if (ready >= static_cast<int>(spec.prefill_peers.size())) return "";
+  return who + " has " + std::to_string(ready) + " of " +
+         std::to_string(spec.prefill_peers.size()) + " prefill peers handshaken";
+}
+
+// Waits until the router sees `serving` healthy nodes and every prefill and decode node is
+// ready (NotReadyReason). Fails if a node exits, a signal arrives or time runs out.
+Status WaitUntilReady(router::Router& front, int serving, const std::vector<NodeSpec>& specs,
+                      ChildProcesses& children, TerminationSignals& signals, Deadline deadline) {
+  std::vector<bool> ready(specs.size(), false);
+  std::string waiting_for;
+  for (;;) {
+    waiting_for.clear();
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (ready[i]) continue;
+      const std::string reason = NotReadyReason(specs[i]);
+      ready[i] = reason.empty();
+      if (!ready[i] && waiting_for.empty()) waiting_for = reason;
+    }
+    const int healthy = front.nodes().HealthyCount();
+    if (waiting_for.empty() && healthy < serving) {
+      waiting_for = std::to_string(healthy) + " of " + std::to_string(serving) +
+                    " serving nodes healthy at the router";
+    }
+    if (waiting_for.empty()) return Status::Ok();
+    if (deadline.Passed()) {
+      return Status::DeadlineExceeded("nodes not ready in time: " + waiting_for);
+    }
     for (const std::string& exited : children.ReapExited()) {
       return Status::Unavailable("a node stopped during startup: " + exited);
     }
@@ -121,13 +239,25 @@ Status WaitUntilHealthy(router::Router& front, int nodes, ChildProcesses& childr
       return Status::Cancelled("signal " + std::to_string(signal) + " during startup");
     }
   }
-  return Status::Ok();
 }
 
-void PrintReady(const UpFlags& f, int port, size_t nodes) {
+// The ready line, one line per node (scripts and tests read its port and pid), the curl line.
+void PrintReady(const UpFlags& f, int port, const std::vector<NodeSpec>& specs,
+                const std::vector<pid_t>& pids) {
   const std::string url = "http://" + f.host + ":" + std::to_string(port);
   const std::string auth = f.api_key.empty() ? "" : " -H 'Authorization: Bearer " + f.api_key + "'";
-  std::printf("pdserve up: ready at %s (%zu node%s)\n", url.c_str(), nodes, nodes == 1 ? "" : "s");
+  const size_t nodes = specs.size();
+  if (f.prefill > 0) {
+    std::printf("pdserve up: ready at %s (%d prefill + %d decode nodes)\n", url.c_str(), f.prefill,
+                f.decode);
+  } else {
+    std::printf("pdserve up: ready at %s (%zu node%s)\n", url.c_str(), nodes,
+                nodes == 1 ? "" : "s");
+  }
+  for (size_t i = 0; i < nodes; ++i) {
+    std::printf("  %s node http://127.0.0.1:%d pid %d cpus %s\n", specs[i].role.c_str(),
+                specs[i].port, static_cast<int>(pids[i]), CpuList(specs[i].cpus).c_str());
+  }
   std::printf(
       "curl %s/v1/completions -H 'Content-Type: application/json'%s -d '{\"prompt\": \"Once "
       "upon a time\", \"max_tokens\": 32}'\n",
@@ -135,7 +265,8 @@ void PrintReady(const UpFlags& f, int port, size_t nodes) {
   std::fflush(stdout);
 }
 
-int RunUp(const UpFlags& f) {
+int RunUp(UpFlags f) {
+  if (Status s = ResolveTopology(&f); !s.ok()) return Fail(s.ToString());
   // Before any thread or child exists: the signals then reach only WaitFor below.
   TerminationSignals signals;
   std::string model = f.model;
@@ -145,27 +276,40 @@ int RunUp(const UpFlags& f) {
   PD_ASSIGN_OR_RETURN_CLI(std::string exe, SelfExe());
   CorePlan plan;
   PD_ASSIGN_OR_RETURN_CLI(std::vector<NodeSpec> specs, PlanNodes(f, &plan));
+  // In the environment, never on a command line (visible to every user in ps).
+  std::vector<std::pair<std::string, std::string>> env;
+  if (f.prefill > 0) {
+    PD_ASSIGN_OR_RETURN_CLI(std::string key, NewClusterKey());
+    env.emplace_back("PDSERVE_CLUSTER_KEY", std::move(key));
+  }
 
   ChildProcesses children;  // its destructor stops any child still running
   router::RouterOptions options;
   options.host = f.host;
   options.port = f.port;
   options.api_key = f.api_key;
+  std::vector<pid_t> pids;
   for (const NodeSpec& spec : specs) {
-    PD_ASSIGN_OR_RETURN_CLI(pid_t pid, children.Spawn(NodeArgv(exe, model, spec, f), spec.cpus));
+    PD_ASSIGN_OR_RETURN_CLI(pid_t pid,
+                            children.Spawn(NodeArgv(exe, model, spec, f), spec.cpus, env));
+    pids.push_back(pid);
     PD_LOG_INFO("up: node pid {} role {} on 127.0.0.1:{} cpus {} threads {}", pid, spec.role,
                 spec.port, CpuList(spec.cpus), spec.threads);
-    options.nodes.push_back("http://127.0.0.1:" + std::to_string(spec.port));
+    // Prefill nodes serve no generation API: the router never sees them.
+    if (spec.role != "prefill") {
+      options.nodes.push_back("http://127.0.0.1:" + std::to_string(spec.port));
+    }
   }
   // The router's threads inherit this pinning; children were pinned in Spawn.
   if (Status s = PinCurrentThread(plan.router_cpus); !s.ok()) PD_LOG_WARN("up: {}", s.ToString());
   PD_ASSIGN_OR_RETURN_CLI(auto front, router::Router::Create(options));
   if (Status s = front->Start(); !s.ok()) return Fail(s.ToString());
-  Status ready = WaitUntilHealthy(*front, static_cast<int>(specs.size()), children, signals,
-                                  Deadline::After(std::chrono::seconds(f.startup_timeout_s)));
+  Status ready =
+      WaitUntilReady(*front, static_cast<int>(options.nodes.size()), specs, children, signals,
+                     Deadline::After(std::chrono::seconds(f.startup_timeout_s)));
   int exit_code = 0;
   if (ready.ok()) {
-    PrintReady(f, front->port(), specs.size());
+    PrintReady(f, front->port(), specs, pids);
     while (signals.WaitFor(std::chrono::milliseconds(500)) == 0) {
       for (const std::string& exited : children.ReapExited()) {
         PD_LOG_WARN("up: node {}; the router sends its traffic elsewhere", exited);
@@ -187,8 +331,21 @@ void AddUpCommand(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "up", "Start a local cluster (router + nodes) with the default model; Ctrl-C stops it");
   cmd->add_option("--model", flags->model, "Model directory (default: the embedded tiny model)");
-  cmd->add_option("--nodes", flags->nodes, "Colocated nodes (0: 2 if there are 2+ cores)")
+  cmd->add_option("--prefill", flags->prefill,
+                  "Prefill nodes (with --decode; default without --nodes: 1 prefill + 1 decode)")
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--decode", flags->decode, "Decode nodes (with --prefill)")
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--nodes", flags->nodes,
+                  "Colocated nodes instead of prefill/decode ones (0: 2 if there are 2+ cores)")
       ->check(CLI::Range(0, 256));
+  cmd->add_option("--fabric-provider", flags->fabric_provider,
+                  "KV transfer provider of the prefill/decode nodes: tcp | shm (default: serve's)")
+      ->check(CLI::IsMember({"tcp", "shm"}));
+  cmd->add_option("--local-prefill-max-tokens", flags->local_prefill_max_tokens,
+                  "Decode nodes prefill prompts up to this many tokens themselves (default: "
+                  "serve's)")
+      ->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--host", flags->host, "Router address")->capture_default_str();
   cmd->add_option("--port", flags->port, "Router port (0: any free port)")
       ->check(CLI::Range(0, 65535))

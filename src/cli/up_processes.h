@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/clock.h"
@@ -14,13 +15,13 @@
 
 namespace pdserve::cli {
 
-// One process `up` starts. Today every node is "colocated"; the messenger adds "prefill" and
-// "decode" entries, which change only the role passed to `pdserve serve`.
+// One node `up` starts: a `pdserve serve --role ROLE` child process.
 struct NodeSpec {
-  std::string role = "colocated";
-  std::vector<int> cpus;  // pinned set; empty: not pinned
+  std::string role = "colocated";  // colocated | prefill | decode
+  std::vector<int> cpus;           // pinned set; empty: not pinned
   int threads = 1;
   int port = 0;
+  std::vector<std::string> prefill_peers;  // decode: every prefill node's HOST:PORT
 };
 
 struct CorePlan {
@@ -46,8 +47,11 @@ class ChildProcesses {
   ChildProcesses& operator=(const ChildProcesses&) = delete;
 
   // Starts `argv` (argv[0] is the executable path) in its own process group, pinned to `cpus`,
-  // with SIGKILL as its parent-death signal and every signal unblocked. Returns its pid.
-  Result<pid_t> Spawn(const std::vector<std::string>& argv, const std::vector<int>& cpus);
+  // with SIGKILL as its parent-death signal and every signal unblocked, with `env` set on top
+  // of this process's environment (secrets go there: a command line is visible in ps).
+  // Returns its pid.
+  Result<pid_t> Spawn(const std::vector<std::string>& argv, const std::vector<int>& cpus,
+                      const std::vector<std::pair<std::string, std::string>>& env = {});
   // Reaps children that exited; returns a description of each ("pid 12 exited with 1").
   std::vector<std::string> ReapExited();
   // SIGTERM to each child's group, wait until `deadline`, then SIGKILL; reaps every child.

@@ -112,6 +112,18 @@ Status DecodeMessenger::Submit(EngineRequest request, const std::string& prefill
     return Status::InvalidArgument("unknown prefill peer '" + prefill_peer + "'");
   }
   if (request.prompt.empty()) return Status::InvalidArgument("empty prompt");
+  if (prefill_peer.empty() && request.prompt.size() <= static_cast<size_t>(std::max(
+                                                           0, options_.local_prefill_max_tokens))) {
+    request.kind = RequestKind::kGenerate;
+    Status s = engine_->Submit(std::move(request));
+    if (s.ok()) {
+      loop_->Post([this] {
+        ++counters_.local_prefills;
+        PublishStats();
+      });
+    }
+    return s;
+  }
   auto req = std::make_shared<Request>();
   req->id = request.id;
   req->peer_override = prefill_peer;
@@ -378,6 +390,7 @@ void DecodeMessenger::OnLanded(const std::string& id, uint32_t imm, const Status
   if (status.ok()) {
     // Every write P will send has landed: the slot can be reused.
     req.peer->own_tokens -= static_cast<int64_t>(req.prefix.size());
+    counters_.kv_writes_received += arrived;
     FreeSlot(req);
     req.state = Request::State::kLanded;
     engine_->Admit(id);

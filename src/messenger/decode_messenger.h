@@ -46,10 +46,12 @@ struct DecodeMessengerStats {
   int peers_ready = 0;
   int requests_in_flight = 0;  // submitted through the messenger, not yet finished
   int slots_in_use = 0;
-  int64_t requests_total = 0;
+  int64_t requests_total = 0;  // prefilled by a prefill peer
+  int64_t local_prefills = 0;  // prefilled by this node (local_prefill_max_tokens)
   int64_t requests_retried = 0;
   int64_t requests_failed = 0;
   int64_t requests_cancelled = 0;
+  int64_t kv_writes_received = 0;  // KV writes of transfers that completed
   std::string last_peer_error;
 };
 
@@ -61,7 +63,9 @@ class DecodeMessenger {
   DecodeMessenger(const DecodeMessenger&) = delete;
   DecodeMessenger& operator=(const DecodeMessenger&) = delete;
 
-  // Submits `request` with its prompt prefilled remotely (kind is set to kRemotePrefill).
+  // Submits `request` with its prompt prefilled remotely (kind is set to kRemotePrefill), or,
+  // for a prompt of at most options.local_prefill_max_tokens tokens and no `prefill_peer`, as
+  // an ordinary request of the engine (prefilled here).
   // `prefill_peer`: a peer name to use for this request ("" = least loaded); an unknown name is
   // InvalidArgument. Other errors are the engine's Submit errors.
   Status Submit(EngineRequest request, const std::string& prefill_peer = "");

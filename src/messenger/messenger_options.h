@@ -28,6 +28,10 @@ struct MessengerOptions {
   std::chrono::milliseconds prefill_timeout{60000};
   // D: how many times a request is moved to another prefill peer after its peer died.
   int max_retries = 1;
+  // D: prompts of at most this many tokens are prefilled by the decode node itself (chunked, as
+  // colocated) unless the request names a prefill peer: for them a round trip to P costs more
+  // than the local prefill (docs/messenger.md, "Conditional disaggregation"). 0: never.
+  int local_prefill_max_tokens = 0;
 };
 
 }  // namespace pdserve::messenger

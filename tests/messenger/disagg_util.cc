@@ -113,8 +113,10 @@ std::vector<std::string> PrefillArgs(const std::string& provider,
 std::vector<std::string> DecodeArgs(const std::string& provider,
                                     const std::vector<int>& prefill_ports,
                                     const std::vector<std::string>& extra) {
-  std::vector<std::string> args = {"--role", "decode",        "--fabric-provider",
-                                   provider, "--cluster-key", kClusterKey};
+  // Every prompt goes to the prefill node, however short (these tests are about the transfer).
+  std::vector<std::string> args = {
+      "--role",        "decode",    "--fabric-provider",          provider,
+      "--cluster-key", kClusterKey, "--local-prefill-max-tokens", "0"};
   for (int port : prefill_ports) {
     args.push_back("--prefill-peer");
     args.push_back("127.0.0.1:" + std::to_string(port));

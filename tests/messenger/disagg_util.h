@@ -45,7 +45,8 @@ bool StreamThenDrop(int port, const std::vector<int32_t>& prompt, int max_tokens
 // (polled up to deadline_ms: releases run asynchronously).
 void ExpectNodeDrained(int port, int deadline_ms = 10000);
 
-// Flags of a prefill node and of a decode node pointed at `prefill_ports`.
+// Flags of a prefill node and of a decode node pointed at `prefill_ports` (which prefills no
+// prompt itself: --local-prefill-max-tokens 0, so `extra` must not repeat that flag).
 std::vector<std::string> PrefillArgs(const std::string& provider,
                                      const std::vector<std::string>& extra = {});
 std::vector<std::string> DecodeArgs(const std::string& provider,
