@@ -46,7 +46,7 @@ MODEL=$WORK_DIR/$PRESET
 LOGS=$WORK_DIR/experiment-logs
 
 [ -x "$PDSERVE" ] || { echo "experiment: no $PDSERVE; run make build first" >&2; exit 1; }
-mkdir -p "$WORK_DIR" "$LOGS"
+mkdir -p "$WORK_DIR" "$LOGS" "$OUT_DIR"
 if [ ! -f "$MODEL/config.json" ]; then
   echo "experiment: making the $PRESET model in $MODEL (once)"
   "$PDSERVE" make-model --preset "$PRESET" --out "$MODEL.tmp.$$"
