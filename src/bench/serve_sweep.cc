@@ -1,6 +1,7 @@
 #include "bench/serve_sweep.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>

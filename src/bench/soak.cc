@@ -6,7 +6,6 @@
 
 #include <atomic>
 #include <csignal>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -16,6 +15,7 @@
 #include <httplib.h>
 
 #include "bench/serve_client.h"
+#include "common/mutex.h"
 #include "common/subprocess.h"
 
 namespace pdserve::bench {
@@ -133,7 +133,7 @@ class Load {
     threads_.clear();
   }
   void AddTo(SoakReport* report) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     report->requests += totals_.requests;
     report->completed += totals_.completed;
     report->output_tokens += totals_.output_tokens;
@@ -155,7 +155,7 @@ class Load {
     }
   }
   void Record(const RequestOutcome& o) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     ++totals_.requests;
     if (o.success) {
       ++totals_.completed;
@@ -176,8 +176,8 @@ class Load {
   const std::string model_;
   std::atomic<bool> stop_{false};
   std::vector<std::thread> threads_;
-  std::mutex mu_;
-  SoakReport totals_;  // GUARDED_BY(mu_): only the counters are used
+  Mutex mu_;
+  SoakReport totals_ GUARDED_BY(mu_);  // only the request counters are used
 };
 
 Status Validate(const SoakOptions& o) {
