@@ -65,7 +65,8 @@ stop_all() {
   done
   PIDS=()
 }
-trap stop_all EXIT INT TERM
+trap stop_all EXIT
+trap 'exit 130' INT TERM  # the EXIT trap then stops the processes
 
 # Waits until one completion through the router succeeds (every node loaded and ready).
 wait_ready() {
