@@ -9,7 +9,7 @@ FORMAT_FILES = $(shell git ls-files '*.h' '*.cc' '*.cpp' 2>/dev/null)
 UP_FLAGS ?=
 
 .PHONY: deps build release test test-asan test-tsan format format-check check-includes \
-  thread-safety fuzz fuzz-request fuzz-protocol up up-colocated clean
+  thread-safety fuzz fuzz-request fuzz-protocol up up-colocated experiment soak clean
 
 deps:
 	@scripts/install-deps.sh
@@ -96,6 +96,24 @@ up: build
 
 up-colocated: build
 	$(BUILD)/src/cli/pdserve up --nodes 0 $(UP_FLAGS)
+
+# Colocated versus 1P1D on qwen2.5-0.5b, rate sweeps and plots into docs/experiment/ (about
+# 20-30 minutes on 2 cores; EXPERIMENT_SCALE, RATES, ... in scripts/experiment.sh). Run it on
+# a quiet machine: anything else running is measured too.
+experiment: build
+	BUILD=$(BUILD) scripts/experiment.sh
+
+# Reliability soak (not in `make test`): router + 2 nodes under streamed load while node B is
+# SIGKILLed and restarted every SOAK_KILL_EVERY seconds, for SOAK_SECONDS (docs/reliability.md).
+SOAK_SECONDS ?= 600
+SOAK_KILL_EVERY ?= 5
+SOAK_CONCURRENCY ?= 8
+soak: build
+	@test -f $(BUILD)/soak-model/config.json || \
+	  $(BUILD)/src/cli/pdserve make-model --preset tiny --out $(BUILD)/soak-model
+	$(BUILD)/src/cli/pdserve bench soak --model $(BUILD)/soak-model --seconds $(SOAK_SECONDS) \
+	  --kill-every $(SOAK_KILL_EVERY) --concurrency $(SOAK_CONCURRENCY) \
+	  --log-dir $(BUILD)/soak-logs
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

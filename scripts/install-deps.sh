@@ -12,6 +12,7 @@ PACKAGES=(
   libfabric-dev libfabric-bin libhwloc-dev hwloc
   libcpp-httplib-dev qemu-user
   iproute2 procps curl
+  gnuplot-nox  # the PNG plots of `pdserve bench sweep`
   python3-jinja2  # the chat-template reference renders (tests/chat/fixtures/render_reference.py)
 )
 

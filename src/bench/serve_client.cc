@@ -65,6 +65,7 @@ class StreamReader {
   bool done() const { return done_; }
   bool saw_content() const { return chunks_ > 0; }
   const std::string& error() const { return error_; }
+  FailureKind error_kind() const { return error_kind_; }
   int usage_completion_tokens() const { return usage_completion_; }
   int usage_prompt_tokens() const { return usage_prompt_; }
   int content_chunks() const { return chunks_; }
@@ -92,12 +93,14 @@ class StreamReader {
     const json chunk = json::parse(payload, nullptr, /*allow_exceptions=*/false);
     if (chunk.is_discarded() || !chunk.is_object()) {
       error_ = "malformed stream chunk: " + payload.substr(0, 200);
+      error_kind_ = FailureKind::kMalformedChunk;
       return false;
     }
     if (const auto err = chunk.find("error"); err != chunk.end() && !err->is_null()) {
       const auto msg = err->is_object() ? err->find("message") : err->end();
       error_ = "error event: " +
                (msg != err->end() && msg->is_string() ? msg->get<std::string>() : err->dump());
+      error_kind_ = FailureKind::kErrorEvent;
       return false;
     }
     if (const auto usage = chunk.find("usage"); usage != chunk.end() && usage->is_object()) {
@@ -123,11 +126,22 @@ class StreamReader {
   RequestOutcome* const outcome_;
   std::string buffer_;
   std::string error_;
+  FailureKind error_kind_ = FailureKind::kNone;
   bool done_ = false;
   int chunks_ = 0;
   int usage_completion_ = 0;
   int usage_prompt_ = 0;
 };
+
+// An OpenAI-style error body: {"error": {"message": STRING, ...}}.
+bool IsErrorJson(const std::string& body) {
+  const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return false;
+  const auto err = j.find("error");
+  if (err == j.end() || !err->is_object()) return false;
+  const auto msg = err->find("message");
+  return msg != err->end() && msg->is_string();
+}
 
 std::string EndpointPath(const ServerAddress& server, EndpointType endpoint) {
   return server.path_prefix +
@@ -186,7 +200,7 @@ RequestOutcome StreamCompletion(const ServerAddress& server, const StreamRequest
   const Deadline deadline(start + timeout);
   StreamReader reader(request.endpoint, start, &outcome);
   int status = 0;
-  std::string error_body;  // the body of a non-200 answer, for the error message
+  std::string error_body;  // the body of a non-200 answer (its first 16 KiB), for the error
   bool timed_out = false;
   req.response_handler = [&status](const httplib::Response& r) {
     status = r.status;
@@ -196,7 +210,7 @@ RequestOutcome StreamCompletion(const ServerAddress& server, const StreamRequest
     const TimePoint now = Clock::now();
     if (status != 200) {
       error_body.append(data,
-                        std::min<size_t>(size, 2048 - std::min<size_t>(2048, error_body.size())));
+                        std::min<size_t>(size, 16384 - std::min<size_t>(16384, error_body.size())));
       return true;
     }
     if (now >= deadline.at()) {
@@ -216,18 +230,26 @@ RequestOutcome StreamCompletion(const ServerAddress& server, const StreamRequest
   if (timed_out) {
     outcome.error =
         fmt::format("timed out after {:.1f} s", std::chrono::duration<double>(timeout).count());
+    outcome.failure = FailureKind::kTimeout;
   } else if (!reader.error().empty()) {
     outcome.error = reader.error();
+    outcome.failure = reader.error_kind();
   } else if (status == 0) {
     outcome.error = "HTTP request failed: " + httplib::to_string(error);
+    outcome.failure = FailureKind::kConnect;
   } else if (status != 200) {
     outcome.error = fmt::format("HTTP {}: {}", status, error_body.substr(0, 300));
+    outcome.failure =
+        IsErrorJson(error_body) ? FailureKind::kHttpError : FailureKind::kHttpErrorMalformed;
   } else if (error != httplib::Error::Success) {
     outcome.error = "stream broken: " + httplib::to_string(error);
+    outcome.failure = FailureKind::kBroken;
   } else if (!reader.done()) {
     outcome.error = "stream ended without data: [DONE]";
+    outcome.failure = FailureKind::kNoDone;
   } else if (!reader.saw_content()) {
     outcome.error = "stream carried no generated content";
+    outcome.failure = FailureKind::kNoContent;
   }
   if (!outcome.error.empty()) return outcome;
 

@@ -8,6 +8,32 @@
 #include <fmt/format.h>
 
 namespace pdserve::bench {
+
+const char* FailureKindName(FailureKind kind) {
+  switch (kind) {
+    case FailureKind::kNone:
+      return "none";
+    case FailureKind::kConnect:
+      return "connect";
+    case FailureKind::kHttpError:
+      return "http_error";
+    case FailureKind::kHttpErrorMalformed:
+      return "http_error_malformed";
+    case FailureKind::kErrorEvent:
+      return "error_event";
+    case FailureKind::kTimeout:
+      return "timeout";
+    case FailureKind::kBroken:
+      return "broken";
+    case FailureKind::kNoDone:
+      return "no_done";
+    case FailureKind::kNoContent:
+      return "no_content";
+    case FailureKind::kMalformedChunk:
+      return "malformed_chunk";
+  }
+  return "unknown";
+}
 namespace {
 
 LatencyStats Summarize(const std::vector<double>& seconds, const std::vector<double>& percentiles) {
@@ -71,9 +97,11 @@ Result<GoodputSlo> ParseGoodput(const std::vector<std::string>& pairs) {
       slo.tpot_ms = ms;
     } else if (name == "e2el") {
       slo.e2el_ms = ms;
+    } else if (name == "itl") {
+      slo.itl_ms = ms;
     } else {
       return Status::InvalidArgument(
-          fmt::format("--goodput '{}': the metric must be ttft, tpot or e2el", pair));
+          fmt::format("--goodput '{}': the metric must be ttft, tpot, itl or e2el", pair));
     }
   }
   return slo;
@@ -126,8 +154,11 @@ ServeMetrics ComputeServeMetrics(const std::vector<RequestOutcome>& outcomes, do
     ttfts.push_back(o.ttft_s);
     e2els.push_back(o.e2el_s);
     itls.insert(itls.end(), o.itls_s.begin(), o.itls_s.end());
+    const double max_itl =
+        o.itls_s.empty() ? 0 : *std::max_element(o.itls_s.begin(), o.itls_s.end());
     if (slo.any() && (!slo.ttft_ms || o.ttft_s * 1000 <= *slo.ttft_ms) &&
         (!slo.tpot_ms || tpot * 1000 <= *slo.tpot_ms) &&
+        (!slo.itl_ms || max_itl * 1000 <= *slo.itl_ms) &&
         (!slo.e2el_ms || o.e2el_s * 1000 <= *slo.e2el_ms)) {
       ++good;
     }

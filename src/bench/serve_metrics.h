@@ -4,13 +4,15 @@
 // - E2EL: from sending the request to the last content chunk.
 // - TPOT: (E2EL - TTFT) / (output_tokens - 1), for requests with more than one output token.
 // - Throughputs divide by the measured run duration; goodput counts the requests that meet
-//   every SLO given (TPOT counts as 0 for requests of one token, as vllm does).
+//   every SLO given (TPOT counts as 0 for requests of one token, as vllm does; the ITL SLO
+//   bounds a request's largest gap).
 // Only successful requests enter latencies and token totals; failed ones are counted in
 // `failed` with their error, never as fast ones. Statistics: mean, median, population std,
 // percentiles with linear interpolation between ranks (numpy's default); 0 when no sample.
 // Pure functions on plain values: safe from any thread.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -21,9 +23,27 @@
 
 namespace pdserve::bench {
 
+// Why a request failed, for callers that judge failures (the soak, soak.h). Well-formed
+// errors are kHttpError (an error status with an OpenAI-style JSON body {"error": {"message":
+// ...}}) and kErrorEvent (an SSE event {"error": ...}); the others are broken answers.
+enum class FailureKind : uint8_t {
+  kNone,                // success
+  kConnect,             // no HTTP answer at all (refused, reset before the status line)
+  kHttpError,           // status other than 200 with a JSON error body
+  kHttpErrorMalformed,  // status other than 200, body not an OpenAI-style error
+  kErrorEvent,          // an error event in the stream
+  kTimeout,             // --request-timeout passed
+  kBroken,              // 200, then the connection broke mid-stream
+  kNoDone,              // 200, the stream ended without data: [DONE] or an error event
+  kNoContent,           // 200 and [DONE], but no generated text: a silent empty answer
+  kMalformedChunk,      // a stream event that is not JSON
+};
+const char* FailureKindName(FailureKind kind);
+
 // What one request produced, times in seconds from the moment it was sent.
 struct RequestOutcome {
   bool success = false;
+  FailureKind failure = FailureKind::kNone;
   std::string error;           // why it failed; empty on success
   int prompt_len = 0;          // input tokens (dataset count, else the server's usage)
   int output_tokens = 0;       // usage.completion_tokens, else the number of content chunks
@@ -32,11 +52,12 @@ struct RequestOutcome {
   std::vector<double> itls_s;  // gaps between consecutive content chunks
 };
 
-// Latency SLOs in milliseconds (`--goodput ttft:MS tpot:MS e2el:MS`); unset ones are not
-// checked.
+// Latency SLOs in milliseconds (`--goodput ttft:MS tpot:MS itl:MS e2el:MS`); unset ones are
+// not checked. itl is pdserve's, not vllm's: a request meets it when every gap between its
+// chunks does (TPOT averages a stall away; a streaming user sees it).
 struct GoodputSlo {
-  std::optional<double> ttft_ms, tpot_ms, e2el_ms;
-  bool any() const { return ttft_ms || tpot_ms || e2el_ms; }
+  std::optional<double> ttft_ms, tpot_ms, itl_ms, e2el_ms;
+  bool any() const { return ttft_ms || tpot_ms || itl_ms || e2el_ms; }
 };
 
 // Parses "ttft:MS" pairs; InvalidArgument names the bad pair.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bench/serve_bench.h"
+#include "cli/bench_serve_flags.h"
 #include "cli/commands.h"
 #include "cli/model_flags.h"
 
@@ -17,21 +18,10 @@ namespace pdserve::cli {
 namespace {
 
 struct BenchServeFlags {
-  bench::ServeDatasetOptions dataset;
+  ServeRunFlags run;
   std::string base_url;
-  std::string model;
-  std::string endpoint_type = "completions";
   std::string request_rate = "inf";
-  double burstiness = 1.0;
-  int max_concurrency = 0;
-  int num_warmups = 0;
-  uint64_t seed = 0;
-  std::string percentile_metrics = "ttft,tpot,itl,e2el";
-  std::string metric_percentiles = "50,90,99";
-  std::vector<std::string> goodput;
-  double request_timeout_s = 600;
   std::string result_file;
-  bool disable_progress = false;
 };
 
 std::vector<std::string> SplitCommas(const std::string& text) {
@@ -56,39 +46,14 @@ bool ParseRate(const std::string& text, double* rate) {
 }
 
 int RunBenchServe(BenchServeFlags& f) {
-  bench::ServeBenchOptions options;
+  PD_ASSIGN_OR_RETURN_CLI(bench::ServeBenchOptions options, ServeOptionsFromFlags(&f.run));
   options.base_url = f.base_url;
-  options.model = f.model;
-  if (f.endpoint_type != "completions" && f.endpoint_type != "chat") {
-    return Fail("--endpoint-type must be completions or chat");
-  }
-  options.endpoint =
-      f.endpoint_type == "chat" ? bench::EndpointType::kChat : bench::EndpointType::kCompletions;
   if (!ParseRate(f.request_rate, &options.arrivals.request_rate)) {
     return Fail("--request-rate must be a positive number or inf, got '" + f.request_rate + "'");
   }
-  options.arrivals.burstiness = f.burstiness;
-  options.arrivals.seed = f.seed;
-  options.max_concurrency = f.max_concurrency;
-  options.num_warmups = f.num_warmups;
-  options.percentile_metrics = SplitCommas(f.percentile_metrics);
-  options.percentiles.clear();
-  for (const std::string& p : SplitCommas(f.metric_percentiles)) {
-    char* end = nullptr;
-    options.percentiles.push_back(std::strtod(p.c_str(), &end));
-    if (end == p.c_str() || *end != '\0') return Fail("--metric-percentiles: '" + p + "'");
-  }
-  PD_ASSIGN_OR_RETURN_CLI(options.slo, bench::ParseGoodput(f.goodput));
-  options.request_timeout =
-      std::chrono::duration_cast<Duration>(std::chrono::duration<double>(f.request_timeout_s));
-  options.progress = !f.disable_progress && isatty(STDERR_FILENO) == 1;
   options.result_file = f.result_file;
-  options.dataset_name = f.dataset.name;
-  options.tokenizer_id = f.dataset.tokenizer_dir.empty() ? "server" : f.dataset.tokenizer_dir;
-
-  f.dataset.random.seed = f.seed;
   PD_ASSIGN_OR_RETURN_CLI(std::vector<bench::SampleRequest> requests,
-                          bench::LoadServeDataset(f.dataset, f.base_url, f.model));
+                          bench::LoadServeDataset(f.run.dataset, f.base_url, f.run.model));
   PD_ASSIGN_OR_RETURN_CLI(bench::ServeBenchResult result, bench::RunServeBench(options, requests));
   // A run where every request failed measured nothing: say so through the exit code.
   return result.metrics.completed > 0
@@ -98,12 +63,9 @@ int RunBenchServe(BenchServeFlags& f) {
 
 }  // namespace
 
-void AddBenchServeCommand(CLI::App& bench, int* exit_code) {
-  auto flags = std::make_shared<BenchServeFlags>();
-  CLI::App* cmd = bench.add_subcommand(
-      "serve", "Load an OpenAI-compatible endpoint; TTFT/TPOT/ITL/E2EL and goodput as vllm");
-  cmd->add_option("--base-url", flags->base_url, "Server, http://HOST:PORT[/PREFIX]")->required();
-  cmd->add_option("--model", flags->model, "Model name sent in every request")->required();
+void AddServeRunFlags(CLI::App* cmd, ServeRunFlags* flags, const std::string& num_prompts_help) {
+  // Checked when a run starts: `bench sweep --plot-only` needs none.
+  cmd->add_option("--model", flags->model, "Model name sent in every request (required)");
   cmd->add_option("--endpoint-type", flags->endpoint_type,
                   "completions (/v1/completions) or chat (/v1/chat/completions)")
       ->capture_default_str();
@@ -124,15 +86,12 @@ void AddBenchServeCommand(CLI::App& bench, int* exit_code) {
                   "Lengths drawn uniformly from [len*(1-r), len*(1+r)], r in [0, 1)")
       ->capture_default_str();
   flags->dataset.random.num_prompts = 100;
-  cmd->add_option("--num-prompts", flags->dataset.random.num_prompts, "Timed requests")
+  cmd->add_option("--num-prompts", flags->dataset.random.num_prompts, num_prompts_help)
       ->check(CLI::Range(1, 10000000))
       ->capture_default_str();
   cmd->add_option("--num-warmups", flags->num_warmups,
-                  "Untimed requests (the first prompt) sent before the run")
+                  "Untimed requests (the first prompt) sent before each run")
       ->check(CLI::Range(0, 100000))
-      ->capture_default_str();
-  cmd->add_option("--request-rate", flags->request_rate,
-                  "Requests per second, or inf (all at once)")
       ->capture_default_str();
   cmd->add_option("--burstiness", flags->burstiness,
                   "Gamma shape of inter-arrival times (1: Poisson; <1 burstier)")
@@ -150,13 +109,57 @@ void AddBenchServeCommand(CLI::App& bench, int* exit_code) {
                   "Percentiles reported, comma-separated")
       ->capture_default_str();
   cmd->add_option("--goodput", flags->goodput,
-                  "SLOs as NAME:MS pairs (ttft, tpot, e2el); goodput counts requests meeting all");
+                  "SLOs as NAME:MS pairs (ttft, tpot, e2el; itl: the largest gap); goodput counts "
+                  "requests meeting all");
   cmd->add_option("--request-timeout", flags->request_timeout_s, "Seconds per request")
       ->check(CLI::Range(0.001, 86400.0))
       ->capture_default_str();
-  cmd->add_option("--result-file", flags->result_file, "Write the JSON result here");
   cmd->add_flag("--disable-progress", flags->disable_progress,
                 "No progress bar (it shows only when stderr is a terminal)");
+}
+
+Result<bench::ServeBenchOptions> ServeOptionsFromFlags(ServeRunFlags* f) {
+  bench::ServeBenchOptions options;
+  if (f->model.empty()) return Status::InvalidArgument("--model is required");
+  options.model = f->model;
+  if (f->endpoint_type != "completions" && f->endpoint_type != "chat") {
+    return Status::InvalidArgument("--endpoint-type must be completions or chat");
+  }
+  options.endpoint =
+      f->endpoint_type == "chat" ? bench::EndpointType::kChat : bench::EndpointType::kCompletions;
+  options.arrivals.burstiness = f->burstiness;
+  options.arrivals.seed = f->seed;
+  options.max_concurrency = f->max_concurrency;
+  options.num_warmups = f->num_warmups;
+  options.percentile_metrics = SplitCommas(f->percentile_metrics);
+  options.percentiles.clear();
+  for (const std::string& p : SplitCommas(f->metric_percentiles)) {
+    char* end = nullptr;
+    options.percentiles.push_back(std::strtod(p.c_str(), &end));
+    if (end == p.c_str() || *end != '\0') {
+      return Status::InvalidArgument("--metric-percentiles: '" + p + "'");
+    }
+  }
+  PD_ASSIGN_OR_RETURN(options.slo, bench::ParseGoodput(f->goodput));
+  options.request_timeout =
+      std::chrono::duration_cast<Duration>(std::chrono::duration<double>(f->request_timeout_s));
+  options.progress = !f->disable_progress && isatty(STDERR_FILENO) == 1;
+  options.dataset_name = f->dataset.name;
+  options.tokenizer_id = f->dataset.tokenizer_dir.empty() ? "server" : f->dataset.tokenizer_dir;
+  f->dataset.random.seed = f->seed;
+  return options;
+}
+
+void AddBenchServeCommand(CLI::App& bench, int* exit_code) {
+  auto flags = std::make_shared<BenchServeFlags>();
+  CLI::App* cmd = bench.add_subcommand(
+      "serve", "Load an OpenAI-compatible endpoint; TTFT/TPOT/ITL/E2EL and goodput as vllm");
+  cmd->add_option("--base-url", flags->base_url, "Server, http://HOST:PORT[/PREFIX]")->required();
+  AddServeRunFlags(cmd, &flags->run, "Timed requests");
+  cmd->add_option("--request-rate", flags->request_rate,
+                  "Requests per second, or inf (all at once)")
+      ->capture_default_str();
+  cmd->add_option("--result-file", flags->result_file, "Write the JSON result here");
   cmd->callback([flags, exit_code] { *exit_code = RunBenchServe(*flags); });
 }
 

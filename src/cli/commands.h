@@ -17,5 +17,7 @@ void AddServeCommand(CLI::App& app, int* exit_code);
 void AddBenchEngineCommand(CLI::App& bench, int* exit_code);
 void AddBenchFabricCommand(CLI::App& bench, int* exit_code);
 void AddBenchServeCommand(CLI::App& bench, int* exit_code);
+void AddBenchSweepCommand(CLI::App& bench, int* exit_code);
+void AddBenchSoakCommand(CLI::App& bench, int* exit_code);
 
 }  // namespace pdserve::cli

@@ -147,12 +147,21 @@ TEST(ServeMetricsTest, EveryMetricFromHandMadeOutcomes) {
   EXPECT_FALSE(j.contains("mean_tpot_ms"));  // not among the selected metrics
   EXPECT_DOUBLE_EQ(j["request_goodput"].get<double>(), 1 / duration);
   EXPECT_TRUE(MetricsToJson(m, outcomes, {}, false)["request_goodput"].is_null());
+
+  // The ITL SLO bounds each request's largest gap: #1's gaps are 20 ms, #2's 10, #3 has none.
+  EXPECT_DOUBLE_EQ(
+      ComputeServeMetrics(outcomes, duration, {50}, *ParseGoodput({"itl:15"})).request_goodput,
+      2 / duration);
+  EXPECT_DOUBLE_EQ(
+      ComputeServeMetrics(outcomes, duration, {50}, *ParseGoodput({"itl:20"})).request_goodput,
+      3 / duration);
 }
 
 TEST(ServeMetricsTest, GoodputFlagsAreCheckedLoudly) {
   EXPECT_FALSE(ParseGoodput({"ttft"}).ok());
   EXPECT_FALSE(ParseGoodput({"ttft:abc"}).ok());
-  EXPECT_FALSE(ParseGoodput({"itl:5"}).ok());
+  EXPECT_FALSE(ParseGoodput({"itl5"}).ok());
+  EXPECT_FALSE(ParseGoodput({"tbt:5"}).ok());
   EXPECT_FALSE(ParseGoodput({"tpot:-1"}).ok());
   const auto slo = ParseGoodput({"e2el:2500.5"});
   ASSERT_TRUE(slo.ok());
