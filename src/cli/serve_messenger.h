@@ -25,6 +25,7 @@ struct MessengerFlags {
   int heartbeat_ms = 250;
   int peer_timeout_ms = 3000;
   int prefill_timeout_ms = 60000;
+  std::string kv_streaming = "on";  // prefill: on | off (off: the benchmark's baseline)
 };
 
 void AddMessengerFlags(CLI::App* cmd, MessengerFlags* flags);

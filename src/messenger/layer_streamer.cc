@@ -64,15 +64,19 @@ void LayerStreamer::OnStepScheduled(uint64_t step, std::span<const AnnouncedChun
       if (it == jobs_.end() || it->second->stopped) continue;
       StreamJob& job = *it->second;
       const int64_t end = c.start + c.count;
+      // Without streaming nothing is final before the last chunk.
       const int final_pages = end >= job.num_tokens ? static_cast<int>(job.dst_pages.size())
-                                                    : static_cast<int>(end / page_tokens_);
+                              : job.streaming       ? static_cast<int>(end / page_tokens_)
+                                                    : job.pages_announced;
       Segment seg{it->second, {}};
       for (int i = job.pages_announced; i < final_pages; ++i) {
         if (i >= static_cast<int>(c.pages.size())) break;  // cannot happen: pages cover the chunk
         seg.pages.push_back({c.pages[i], job.dst_pages[i]});
       }
       job.pages_announced = std::max(job.pages_announced, final_pages);
-      if (!seg.pages.empty()) plan.segments.push_back(std::move(seg));
+      if (seg.pages.empty()) continue;
+      plan.hold_to_end |= !job.streaming;
+      plan.segments.push_back(std::move(seg));
     }
     if (!plan.segments.empty()) plans_.push_back(std::move(plan));
   }
@@ -103,8 +107,13 @@ void LayerStreamer::Run() {
   }
 }
 
+int LayerStreamer::PostableLayer(const StepPlan& plan) const {
+  const int done = LastDoneLayer(plan.step);
+  return plan.hold_to_end && done < num_layers_ - 1 ? -1 : done;
+}
+
 bool LayerStreamer::LayerReady() const {
-  return !plans_.empty() && LastDoneLayer(plans_.front().step) >= plans_.front().next_layer;
+  return !plans_.empty() && PostableLayer(plans_.front()) >= plans_.front().next_layer;
 }
 
 bool LayerStreamer::PostReadyLayers(std::vector<std::shared_ptr<StreamJob>>* finished) {
@@ -116,7 +125,7 @@ bool LayerStreamer::PostReadyLayers(std::vector<std::shared_ptr<StreamJob>>* fin
   }
   while (!stop_ && !plans_.empty()) {
     StepPlan& plan = plans_.front();
-    const int done = LastDoneLayer(plan.step);
+    const int done = PostableLayer(plan);
     for (; plan.next_layer <= done; ++plan.next_layer) PostLayer(plan, plan.next_layer);
     if (plan.next_layer < num_layers_) break;
     for (Segment& seg : plan.segments) {
@@ -152,7 +161,8 @@ void LayerStreamer::PostLayer(StepPlan& plan, int layer) {
       ++job->writes_posted;
       s = fabric_->PostWrite(
           write,
-          fabric::Completion{.callback = [this, job](const Status& st) { OnWriteDone(job, st); },
+          fabric::Completion{.callback = [this, job, length = w.length](
+                                             const Status& st) { OnWriteDone(job, length, st); },
                              .counter = nullptr});
       if (!s.ok()) {
         --job->writes_posted;
@@ -177,8 +187,12 @@ void LayerStreamer::PostLayer(StepPlan& plan, int layer) {
   }
 }
 
-void LayerStreamer::OnWriteDone(const std::shared_ptr<StreamJob>& job, const Status& status) {
-  if (!status.ok()) {
+void LayerStreamer::OnWriteDone(const std::shared_ptr<StreamJob>& job, uint64_t length,
+                                const Status& status) {
+  if (status.ok()) {
+    writes_sent_.fetch_add(1, std::memory_order_relaxed);
+    bytes_sent_.fetch_add(static_cast<int64_t>(length), std::memory_order_relaxed);
+  } else {
     {
       MutexLock error_lock(&job->error_mu);
       if (job->first_error.ok()) job->first_error = status;

@@ -28,6 +28,9 @@ struct MessengerOptions {
   std::chrono::milliseconds prefill_timeout{60000};
   // D: how many times a request is moved to another prefill peer after its peer died.
   int max_retries = 1;
+  // P: post each layer's final pages while the forward pass runs (DESIGN.md §3.3). Off: a
+  // request's writes are all posted after its last forward pass (the benchmark's baseline).
+  bool kv_streaming = true;
 };
 
 }  // namespace pdserve::messenger
