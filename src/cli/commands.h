@@ -17,5 +17,6 @@ void AddServeCommand(CLI::App& app, int* exit_code);
 void AddBenchEngineCommand(CLI::App& bench, int* exit_code);
 void AddBenchFabricCommand(CLI::App& bench, int* exit_code);
 void AddBenchServeCommand(CLI::App& bench, int* exit_code);
+void AddBenchDisaggCommand(CLI::App& bench, int* exit_code);
 
 }  // namespace pdserve::cli

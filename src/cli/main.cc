@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   pdserve::cli::AddBenchEngineCommand(*bench, &exit_code);
   pdserve::cli::AddBenchFabricCommand(*bench, &exit_code);
   pdserve::cli::AddBenchServeCommand(*bench, &exit_code);
+  pdserve::cli::AddBenchDisaggCommand(*bench, &exit_code);
   pdserve::cli::AddTokenizeCommand(app, &exit_code);
   pdserve::cli::AddMakeModelCommand(app, &exit_code);
   pdserve::cli::AddRouterCommand(app, &exit_code);
