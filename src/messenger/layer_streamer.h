@@ -108,7 +108,12 @@ class LayerStreamer : public StepObserver {
   int PostableLayer(const StepPlan& plan) const REQUIRES(mu_);
   // Posts layer `layer` of every segment of `plan`.
   void PostLayer(StepPlan& plan, int layer) REQUIRES(mu_);
-  void OnWriteDone(const std::shared_ptr<StreamJob>& job, uint64_t length, const Status& status);
+  // Posts scratch_ (the writes of one layer of `seg`'s pages) as paged writes; adds the
+  // writes posted to *posted.
+  Status PostSegmentWrites(const Segment& seg, int64_t* posted) REQUIRES(mu_);
+  // A paged write of `writes` pages (`bytes` in all) completed.
+  void OnWriteDone(const std::shared_ptr<StreamJob>& job, int64_t writes, uint64_t bytes,
+                   const Status& status);
 
   fabric::TransferEngine* const fabric_;
   const fabric::RegionId source_region_;
@@ -125,6 +130,8 @@ class LayerStreamer : public StepObserver {
   int done_layer_ GUARDED_BY(mu_) = -1;
   bool stop_ GUARDED_BY(mu_) = false;
   std::vector<KvWrite> scratch_ GUARDED_BY(mu_);  // streamer thread
+  std::vector<uint32_t> src_pages_ GUARDED_BY(mu_);
+  std::vector<uint32_t> dst_pages_ GUARDED_BY(mu_);
   std::atomic<int64_t> writes_sent_{0};
   std::atomic<int64_t> bytes_sent_{0};
   std::thread thread_;
