@@ -19,5 +19,6 @@ void AddBenchFabricCommand(CLI::App& bench, int* exit_code);
 void AddBenchServeCommand(CLI::App& bench, int* exit_code);
 void AddBenchSweepCommand(CLI::App& bench, int* exit_code);
 void AddBenchSoakCommand(CLI::App& bench, int* exit_code);
+void AddBenchDisaggCommand(CLI::App& bench, int* exit_code);
 
 }  // namespace pdserve::cli

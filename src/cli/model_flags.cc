@@ -48,11 +48,16 @@ void AddModelFlags(CLI::App* cmd, ModelFlags* flags) {
       ->capture_default_str();
 }
 
-Result<ModelDir> LoadFromFlags(const ModelFlags& flags) {
+Result<ModelDirOptions> LoadOptionsFromFlags(const ModelFlags& flags) {
   ModelDirOptions options;
   PD_ASSIGN_OR_RETURN(options.weight_dtype, ParseAutoDType("--dtype", flags.dtype));
   PD_ASSIGN_OR_RETURN(options.transformer.kv_dtype, ParseAutoDType("--kv-dtype", flags.kv_dtype));
   options.transformer.threads = flags.threads;
+  return options;
+}
+
+Result<ModelDir> LoadFromFlags(const ModelFlags& flags) {
+  PD_ASSIGN_OR_RETURN(ModelDirOptions options, LoadOptionsFromFlags(flags));
   return LoadModelDir(flags.model, options);
 }
 

@@ -25,6 +25,8 @@ struct ModelFlags {
 
 void AddModelFlags(CLI::App* cmd, ModelFlags* flags);
 Result<ModelDir> LoadFromFlags(const ModelFlags& flags);
+// What LoadFromFlags passes to LoadModelDir (for commands that load the model themselves).
+Result<ModelDirOptions> LoadOptionsFromFlags(const ModelFlags& flags);
 EngineOptions EngineOptionsFromFlags(const ModelFlags& flags);
 
 // Prints "error: message" to stderr and returns exit code 1.

@@ -36,7 +36,7 @@ std::string Gauge(const std::string& name, const std::string& help, double value
   return fmt::format("# HELP {0} {1}\n# TYPE {0} gauge\n{0} {2}\n", name, help, value);
 }
 
-std::string Counter(const std::string& name, const std::string& help, double value) {
+std::string Counter(const std::string& name, const std::string& help, int64_t value) {
   return fmt::format("# HELP {0} {1}\n# TYPE {0} counter\n{0} {2}\n", name, help, value);
 }
 
@@ -69,6 +69,11 @@ void AddMessengerFlags(CLI::App* cmd, MessengerFlags* f) {
                   "Decode role: how long a prompt's KV may take to land")
       ->check(CLI::Range(100, 3600000))
       ->capture_default_str();
+  cmd->add_option("--kv-streaming", f->kv_streaming,
+                  "Prefill role: post each layer's KV pages while the forward pass runs (on), "
+                  "or all of a request's writes after its last forward pass (off)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
 }
 
 Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFlags& flags,
@@ -93,6 +98,7 @@ Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFla
   options.handshake_timeout = std::chrono::milliseconds(flags.peer_timeout_ms);
   options.prefill_timeout = std::chrono::milliseconds(flags.prefill_timeout_ms);
   options.local_prefill_max_tokens = flags.local_prefill_max_tokens;
+  options.kv_streaming = flags.kv_streaming != "off";
 
   NodeMessenger node;
   if (role == "prefill") {
@@ -118,7 +124,14 @@ Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFla
                    static_cast<double>(s.requests_cancelled)) +
              Gauge("pdserve:messenger_requests_failed",
                    "Prefill requests refused or failed (WriteFailed sent).",
-                   static_cast<double>(s.requests_failed));
+                   static_cast<double>(s.requests_failed)) +
+             Counter("pdserve:messenger_requests_expired_total",
+                     "Prefill requests stopped here because their deadline passed.",
+                     s.requests_expired) +
+             Counter("pdserve:messenger_kv_writes_sent_total",
+                     "KV page writes to decode nodes that completed successfully.", s.writes_sent) +
+             Counter("pdserve:messenger_kv_bytes_sent_total", "Bytes of those writes.",
+                     s.bytes_sent);
     };
     return node;
   }
@@ -132,6 +145,7 @@ Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFla
   PD_ASSIGN_OR_RETURN(node.decode,
                       messenger::DecodeMessenger::Create(engine, options, std::move(peers)));
   messenger::DecodeMessenger* m = node.decode.get();
+  served->internal_routes["events"] = [m] { return m->events().ToJson(); };
   served->submit = [m](EngineRequest request, const std::string& peer) {
     return m->Submit(std::move(request), peer);
   };
@@ -149,15 +163,28 @@ Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFla
            Gauge("pdserve:messenger_requests_cancelled",
                  "Requests whose client went away while their KV was in flight (Cancel sent).",
                  static_cast<double>(s.requests_cancelled)) +
-           Counter("pdserve:messenger_kv_writes_received_total",
-                   "KV page writes received for prompts whose KV landed.",
-                   static_cast<double>(s.kv_writes_received)) +
            Counter("pdserve:decode_local_prefills_total",
                    "Prompts prefilled by this decode node (--local-prefill-max-tokens).",
-                   static_cast<double>(s.local_prefills)) +
+                   s.local_prefills) +
            Counter("pdserve:decode_remote_prefills_total",
-                   "Prompts sent to a prefill node to be prefilled.",
-                   static_cast<double>(s.requests_total));
+                   "Prompts sent to a prefill node to be prefilled.", s.requests_total) +
+           Gauge("pdserve:messenger_requests_waiting_kv",
+                 "Requests queued for a prefill peer or whose KV is in flight.",
+                 s.requests_waiting_kv) +
+           Counter("pdserve:messenger_requests_expired_total",
+                   "Requests whose KV did not land (or found no prefill peer) by the deadline.",
+                   s.requests_expired) +
+           Counter("pdserve:messenger_kv_writes_received_total",
+                   "KV page writes of transfers that landed completely.", s.writes_received) +
+           Counter("pdserve:messenger_kv_bytes_received_total",
+                   "Bytes of those writes (from the transfer plan).", s.bytes_received) +
+           [&s] {
+             std::string out;
+             s.transfer_latency_seconds.Render(
+                 "pdserve:messenger_kv_transfer_latency_seconds",
+                 "PrefillRequest sent to every expected KV write landed.", &out);
+             return out;
+           }();
   };
   return node;
 }

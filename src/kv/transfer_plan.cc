@@ -182,6 +182,18 @@ std::vector<uint64_t> TransferPlan::ExpectedWritesPerRank(size_t num_pages, uint
   return per_rank;
 }
 
+uint64_t TransferPlan::ExpectedBytes(size_t num_pages, uint64_t seed) const {
+  uint64_t per_page_layer = 0;
+  for (const Route& r : Routes(seed)) {
+    const KvLayout& s = source_.ranks[r.src_rank];
+    // As AppendLayerWrites: one whole block, or K and V of the heads' range.
+    per_page_layer += r.writes_per_page() == 1
+                          ? s.block_bytes()
+                          : 2 * s.head_bytes() * static_cast<uint64_t>(r.num_heads);
+  }
+  return per_page_layer * num_pages * static_cast<uint64_t>(num_layers());
+}
+
 uint64_t TransferPlan::ExpectedWrites(size_t num_pages, uint64_t seed) const {
   uint64_t total = 0;
   for (uint64_t n : ExpectedWritesPerRank(num_pages, seed)) total += n;

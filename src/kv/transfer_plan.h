@@ -69,6 +69,8 @@ class TransferPlan {
   // request are sent for every layer. Derived from the same routes as AppendLayerWrites.
   std::vector<uint64_t> ExpectedWritesPerRank(size_t num_pages, uint64_t seed) const;
   uint64_t ExpectedWrites(size_t num_pages, uint64_t seed) const;
+  // Bytes those writes move (the sum of their lengths).
+  uint64_t ExpectedBytes(size_t num_pages, uint64_t seed) const;
 
   const KvSideLayout& source() const { return source_; }
   const KvSideLayout& destination() const { return destination_; }

@@ -50,7 +50,13 @@ struct DecodeMessenger::Request {
   std::vector<Peer*> failed_peers;
   Deadline deadline = Deadline::Never();  // for the KV to land
   TimePoint cancel_sent;
+  TimePoint prefill_sent;  // of the current transfer
 };
+
+std::vector<double> TransferLatencyBounds() {
+  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+          1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+}
 
 Result<std::unique_ptr<DecodeMessenger>> DecodeMessenger::Create(
     Engine* engine, MessengerOptions options, std::vector<PrefillPeerSpec> peers) {
@@ -356,9 +362,13 @@ void DecodeMessenger::Dispatch(Request& req) {
   std::weak_ptr<ControlLoop> weak_loop = loop_;
   Status s = fabric_->Expect(
       req.immediate, static_cast<uint32_t>(expected), req.deadline,
-      [this, weak_loop, id = req.id, imm = req.immediate](const Status& st, uint32_t arrived) {
+      [this, weak_loop, id = req.id, imm = req.immediate, request_id = req.request_id](
+          const Status& st, uint32_t arrived) {
+        // Timed here, on the progress thread that counted the last write, not after the hop.
+        const TimePoint at = Clock::now();
+        if (st.ok()) events_.Record(EventKind::kKvLanded, 0, -1, request_id, arrived);
         if (auto loop = weak_loop.lock()) {
-          loop->Post([this, id, imm, st, arrived] { OnLanded(id, imm, st, arrived); });
+          loop->Post([this, id, imm, st, arrived, at] { OnLanded(id, imm, st, arrived, at); });
         }
       });
   if (!s.ok()) return FailRequest(req, s.WithContext("registering the expected KV writes"));
@@ -377,26 +387,34 @@ void DecodeMessenger::Dispatch(Request& req) {
                         .deadline_ms = static_cast<uint32_t>(std::max<int64_t>(1, remaining)),
                         .replica_seed = seed,
                         .context_buffer = std::nullopt});
+  req.prefill_sent = Clock::now();
+  events_.Record(EventKind::kPrefillSent, 0, -1, req.request_id,
+                 static_cast<int64_t>(req.prefix.size()));
   PublishStats();
 }
 
 void DecodeMessenger::OnLanded(const std::string& id, uint32_t imm, const Status& status,
-                               uint32_t arrived) {
+                               uint32_t arrived, TimePoint at) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   Request& req = *it->second;
   if (req.state != Request::State::kInFlight || req.immediate != imm) return;  // stale
   PD_LOG_DEBUG("request {}: KV landed: {} ({} writes)", id, status.ToString(), arrived);
   if (status.ok()) {
+    counters_.writes_received += arrived;
+    counters_.bytes_received +=
+        static_cast<int64_t>(req.peer->plan->ExpectedBytes(req.pages.size(), req.request_id));
+    counters_.transfer_latency_seconds.Observe(
+        std::chrono::duration<double>(at - req.prefill_sent).count());
     // Every write P will send has landed: the slot can be reused.
     req.peer->own_tokens -= static_cast<int64_t>(req.prefix.size());
-    counters_.kv_writes_received += arrived;
     FreeSlot(req);
     req.state = Request::State::kLanded;
     engine_->Admit(id);
     PublishStats();
     return;
   }
+  ++counters_.requests_expired;
   Abandon(req,
           Status::DeadlineExceeded(fmt::format(
               "KV of the prompt from prefill peer {} did not land in time ({} writes arrived)",
@@ -553,6 +571,7 @@ void DecodeMessenger::Tick() {
     }
   }
   for (Request* req : late_queued) {
+    ++counters_.requests_expired;
     const std::string& cause = counters_.last_peer_error;
     FailRequest(*req, Status::Unavailable(
                           cause.empty() ? std::string("no prefill peer became available in time")
@@ -577,6 +596,10 @@ void DecodeMessenger::PublishStats() {
   DecodeMessengerStats s = counters_;
   for (const auto& p : peers_) s.peers_ready += p->state == Peer::State::kReady;
   s.requests_in_flight = static_cast<int>(requests_.size());
+  for (const auto& [id, req] : requests_) {
+    s.requests_waiting_kv += !req->engine_finished && (req->state == Request::State::kQueued ||
+                                                       req->state == Request::State::kInFlight);
+  }
   s.slots_in_use = static_cast<int>(slot_generation_.size() - free_slots_.size());
   {
     MutexLock lock(&stats_mu_);

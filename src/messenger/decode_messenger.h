@@ -25,11 +25,13 @@
 #include <string>
 #include <vector>
 
+#include "common/histogram.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "engine/engine.h"
 #include "fabric/transfer_engine.h"
 #include "messenger/control_loop.h"
+#include "messenger/event_log.h"
 #include "messenger/messenger_options.h"
 #include "messenger/protocol.h"
 
@@ -42,16 +44,26 @@ struct PrefillPeerSpec {
   std::function<Result<fabric::TransferEngineAddress>()> resolve;
 };
 
+// Upper bounds (seconds) of the transfer latency histogram: PrefillRequest sent -> every
+// expected write landed, so it spans P's whole prefill (TTFT-like).
+std::vector<double> TransferLatencyBounds();
+
 struct DecodeMessengerStats {
   int peers_ready = 0;
-  int requests_in_flight = 0;  // submitted through the messenger, not yet finished
+  int requests_in_flight = 0;   // submitted through the messenger, not yet finished
+  int requests_waiting_kv = 0;  // queued for a prefill peer, or their KV in flight
   int slots_in_use = 0;
   int64_t requests_total = 0;  // prefilled by a prefill peer
   int64_t local_prefills = 0;  // prefilled by this node (local_prefill_max_tokens)
   int64_t requests_retried = 0;
   int64_t requests_failed = 0;
   int64_t requests_cancelled = 0;
-  int64_t kv_writes_received = 0;  // KV writes of transfers that completed
+  int64_t requests_expired = 0;  // KV not landed (or no peer) by the deadline
+  // Transfers whose every write landed: their writes, and their bytes (from the plan: D sees
+  // only the immediates of one-sided writes, never their lengths).
+  int64_t writes_received = 0;
+  int64_t bytes_received = 0;
+  Histogram transfer_latency_seconds{TransferLatencyBounds()};
   std::string last_peer_error;
 };
 
@@ -70,6 +82,8 @@ class DecodeMessenger {
   // InvalidArgument. Other errors are the engine's Submit errors.
   Status Submit(EngineRequest request, const std::string& prefill_peer = "");
   DecodeMessengerStats stats() const;
+  // kPrefillSent and kKvLanded of every transfer (its request id is the one P's log shows).
+  const EventLog& events() const { return events_; }
   // True once `n` peers are ready, false if the deadline passes first.
   bool WaitForPeers(int n, Deadline deadline) const;
 
@@ -87,7 +101,8 @@ class DecodeMessenger {
   void Dispatch(Request& req);
   // Whether `req` may move to another prefill peer: retries left and another peer ready.
   bool CanRetry(const Request& req) const;
-  void OnLanded(const std::string& id, uint32_t imm, const Status& status, uint32_t arrived);
+  void OnLanded(const std::string& id, uint32_t imm, const Status& status, uint32_t arrived,
+                TimePoint at);
   void OnWriteFailed(uint64_t request_id, const std::string& reason);
   void OnCancelAck(uint64_t request_id);
   void OnEngineFinished(const std::string& id);
@@ -106,6 +121,7 @@ class DecodeMessenger {
   Engine* const engine_;
   const MessengerOptions options_;
   const uint64_t incarnation_;
+  EventLog events_;
   NodeInfo local_;
   std::string reply_address_;
   std::shared_ptr<ControlLoop> loop_;

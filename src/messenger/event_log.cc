@@ -16,6 +16,10 @@ const char* EventKindName(EventKind kind) {
       return "writes_complete";
     case EventKind::kStepFinished:
       return "step_finished";
+    case EventKind::kPrefillSent:
+      return "prefill_sent";
+    case EventKind::kKvLanded:
+      return "kv_landed";
   }
   return "unknown";
 }
@@ -35,9 +39,12 @@ std::string EventLog::ToJson() const {
   std::string out = "[";
   for (const Event& e : Snapshot()) {
     if (out.size() > 1) out += ",";
-    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(e.at - origin_).count();
-    out += fmt::format(R"({{"t_us":{},"kind":"{}","step":{},"layer":{},"request":{},"count":{}}})",
-                       us, EventKindName(e.kind), e.step, e.layer, e.request, e.count);
+    using std::chrono::microseconds;
+    const auto us = std::chrono::duration_cast<microseconds>(e.at - origin_).count();
+    const auto mono = std::chrono::duration_cast<microseconds>(e.at.time_since_epoch()).count();
+    out += fmt::format(
+        R"({{"t_us":{},"mono_us":{},"kind":"{}","step":{},"layer":{},"request":{},"count":{}}})",
+        us, mono, EventKindName(e.kind), e.step, e.layer, e.request, e.count);
   }
   return out + "]";
 }

@@ -21,6 +21,9 @@ enum class EventKind : uint8_t {
   kWritesPosted,    // `count` writes of layer `layer` of step `step` posted for `request`
   kWritesComplete,  // every write of `request` completed locally
   kStepFinished,    // the streamer saw the last layer of step `step` done
+  // Decode side (`request` is the transfer request id P's events carry too):
+  kPrefillSent,  // D sent the PrefillRequest of `request`; `count` prompt tokens
+  kKvLanded,     // D counted the last expected write of `request` (`count` writes)
 };
 const char* EventKindName(EventKind kind);
 
@@ -39,8 +42,9 @@ class EventLog {
   void Record(EventKind kind, uint64_t step, int layer = -1, uint64_t request = 0,
               int64_t count = 0);
   std::vector<Event> Snapshot() const;
-  // [{"t_us": microseconds since the log was made, "kind": ..., "step", "layer", "request",
-  //   "count"}, ...], oldest first.
+  // [{"t_us": microseconds since the log was made, "mono_us": CLOCK_MONOTONIC (steady_clock)
+  //   in microseconds, comparable between processes of one host, "kind": ..., "step",
+  //   "layer", "request", "count"}, ...], oldest first.
   std::string ToJson() const;
 
  private:

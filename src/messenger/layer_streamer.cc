@@ -64,15 +64,19 @@ void LayerStreamer::OnStepScheduled(uint64_t step, std::span<const AnnouncedChun
       if (it == jobs_.end() || it->second->stopped) continue;
       StreamJob& job = *it->second;
       const int64_t end = c.start + c.count;
+      // Without streaming nothing is final before the last chunk.
       const int final_pages = end >= job.num_tokens ? static_cast<int>(job.dst_pages.size())
-                                                    : static_cast<int>(end / page_tokens_);
+                              : job.streaming       ? static_cast<int>(end / page_tokens_)
+                                                    : job.pages_announced;
       Segment seg{it->second, {}};
       for (int i = job.pages_announced; i < final_pages; ++i) {
         if (i >= static_cast<int>(c.pages.size())) break;  // cannot happen: pages cover the chunk
         seg.pages.push_back({c.pages[i], job.dst_pages[i]});
       }
       job.pages_announced = std::max(job.pages_announced, final_pages);
-      if (!seg.pages.empty()) plan.segments.push_back(std::move(seg));
+      if (seg.pages.empty()) continue;
+      plan.hold_to_end |= !job.streaming;
+      plan.segments.push_back(std::move(seg));
     }
     if (!plan.segments.empty()) plans_.push_back(std::move(plan));
   }
@@ -103,8 +107,13 @@ void LayerStreamer::Run() {
   }
 }
 
+int LayerStreamer::PostableLayer(const StepPlan& plan) const {
+  const int done = LastDoneLayer(plan.step);
+  return plan.hold_to_end && done < num_layers_ - 1 ? -1 : done;
+}
+
 bool LayerStreamer::LayerReady() const {
-  return !plans_.empty() && LastDoneLayer(plans_.front().step) >= plans_.front().next_layer;
+  return !plans_.empty() && PostableLayer(plans_.front()) >= plans_.front().next_layer;
 }
 
 bool LayerStreamer::PostReadyLayers(std::vector<std::shared_ptr<StreamJob>>* finished) {
@@ -116,7 +125,7 @@ bool LayerStreamer::PostReadyLayers(std::vector<std::shared_ptr<StreamJob>>* fin
   }
   while (!stop_ && !plans_.empty()) {
     StepPlan& plan = plans_.front();
-    const int done = LastDoneLayer(plan.step);
+    const int done = PostableLayer(plan);
     for (; plan.next_layer <= done; ++plan.next_layer) PostLayer(plan, plan.next_layer);
     if (plan.next_layer < num_layers_) break;
     for (Segment& seg : plan.segments) {
@@ -137,29 +146,7 @@ void LayerStreamer::PostLayer(StepPlan& plan, int layer) {
     scratch_.clear();
     Status s = job->plan->AppendLayerWrites(seg.pages, layer, job->seed, &scratch_);
     int64_t posted = 0;
-    for (const KvWrite& w : scratch_) {
-      if (!s.ok()) break;
-      // TP 1: rank 0 on both sides is the one registered region; with rank workers each
-      // (src_rank, dst_rank) pair picks its region and descriptor here.
-      fabric::SingleWrite write{.src_region = source_region_,
-                                .src_offset = w.src_offset,
-                                .peer = job->peer,
-                                .dst = job->dst.get(),
-                                .dst_offset = w.dst_offset,
-                                .length = w.length,
-                                .immediate = job->immediate,
-                                .deadline = job->deadline};
-      ++job->writes_posted;
-      s = fabric_->PostWrite(
-          write,
-          fabric::Completion{.callback = [this, job](const Status& st) { OnWriteDone(job, st); },
-                             .counter = nullptr});
-      if (!s.ok()) {
-        --job->writes_posted;
-        break;
-      }
-      ++posted;
-    }
+    if (s.ok()) s = PostSegmentWrites(seg, &posted);
     if (posted > 0) {
       events_->Record(EventKind::kWritesPosted, plan.step, layer, job->request_id, posted);
     }
@@ -177,15 +164,80 @@ void LayerStreamer::PostLayer(StepPlan& plan, int layer) {
   }
 }
 
-void LayerStreamer::OnWriteDone(const std::shared_ptr<StreamJob>& job, const Status& status) {
-  if (!status.ok()) {
+Status LayerStreamer::PostSegmentWrites(const Segment& seg, int64_t* posted) {
+  const std::shared_ptr<StreamJob>& job = seg.job;
+  const size_t n = seg.pages.size();
+  // AppendLayerWrites emits, page after page, the same routes: write k of every page moves
+  // the same length between the same ranks, at offsets one block stride apart per page id
+  // (the layout is layer-major). Such a column is one paged write: one post and one
+  // completion for the layer's pages instead of one per page, each page still carrying the
+  // immediate D counts.
+  const size_t per_page = n == 0 ? 0 : scratch_.size() / n;
+  if (per_page == 0 || per_page * n != scratch_.size()) {
+    return Status::Internal("transfer plan wrote an uneven number of writes per page");
+  }
+  for (size_t k = 0; k < per_page; ++k) {
+    const KvWrite& first = scratch_[k];
+    const uint64_t src_stride = job->plan->source().ranks[first.src_rank].block_bytes();
+    const uint64_t dst_stride = job->plan->destination().ranks[first.dst_rank].block_bytes();
+    const uint64_t src_base = first.src_offset - src_stride * seg.pages[0].src;
+    const uint64_t dst_base = first.dst_offset - dst_stride * seg.pages[0].dst;
+    src_pages_.clear();
+    dst_pages_.clear();
+    for (size_t i = 0; i < n; ++i) {
+      const KvWrite& w = scratch_[i * per_page + k];
+      const PagePair& p = seg.pages[i];
+      if (w.length != first.length || w.src_rank != first.src_rank ||
+          w.dst_rank != first.dst_rank || w.src_offset != src_base + src_stride * p.src ||
+          w.dst_offset != dst_base + dst_stride * p.dst) {
+        return Status::Internal("transfer plan's writes of one layer are not page-strided");
+      }
+      src_pages_.push_back(static_cast<uint32_t>(p.src));
+      dst_pages_.push_back(static_cast<uint32_t>(p.dst));
+    }
+    // TP 1: rank 0 on both sides is the one registered region; with rank workers each
+    // (src_rank, dst_rank) pair picks its region and descriptor here.
+    fabric::PagedWrite write{.src_region = source_region_,
+                             .src_offset = src_base,
+                             .src_stride = src_stride,
+                             .src_pages = src_pages_,
+                             .peer = job->peer,
+                             .dst = job->dst.get(),
+                             .dst_offset = dst_base,
+                             .dst_stride = dst_stride,
+                             .dst_pages = dst_pages_,
+                             .length = first.length,
+                             .immediate = job->immediate,
+                             .deadline = job->deadline};
+    const auto writes = static_cast<int64_t>(n);
+    job->writes_posted += writes;
+    Status s = fabric_->PostPagedWrite(
+        write, fabric::Completion{
+                   .callback = [this, job, writes, bytes = first.length * n](
+                                   const Status& st) { OnWriteDone(job, writes, bytes, st); },
+                   .counter = nullptr});
+    if (!s.ok()) {
+      job->writes_posted -= writes;
+      return s;
+    }
+    *posted += writes;
+  }
+  return Status::Ok();
+}
+
+void LayerStreamer::OnWriteDone(const std::shared_ptr<StreamJob>& job, int64_t writes,
+                                uint64_t bytes, const Status& status) {
+  if (status.ok()) {
+    writes_sent_.fetch_add(writes, std::memory_order_relaxed);
+    bytes_sent_.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+  } else {
     {
       MutexLock error_lock(&job->error_mu);
       if (job->first_error.ok()) job->first_error = status;
     }
     job->write_failed.store(true);
   }
-  job->writes_completed.fetch_add(1, std::memory_order_acq_rel);
+  job->writes_completed.fetch_add(writes, std::memory_order_acq_rel);
   on_job_changed_(job);
 }
 

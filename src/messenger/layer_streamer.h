@@ -2,7 +2,8 @@
 // engine's StepObserver: before each forward pass it learns which chunks run and decides which
 // pages become final in that step (a page is final when all its token slots are written, or at
 // the request's last chunk); as layers finish, its own thread posts those pages' writes of each
-// finished layer, with the request's immediate, through the TransferPlan.
+// finished layer, with the request's immediate, through the TransferPlan. A job with streaming
+// off (the benchmark's baseline) is posted whole only after its last forward pass ended.
 //
 // Threads: OnStepScheduled / OnLayerDone run on the engine loop thread and only record and
 // notify. The streamer thread posts writes. Write completions run on fabric progress threads
@@ -40,6 +41,8 @@ struct StreamJob {
   uint64_t seed = 0;
   uint32_t immediate = 0;
   int64_t num_tokens = 0;  // tokens prefilled here: the prompt's [0, n-1)
+  // Off: every page waits for the last chunk's forward pass to end, then all layers are posted.
+  bool streaming = true;
   std::vector<PageId> dst_pages;
   Deadline deadline = Deadline::Never();
   // ---- Streamer state, guarded by LayerStreamer::mu_.
@@ -75,6 +78,9 @@ class LayerStreamer : public StepObserver {
     bool stopped = false;
   };
   JobProgress Progress(const StreamJob& job) const;
+  // Writes (and their bytes) that completed successfully, over the streamer's life.
+  int64_t writes_sent() const { return writes_sent_.load(std::memory_order_relaxed); }
+  int64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
 
   void OnStepScheduled(uint64_t step, std::span<const AnnouncedChunk> chunks) override;
   void OnLayerDone(uint64_t step, int layer) override;
@@ -88,6 +94,7 @@ class LayerStreamer : public StepObserver {
     uint64_t step = 0;
     std::vector<Segment> segments;
     int next_layer = 0;
+    bool hold_to_end = false;  // a segment's job does not stream: post after the last layer
   };
   void Run() EXCLUDES(mu_);
   // Waits (briefly) for a layer to post, posts every ready layer, and hands back the jobs of a
@@ -97,9 +104,16 @@ class LayerStreamer : public StepObserver {
   bool LayerReady() const REQUIRES(mu_);
   // Highest layer of `step` known done (-1: none).
   int LastDoneLayer(uint64_t step) const REQUIRES(mu_);
+  // Highest layer of `plan` that may be posted now (-1: none).
+  int PostableLayer(const StepPlan& plan) const REQUIRES(mu_);
   // Posts layer `layer` of every segment of `plan`.
   void PostLayer(StepPlan& plan, int layer) REQUIRES(mu_);
-  void OnWriteDone(const std::shared_ptr<StreamJob>& job, const Status& status);
+  // Posts scratch_ (the writes of one layer of `seg`'s pages) as paged writes; adds the
+  // writes posted to *posted.
+  Status PostSegmentWrites(const Segment& seg, int64_t* posted) REQUIRES(mu_);
+  // A paged write of `writes` pages (`bytes` in all) completed.
+  void OnWriteDone(const std::shared_ptr<StreamJob>& job, int64_t writes, uint64_t bytes,
+                   const Status& status);
 
   fabric::TransferEngine* const fabric_;
   const fabric::RegionId source_region_;
@@ -116,6 +130,10 @@ class LayerStreamer : public StepObserver {
   int done_layer_ GUARDED_BY(mu_) = -1;
   bool stop_ GUARDED_BY(mu_) = false;
   std::vector<KvWrite> scratch_ GUARDED_BY(mu_);  // streamer thread
+  std::vector<uint32_t> src_pages_ GUARDED_BY(mu_);
+  std::vector<uint32_t> dst_pages_ GUARDED_BY(mu_);
+  std::atomic<int64_t> writes_sent_{0};
+  std::atomic<int64_t> bytes_sent_{0};
   std::thread thread_;
 };
 

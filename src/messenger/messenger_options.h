@@ -32,6 +32,9 @@ struct MessengerOptions {
   // colocated) unless the request names a prefill peer: for them a round trip to P costs more
   // than the local prefill (docs/messenger.md, "Conditional disaggregation"). 0: never.
   int local_prefill_max_tokens = 0;
+  // P: post each layer's final pages while the forward pass runs (DESIGN.md §3.3). Off: a
+  // request's writes are all posted after its last forward pass (the benchmark's baseline).
+  bool kv_streaming = true;
 };
 
 }  // namespace pdserve::messenger

@@ -21,7 +21,10 @@ Result<std::unique_ptr<PrefillMessenger>> PrefillMessenger::Create(Engine* engin
 }
 
 PrefillMessenger::PrefillMessenger(Engine* engine, MessengerOptions options)
-    : engine_(engine), options_(std::move(options)), incarnation_(NewIncarnation()) {}
+    : engine_(engine),
+      options_(std::move(options)),
+      incarnation_(NewIncarnation()),
+      kv_streaming_(options_.kv_streaming) {}
 
 Status PrefillMessenger::Init() {
   loop_ = std::make_shared<ControlLoop>(options_.heartbeat_interval, [this] { Tick(); });
@@ -195,6 +198,7 @@ void PrefillMessenger::HandlePrefill(fabric::PeerId from, PrefillRequest request
   job->immediate =
       EncodeImmediate({.slot = request.transfer_slot, .generation = request.generation});
   job->num_tokens = tokens;
+  job->streaming = kv_streaming_.load();
   job->dst_pages = std::move(request.destination_pages);
   job->deadline = Deadline::AfterMs(request.deadline_ms);
 
@@ -338,6 +342,7 @@ void PrefillMessenger::Tick() {
     if (!state.job->write_failed.load() && state.job->deadline.Passed()) late.push_back(id);
   }
   for (const std::string& id : late) {
+    ++counters_.requests_expired;
     FailJob(jobs_[id], Status::DeadlineExceeded("prefill request passed its deadline"));
     CheckJob(id);
   }
@@ -357,8 +362,15 @@ void PrefillMessenger::PublishStats() {
 }
 
 PrefillMessengerStats PrefillMessenger::stats() const {
-  MutexLock lock(&stats_mu_);
-  return stats_;
+  PrefillMessengerStats s;
+  {
+    MutexLock lock(&stats_mu_);
+    s = stats_;
+  }
+  // Live, from the completions: these move between control-loop publications.
+  s.writes_sent = streamer_->writes_sent();
+  s.bytes_sent = streamer_->bytes_sent();
+  return s;
 }
 
 }  // namespace pdserve::messenger

@@ -37,6 +37,9 @@ struct PrefillMessengerStats {
   int64_t requests_total = 0;
   int64_t requests_failed = 0;
   int64_t requests_cancelled = 0;
+  int64_t requests_expired = 0;  // passed their deadline here
+  int64_t writes_sent = 0;       // KV writes completed successfully
+  int64_t bytes_sent = 0;        // their bytes
 };
 
 class PrefillMessenger {
@@ -51,6 +54,9 @@ class PrefillMessenger {
   uint64_t incarnation() const { return incarnation_; }
   PrefillMessengerStats stats() const;
   const EventLog& events() const { return events_; }
+  // Streaming on or off for PrefillRequests that arrive from now on (MessengerOptions::
+  // kv_streaming); for benchmarks that compare both on one node. Any thread.
+  void SetKvStreaming(bool on) { kv_streaming_.store(on); }
 
  private:
   struct DecodePeer {
@@ -101,6 +107,7 @@ class PrefillMessenger {
   std::unique_ptr<fabric::TransferEngine> fabric_;
   fabric::RegionId region_ = 0;
   std::unique_ptr<LayerStreamer> streamer_;
+  std::atomic<bool> kv_streaming_;
 
   // Control-loop state.
   std::map<fabric::PeerId, DecodePeer> peers_;

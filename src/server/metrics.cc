@@ -6,28 +6,6 @@
 
 namespace pdserve::server {
 
-Histogram::Histogram(std::vector<double> bounds)
-    : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
-
-void Histogram::Observe(double value) {
-  const size_t i = std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
-  ++counts_[i];
-  sum_ += value;
-  ++count_;
-}
-
-void Histogram::Render(const std::string& name, const std::string& help, std::string* out) const {
-  *out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
-  uint64_t cumulative = 0;
-  for (size_t i = 0; i < bounds_.size(); ++i) {
-    cumulative += counts_[i];
-    *out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds_[i], cumulative);
-  }
-  cumulative += counts_.back();
-  *out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n", name, cumulative);
-  *out += fmt::format("{}_sum {}\n{}_count {}\n", name, sum_, name, count_);
-}
-
 namespace {
 
 // vLLM's bucket boundaries, so dashboards built for it read pdserve the same way.
@@ -86,6 +64,10 @@ std::string ServerMetrics::Render(const EngineStats& stats) const {
   Gauge("pdserve:kv_cache_usage_perc", "Fraction of KV cache pages in use (0 to 1).",
         stats.pages_total > 0 ? static_cast<double>(stats.pages_used) / stats.pages_total : 0.0,
         &out);
+  // The page pool in pages: on a decode node, pages held for KV in flight count as used.
+  Gauge("pdserve:kv_pages_used", "KV cache pages in use (allocated, held or pinned).",
+        stats.pages_used, &out);
+  Gauge("pdserve:kv_pages_total", "KV cache pages in the pool.", stats.pages_total, &out);
   out += fmt::format(
       "# HELP pdserve:num_preemptions_total Sequences preempted for lack of KV pages.\n"
       "# TYPE pdserve:num_preemptions_total counter\npdserve:num_preemptions_total {}\n",

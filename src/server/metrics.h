@@ -7,25 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "common/histogram.h"
 #include "common/mutex.h"
 #include "engine/engine.h"
 
 namespace pdserve::server {
-
-// A cumulative histogram with fixed upper bounds. Thread-compatible (ServerMetrics locks).
-class Histogram {
- public:
-  explicit Histogram(std::vector<double> bounds);
-  void Observe(double value);
-  // Appends "# HELP", "# TYPE" and the _bucket/_sum/_count lines.
-  void Render(const std::string& name, const std::string& help, std::string* out) const;
-
- private:
-  std::vector<double> bounds_;
-  std::vector<uint64_t> counts_;  // per bound, not cumulative; one more for +Inf
-  double sum_ = 0.0;
-  uint64_t count_ = 0;
-};
 
 class ServerMetrics {
  public:

@@ -122,6 +122,7 @@ void SimulateAndCheck(const Config& c, const std::vector<PagePair>& pairs, uint6
   }
 
   std::vector<uint64_t> writes_per_rank(c.destination_tp, 0);
+  uint64_t bytes_written = 0;
   for (int layer = 0; layer < kLayers; ++layer) {
     auto writes = plan->LayerWrites(pairs, layer, seed);
     ASSERT_TRUE(writes.ok()) << writes.status().ToString();
@@ -131,6 +132,7 @@ void SimulateAndCheck(const Config& c, const std::vector<PagePair>& pairs, uint6
       ASSERT_GE(w.dst_rank, 0);
       ASSERT_LT(w.dst_rank, c.destination_tp);
       ASSERT_GT(w.length, 0u);
+      bytes_written += w.length;
       ASSERT_LE(w.src_offset + w.length, src_mem[w.src_rank].size());
       ASSERT_LE(w.dst_offset + w.length, dst_mem[w.dst_rank].size());
       for (uint64_t i = 0; i < w.length; ++i) {
@@ -164,6 +166,7 @@ void SimulateAndCheck(const Config& c, const std::vector<PagePair>& pairs, uint6
   uint64_t total = 0;
   for (uint64_t n : writes_per_rank) total += n;
   EXPECT_EQ(plan->ExpectedWrites(pairs.size(), seed), total);
+  EXPECT_EQ(plan->ExpectedBytes(pairs.size(), seed), bytes_written);
 }
 
 TEST(TransferPlanTest, EveryDestinationByteMatchesTheSingleRankReference) {
