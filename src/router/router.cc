@@ -370,6 +370,7 @@ void Router::CheckAllNodes() {
     httplib::Client client(node.host, node.port);
     client.set_connection_timeout(sec, usec);
     client.set_read_timeout(sec, usec);
+    client.set_tcp_nodelay(true);
     httplib::Result result = client.Get("/health");
     if (result && result->status == 200) {
       if (pool_.ReportHealthy(node.url)) PD_LOG_INFO("router: node {} is healthy", node.url);
