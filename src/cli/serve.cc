@@ -11,8 +11,10 @@
 
 #include "cli/commands.h"
 #include "cli/model_flags.h"
+#include "cli/router_process.h"
 #include "cli/serve_messenger.h"
 #include "common/logging.h"
+#include "http/cluster_auth.h"
 #include "kernels/dispatch.h"
 #include "model/fingerprint.h"
 #include "server/node_registration.h"
@@ -54,7 +56,13 @@ int RunServe(const ServeFlags& f) {
   if (!SplitHostPort(f.listen, &options.host, &options.port)) {
     return Fail("--listen must be HOST:PORT, got '" + f.listen + "'");
   }
-  options.api_key = f.api_key;
+  // A key in the environment stays out of `ps` (`pdserve up` hands its key over this way).
+  options.api_key = ApiKeyFromFlagOrEnv(f.api_key);
+  options.cluster_key = http::ClusterKeyFromFlagOrEnv(f.messenger.cluster_key);
+  if (!f.router.empty() && options.cluster_key.empty()) {
+    return Fail("--router needs the cluster secret the router was given (--cluster-key or " +
+                std::string(http::kClusterKeyEnv) + "): registration is authenticated");
+  }
   options.served_model_name = f.served_model_name.empty()
                                   ? std::filesystem::path(f.model.model).filename().string()
                                   : f.served_model_name;
@@ -106,7 +114,8 @@ int RunServe(const ServeFlags& f) {
   std::unique_ptr<server::NodeRegistration> registration;
   if (!f.router.empty()) {
     registration = std::make_unique<server::NodeRegistration>(
-        f.router, "http://" + options.host + ":" + std::to_string(node.port()));
+        f.router, "http://" + options.host + ":" + std::to_string(node.port()),
+        options.cluster_key);
   }
   int sig = 0;
   sigwait(&signals, &sig);
@@ -129,7 +138,8 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--listen", flags->listen, "HOST:PORT to listen on (port 0: any free port)")
       ->capture_default_str();
-  cmd->add_option("--api-key", flags->api_key, "Require 'Authorization: Bearer KEY'");
+  cmd->add_option("--api-key", flags->api_key,
+                  "Require 'Authorization: Bearer KEY' (default: env PDSERVE_API_KEY)");
   cmd->add_option("--served-model-name", flags->served_model_name,
                   "Model name in the API (default: the model directory's name)");
   cmd->add_option("--router", flags->router,

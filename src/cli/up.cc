@@ -1,12 +1,16 @@
 // `pdserve up`: a whole local cluster in one command — the router (in this process) and N
 // colocated nodes (child processes running `pdserve serve`), each pinned to its own cores.
 // Prints the URL and a ready curl line once every node is healthy; Ctrl-C/SIGTERM stops all.
+#include <sys/random.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli/commands.h"
@@ -14,6 +18,7 @@
 #include "cli/router_process.h"
 #include "cli/up_processes.h"
 #include "common/logging.h"
+#include "http/cluster_auth.h"
 #include "model/synthetic.h"
 #include "router/router.h"
 
@@ -62,6 +67,34 @@ Result<std::string> DefaultModelDir() {
   }
   fs::remove_all(tmp, ec);  // left over if another `up` won the race
   return dir.string();
+}
+
+// 32 random bytes from the kernel as hex: the cluster secret when none is given.
+Result<std::string> RandomSecret() {
+  uint8_t bytes[32];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n < 0 && errno != EINTR) return Status::FromErrno("getrandom", errno);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string hex;
+  for (uint8_t b : bytes) {
+    hex += kDigits[b >> 4];
+    hex += kDigits[b & 15];
+  }
+  return hex;
+}
+
+// What every node of this cluster gets in its environment: the API key (so a node's own
+// port asks for it as the router does) and the cluster secret (internal endpoints, the KV
+// messenger). Never in argv, which every local user can read.
+std::vector<std::pair<std::string, std::string>> NodeEnv(const std::string& api_key,
+                                                         const std::string& cluster_key) {
+  std::vector<std::pair<std::string, std::string>> env = {{http::kClusterKeyEnv, cluster_key}};
+  if (!api_key.empty()) env.emplace_back(kApiKeyEnv, api_key);
+  return env;
 }
 
 Result<std::string> SelfExe() {
@@ -126,7 +159,12 @@ Status WaitUntilHealthy(router::Router& front, int nodes, ChildProcesses& childr
 
 void PrintReady(const UpFlags& f, int port, size_t nodes) {
   const std::string url = "http://" + f.host + ":" + std::to_string(port);
-  const std::string auth = f.api_key.empty() ? "" : " -H 'Authorization: Bearer " + f.api_key + "'";
+  std::string auth;
+  if (!f.api_key.empty()) {
+    auth = " -H 'Authorization: Bearer " + f.api_key + "'";
+  } else if (!ApiKeyFromFlagOrEnv("").empty()) {
+    auth = " -H \"Authorization: Bearer $" + std::string(kApiKeyEnv) + "\"";
+  }
   std::printf("pdserve up: ready at %s (%zu node%s)\n", url.c_str(), nodes, nodes == 1 ? "" : "s");
   std::printf(
       "curl %s/v1/completions -H 'Content-Type: application/json'%s -d '{\"prompt\": \"Once "
@@ -150,9 +188,15 @@ int RunUp(const UpFlags& f) {
   router::RouterOptions options;
   options.host = f.host;
   options.port = f.port;
-  options.api_key = f.api_key;
+  options.api_key = ApiKeyFromFlagOrEnv(f.api_key);
+  options.cluster_key = http::ClusterKeyFromFlagOrEnv("");
+  if (options.cluster_key.empty()) {
+    PD_ASSIGN_OR_RETURN_CLI(options.cluster_key, RandomSecret());
+  }
+  const auto env = NodeEnv(options.api_key, options.cluster_key);
   for (const NodeSpec& spec : specs) {
-    PD_ASSIGN_OR_RETURN_CLI(pid_t pid, children.Spawn(NodeArgv(exe, model, spec, f), spec.cpus));
+    PD_ASSIGN_OR_RETURN_CLI(pid_t pid,
+                            children.Spawn(NodeArgv(exe, model, spec, f), spec.cpus, env));
     PD_LOG_INFO("up: node pid {} role {} on 127.0.0.1:{} cpus {} threads {}", pid, spec.role,
                 spec.port, CpuList(spec.cpus), spec.threads);
     options.nodes.push_back("http://127.0.0.1:" + std::to_string(spec.port));
@@ -196,7 +240,9 @@ void AddUpCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--threads-per-node", flags->threads_per_node,
                   "Compute threads per node (0: its share of the cores)")
       ->check(CLI::Range(0, 1024));
-  cmd->add_option("--api-key", flags->api_key, "Require Authorization: Bearer KEY at the router");
+  cmd->add_option("--api-key", flags->api_key,
+                  "Require Authorization: Bearer KEY at the router and every node (default: env "
+                  "PDSERVE_API_KEY)");
   cmd->add_option("--kv-cache-mb", flags->kv_cache_mb, "KV cache per node in MiB")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();

@@ -90,9 +90,11 @@ Result<int> FindFreePort() {
 ChildProcesses::~ChildProcesses() { StopAll(Deadline::AfterMs(5000)); }
 
 Result<pid_t> ChildProcesses::Spawn(const std::vector<std::string>& argv,
-                                    const std::vector<int>& cpus) {
+                                    const std::vector<int>& cpus,
+                                    const std::vector<std::pair<std::string, std::string>>& env) {
   SubprocessOptions options;
   options.argv = argv;
+  options.env = env;
   options.cpus = cpus;
   // Own group: a terminal's Ctrl-C reaches `up`, which stops children in order.
   options.new_process_group = true;

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/clock.h"
@@ -46,8 +47,11 @@ class ChildProcesses {
   ChildProcesses& operator=(const ChildProcesses&) = delete;
 
   // Starts `argv` (argv[0] is the executable path) in its own process group, pinned to `cpus`,
-  // with SIGKILL as its parent-death signal and every signal unblocked. Returns its pid.
-  Result<pid_t> Spawn(const std::vector<std::string>& argv, const std::vector<int>& cpus);
+  // with SIGKILL as its parent-death signal, every signal unblocked and `env` added to this
+  // process's environment (secrets go there, not in argv, which every local user can read).
+  // Returns its pid.
+  Result<pid_t> Spawn(const std::vector<std::string>& argv, const std::vector<int>& cpus,
+                      const std::vector<std::pair<std::string, std::string>>& env = {});
   // Reaps children that exited; returns a description of each ("pid 12 exited with 1").
   std::vector<std::string> ReapExited();
   // SIGTERM to each child's group, wait until `deadline`, then SIGKILL; reaps every child.

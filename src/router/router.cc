@@ -78,6 +78,7 @@ Status Router::Start() {
   config.threads = options_.http_threads;
   config.max_body_bytes = options_.max_body_bytes;
   config.api_key = options_.api_key;
+  config.cluster_key = options_.cluster_key;
   http::ConfigureServer(server_, config);
   InstallRoutes();
   Result<int> port = http::BindServer(server_, options_.host, options_.port, config);
@@ -120,8 +121,9 @@ void Router::InstallRoutes() {
   server_.Get("/v1/models/(.+)", forward);
   server_.Get("/health",
               [this](const httplib::Request&, httplib::Response& res) { HandleHealth(res); });
-  server_.Get("/metrics",
-              [this](const httplib::Request&, httplib::Response& res) { HandleMetrics(res); });
+  server_.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleMetrics(req, res);
+  });
 }
 
 void Router::HandleForward(const httplib::Request& req, httplib::Response& res) {
@@ -280,7 +282,10 @@ void Router::HandleHealth(httplib::Response& res) {
   res.set_content(body.dump(), "application/json");
 }
 
-void Router::HandleMetrics(httplib::Response& res) {
+void Router::HandleMetrics(const httplib::Request& req, httplib::Response& res) {
+  // /metrics needs no key, but with one set a scrape without it must not learn where the
+  // nodes listen (their ports would bypass the router): nodes are then named by position.
+  const bool show_urls = http::HasApiKey(req, options_.api_key);
   std::ostringstream out;
   auto header = [&](const char* name, const char* type, const char* help) {
     out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
@@ -299,7 +304,10 @@ void Router::HandleMetrics(httplib::Response& res) {
   header("pdserve:router_client_disconnects_total", "counter",
          "Streams whose client left before the end.");
   out << "pdserve:router_client_disconnects_total " << client_disconnects_.load() << '\n';
-  const std::vector<NodeSnapshot> nodes = pool_.Snapshot();
+  std::vector<NodeSnapshot> nodes = pool_.Snapshot();
+  if (!show_urls) {
+    for (size_t i = 0; i < nodes.size(); ++i) nodes[i].url = "node" + std::to_string(i);
+  }
   header("pdserve:router_node_healthy", "gauge", "1 if the node gets traffic.");
   for (const NodeSnapshot& n : nodes) {
     out << "pdserve:router_node_healthy{node=\"" << n.url << "\"} " << (n.healthy ? 1 : 0) << '\n';
@@ -330,6 +338,7 @@ void Router::HandleRegister(const httplib::Request& req, httplib::Response& res)
     return;
   }
   if (*added) {
+    // The cluster proof was checked before routing (http/server_setup.h).
     PD_LOG_INFO("router: node {} registered", body["url"].get<std::string>());
     WakeHealthLoop();  // check the new node now rather than at the next tick
   }

@@ -2,9 +2,9 @@
 // the healthy node with the fewest outstanding requests, relays streamed (SSE) answers piece by
 // piece as they arrive, retries a request on another node while nothing has reached the client
 // yet, health-checks its nodes, and accepts node self-registration
-// (POST /internal/register {"url": "http://host:port"}). Server limits, request ids, the API
-// key and error shapes come from http/, shared with the node; the id the router chooses is
-// the one it forwards.
+// (POST /internal/register {"url": "http://host:port"}, authenticated with the cluster secret).
+// Server limits, request ids, the API key, the cluster proof and error shapes come from http/,
+// shared with the node; the id the router chooses is the one it forwards.
 //
 // Thread-safety: Create/Start/Stop from one controlling thread; HTTP handlers run on the
 // router's own thread pool; nodes() is thread-safe.
@@ -33,6 +33,9 @@ struct RouterOptions {
   int port = 8000;                 // 0: any free port (see Router::port())
   std::vector<std::string> nodes;  // node urls known from the start
   std::string api_key;             // empty: no authentication
+  // Secret of the cluster: POST /internal/register needs a proof of it (http/cluster_auth.h);
+  // empty: registration is refused.
+  std::string cluster_key;
   size_t max_body_bytes = 8 << 20;
   size_t max_response_bytes = 64 << 20;  // non-streamed answers are read whole first
   int http_threads = 256;  // each open stream holds one, so this caps concurrent streams
@@ -73,7 +76,7 @@ class Router {
   // Handlers.
   void HandleForward(const httplib::Request& req, httplib::Response& res);
   void HandleHealth(httplib::Response& res);
-  void HandleMetrics(httplib::Response& res) EXCLUDES(metrics_mu_);
+  void HandleMetrics(const httplib::Request& req, httplib::Response& res) EXCLUDES(metrics_mu_);
   void HandleRegister(const httplib::Request& req, httplib::Response& res) EXCLUDES(health_mu_);
 
   // What a finished request leaves for the log line and the metrics.

@@ -5,12 +5,16 @@
 #include <nlohmann/json.hpp>
 
 #include "common/logging.h"
+#include "http/cluster_auth.h"
 
 namespace pdserve::server {
 
 NodeRegistration::NodeRegistration(std::string router_url, std::string node_url,
-                                   std::chrono::milliseconds interval)
-    : router_url_(std::move(router_url)), node_url_(std::move(node_url)), interval_(interval) {
+                                   std::string cluster_key, std::chrono::milliseconds interval)
+    : router_url_(std::move(router_url)),
+      node_url_(std::move(node_url)),
+      cluster_key_(std::move(cluster_key)),
+      interval_(interval) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -29,7 +33,9 @@ bool NodeRegistration::RegisterOnce() {
   client.set_read_timeout(2, 0);
   client.set_write_timeout(2, 0);
   const std::string body = nlohmann::json{{"url", node_url_}}.dump();
-  auto res = client.Post("/internal/register", body, "application/json");
+  constexpr char kPath[] = "/internal/register";
+  auto res = client.Post(kPath, http::ClusterAuthHeaders(cluster_key_, "POST", kPath), body,
+                         "application/json");
   return res && res->status >= 200 && res->status < 300;
 }
 

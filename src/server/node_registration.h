@@ -15,7 +15,8 @@ namespace pdserve::server {
 
 class NodeRegistration {
  public:
-  NodeRegistration(std::string router_url, std::string node_url,
+  // `cluster_key` signs each registration (the router refuses unsigned ones).
+  NodeRegistration(std::string router_url, std::string node_url, std::string cluster_key,
                    std::chrono::milliseconds interval = std::chrono::seconds(5));
   ~NodeRegistration();
   NodeRegistration(const NodeRegistration&) = delete;
@@ -29,6 +30,7 @@ class NodeRegistration {
 
   const std::string router_url_;
   const std::string node_url_;
+  const std::string cluster_key_;
   const std::chrono::milliseconds interval_;
   Mutex mu_;
   CondVar cv_;

@@ -395,6 +395,7 @@ NodeServer::NodeServer(NodeServerOptions options)
   impl->http_config.threads = std::max(4, impl->options.http_threads);
   impl->http_config.max_body_bytes = impl->options.max_body_bytes;
   impl->http_config.api_key = impl->options.api_key;
+  impl->http_config.cluster_key = impl->options.cluster_key;
   http::ConfigureServer(*http_, impl->http_config);
   std::vector<http::PostRoute> posts;
   posts.push_back({"/v1/completions", [impl](const httplib::Request& req, httplib::Response& res) {

@@ -35,6 +35,7 @@ struct NodeServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;                // 0: any free port (read it back with port())
   std::string api_key;            // non-empty: "Authorization: Bearer <key>" required
+  std::string cluster_key;        // GET /internal/... needs a proof of it; empty: 403
   std::string served_model_name;  // the name /v1/models lists and requests must use
   int max_waiting = 256;          // more requests than this awaiting a first token -> 503
   size_t max_body_bytes = size_t{4} << 20;
