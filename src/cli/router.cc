@@ -24,6 +24,7 @@ struct RouterFlags {
   int max_attempts = 3;
   int health_interval_ms = 1000;
   int failures_to_down = 3;
+  int shutdown_grace_s = 30;
 };
 
 int RunRouter(const RouterFlags& f) {
@@ -49,6 +50,7 @@ int RunRouter(const RouterFlags& f) {
   if (Status s = front->Start(); !s.ok()) return Fail(s.ToString());
   const int signal = signals.Wait();
   PD_LOG_INFO("router: signal {} received, stopping", signal);
+  front->FinishDrain(Deadline::After(std::chrono::seconds(f.shutdown_grace_s)));
   front->Stop();
   return 0;
 }
@@ -81,6 +83,11 @@ void AddRouterCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--failures-to-down", flags->failures_to_down,
                   "Failed health checks before a node gets no traffic")
       ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  cmd->add_option("--shutdown-grace-s", flags->shutdown_grace_s,
+                  "On SIGTERM/SIGINT: seconds requests in flight may take to finish before they "
+                  "are ended with an error (new ones get 503 at once)")
+      ->check(CLI::Range(0, 86400))
       ->capture_default_str();
   cmd->callback([flags, exit_code] { *exit_code = RunRouter(*flags); });
 }

@@ -35,6 +35,7 @@ struct ServeFlags {
   int http_threads = 160;
   size_t max_body_mb = 4;
   int request_timeout_s = 600;
+  int shutdown_grace_s = 30;
   uint64_t seed = 0;
 };
 
@@ -121,6 +122,7 @@ int RunServe(const ServeFlags& f) {
   sigwait(&signals, &sig);
   PD_LOG_INFO("signal {}: stopping", sig);
   registration.reset();
+  node.Drain(std::chrono::seconds(f.shutdown_grace_s));
   node.Stop();
   messenger = NodeMessenger{};
   return 0;
@@ -157,6 +159,11 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--request-timeout", flags->request_timeout_s,
                   "Seconds without output after which a request is cancelled")
       ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
+  cmd->add_option("--shutdown-grace-s", flags->shutdown_grace_s,
+                  "On SIGTERM/SIGINT: seconds running requests may take to finish before they "
+                  "are ended with an error (new ones get 503 at once)")
+      ->check(CLI::Range(0, 86400))
       ->capture_default_str();
   cmd->add_option("--seed", flags->seed, "Seed source for requests without a seed")
       ->capture_default_str();

@@ -1,6 +1,7 @@
 // `pdserve up`: a whole local cluster in one command — the router (in this process) and N
 // colocated nodes (child processes running `pdserve serve`), each pinned to its own cores.
-// Prints the URL and a ready curl line once every node is healthy; Ctrl-C/SIGTERM stops all.
+// Prints the URL and a ready curl line once every node is healthy; Ctrl-C/SIGTERM drains and
+// stops all, nodes first, router last.
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -37,6 +38,7 @@ struct UpFlags {
   int kv_cache_mb = 256;
   int startup_timeout_s = 300;
   int stop_timeout_s = 10;
+  int shutdown_grace_s = 30;
 };
 
 // $XDG_CACHE_HOME/pdserve/tiny, else ~/.cache/pdserve/tiny; written on first use.
@@ -133,7 +135,9 @@ std::vector<std::string> NodeArgv(const std::string& exe, const std::string& mod
           "--threads",
           std::to_string(spec.threads),
           "--kv-cache-mb",
-          std::to_string(f.kv_cache_mb)};
+          std::to_string(f.kv_cache_mb),
+          "--shutdown-grace-s",
+          std::to_string(f.shutdown_grace_s)};
 }
 
 std::string CpuList(const std::vector<int>& cpus) {
@@ -219,8 +223,12 @@ int RunUp(const UpFlags& f) {
   } else if (ready.code() != StatusCode::kCancelled) {
     exit_code = Fail(ready.ToString());
   }
+  // Nodes first, router last: the router refuses new requests but keeps relaying while each
+  // node lets its requests finish (or ends them with an error event) and exits.
+  front->BeginDrain();
+  children.StopAll(Deadline::After(std::chrono::seconds(f.shutdown_grace_s + f.stop_timeout_s)));
+  front->FinishDrain(Deadline::AfterMs(2000));
   front->Stop();
-  children.StopAll(Deadline::After(std::chrono::seconds(f.stop_timeout_s)));
   return exit_code;
 }
 
@@ -249,7 +257,13 @@ void AddUpCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--startup-timeout", flags->startup_timeout_s, "Seconds to wait for nodes")
       ->check(CLI::Range(1, 3600))
       ->capture_default_str();
-  cmd->add_option("--stop-timeout", flags->stop_timeout_s, "Seconds before SIGKILL on stop")
+  cmd->add_option("--shutdown-grace-s", flags->shutdown_grace_s,
+                  "On SIGTERM/SIGINT: seconds running requests may take to finish before they "
+                  "are ended with an error (new ones get 503 at once)")
+      ->check(CLI::Range(0, 86400))
+      ->capture_default_str();
+  cmd->add_option("--stop-timeout", flags->stop_timeout_s,
+                  "Seconds past the grace period before a node still running is killed")
       ->check(CLI::Range(1, 600))
       ->capture_default_str();
   cmd->callback([flags, exit_code] { *exit_code = RunUp(*flags); });

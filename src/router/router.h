@@ -56,8 +56,16 @@ class Router {
 
   // Binds host:port and starts serving and health-checking. Returns once the socket listens.
   Status Start();
+  // Graceful shutdown, step one: new requests get 503 "shutting_down" and /health 503
+  // "draining"; requests in flight go on (streams keep relaying). Idempotent; any thread.
+  void BeginDrain();
+  // Step two: waits until no request is in flight or `deadline` passes, then ends what is left:
+  // an open stream gets an SSE error event and [DONE] (never a cut), a request still waiting
+  // for its node 503 "shutting_down"; their node requests are cancelled. Returns once every
+  // request has ended (bounded by a few seconds past `deadline`). Calls BeginDrain first.
+  void FinishDrain(Deadline deadline);
   // Stops accepting, ends open relays (their node connections close) and joins every thread.
-  // Idempotent.
+  // Without FinishDrain first, open streams are cut. Idempotent.
   void Stop() EXCLUDES(health_mu_);
 
   int port() const { return port_; }
@@ -85,11 +93,17 @@ class Router {
     int status = 0;
     int attempts = 0;
     size_t bytes = 0;
-    std::string note;  // "ok", "client_gone", "upstream_broken", ...
+    // "ok", "failed", "client_gone", "upstream_broken", "upstream_error" (the node's stream
+    // ended with an error event), "shutdown" (the router ended it while stopping).
+    std::string note;
   };
   void Finish(const std::string& request_id, const httplib::Request& req, TimePoint start,
               const Outcome& outcome) EXCLUDES(metrics_mu_);
-  // Streams the node's SSE answer to the client; the handler returns right after.
+  // WaitHead until the read timeout, giving up (Cancelled) once FinishDrain aborts.
+  Result<UpstreamHead> WaitHeadOrAbort(UpstreamExchange& exchange);
+  // Streams the node's SSE answer to the client, whole events at a time, so that a stream the
+  // router must end (node broken, router stopping) ends with a well-formed error event and
+  // [DONE]; the handler returns right after.
   void StartRelay(std::shared_ptr<UpstreamExchange> exchange, const UpstreamHead& head,
                   const std::string& request_id, const httplib::Request& req, TimePoint start,
                   int attempts, httplib::Response& res);
@@ -101,6 +115,9 @@ class Router {
   std::thread listen_thread_;
   std::thread health_thread_;
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> draining_{false};
+  std::atomic<bool> abort_in_flight_{false};  // FinishDrain's deadline passed
+  std::atomic<int> in_flight_{0};             // forwarded requests not yet finished
   bool started_ = false;
 
   Mutex health_mu_;

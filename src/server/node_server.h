@@ -20,6 +20,7 @@
 #include <string>
 #include <thread>
 
+#include "common/clock.h"
 #include "common/status.h"
 #include "engine/engine.h"
 #include "server/metrics.h"
@@ -73,7 +74,14 @@ class NodeServer {
   // Serves on a background thread; until SetModel, /health answers 503 and the API 503.
   void Start();
   Status SetModel(ServedModel model);
-  // Stops accepting, cancels in-flight requests, waits for handlers. Idempotent.
+  // Graceful shutdown before Stop: new requests get 503 "shutting_down" and /health 503
+  // "draining"; running requests may finish for up to `grace`; then the rest are cancelled and
+  // end as clients can read it (a stream with an SSE error event and [DONE], a whole answer
+  // with 503 "cancelled"). Returns once every request has ended (bounded by a few seconds past
+  // `grace`). Owner's thread.
+  void Drain(Duration grace);
+  // Stops accepting, cancels in-flight requests, waits for handlers. Without Drain first, open
+  // streams are cut. Idempotent.
   void Stop();
 
   // Handler bodies (public for the request-scoped helpers in node_server.cc).
