@@ -1,5 +1,8 @@
 #include "router/router.h"
 
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <csignal>
 #include <optional>
 #include <sstream>
@@ -9,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/logging.h"
+#include "http/lingering_close.h"
 #include "http/request_id.h"
 #include "http/server_setup.h"
 #include "http/sse.h"
@@ -46,6 +50,15 @@ bool HasErrorEvent(std::string_view events) {
     at = end + 2;
   }
   return false;
+}
+
+// Whether the client closed its side of the connection (EOF or reset), without consuming
+// anything it sent. -1 (socket not found): not known to be closed.
+bool ClientClosed(int fd) {
+  if (fd < 0) return false;
+  char byte;
+  const ssize_t n = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 bool IsRetryableStatus(int status) { return status == 429 || status >= 500; }
@@ -286,9 +299,11 @@ void Router::StartRelay(std::shared_ptr<UpstreamExchange> exchange, const Upstre
     bool upstream_error = false;  // the node reported an error in the stream
     bool upstream_broken = false;
     bool shutdown = false;
+    int client_fd = -1;  // found on the first idle poll (httplib hands handlers no socket)
   };
   auto state = std::make_shared<RelayState>();
-  auto provider = [this, exchange, state](size_t, httplib::DataSink& sink) {
+  auto provider = [this, exchange, state, local = req.local_port, remote = req.remote_port](
+                      size_t, httplib::DataSink& sink) {
     // Ends the stream so that a client reads an error rather than a cut: the error event (none
     // after the node's own [DONE]), then [DONE]. False if the client is gone.
     auto end_with = [&](const ApiError& error) {
@@ -324,7 +339,11 @@ void Router::StartRelay(std::shared_ptr<UpstreamExchange> exchange, const Upstre
         sink.done();
         return true;
       case UpstreamExchange::Next::kTimeout:
-        return true;  // httplib calls again after checking the client socket
+        // httplib learns that a client left only when a write fails; while the node has
+        // nothing to say (a long prompt in prefill) the node would work on for no one. The
+        // socket is this thread's own connection, open while this provider runs.
+        if (state->client_fd < 0) state->client_fd = http::FindConnectedSocket(local, remote);
+        return !ClientClosed(state->client_fd);
       case UpstreamExchange::Next::kError:
         if (abort_in_flight_.load()) {
           state->shutdown = true;

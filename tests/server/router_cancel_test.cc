@@ -1,5 +1,6 @@
 // The router's node connections: TCP_NODELAY on every socket it opens to a node (read back
-// with getsockopt while a request is held at a fake node), and streams a client drops through
+// with getsockopt while a request is held at a fake node); a client that leaves a silent
+// stream gets its node connection closed within a poll; and streams a client drops through
 // the router stop generating at the node about as soon as streams dropped at the node itself
 // (a real `pdserve serve` on the tiny model, its /metrics read before and after).
 #include <netinet/in.h>
@@ -18,6 +19,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "http/lingering_close.h"
 #include "router/router.h"
 #include "server/router_test_util.h"
 #include "testing/test_paths.h"
@@ -119,6 +121,95 @@ TEST(RouterSocketTest, NodeConnectionsSetTcpNoDelay) {
   ASSERT_FALSE(fds.empty()) << "no socket of this process is connected to the node";
   EXPECT_EQ(without, 0) << without << " of " << fds.size()
                         << " sockets to the node lack TCP_NODELAY";
+  (*router)->Stop();
+}
+
+// A node whose stream sends its head and then nothing (a long prompt in prefill), and notes
+// when the router closes the connection.
+class SilentStreamNode {
+ public:
+  SilentStreamNode() {
+    server_.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("ok\n", "text/plain");
+    });
+    server_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      ++arrived;
+      auto fd = std::make_shared<int>(-1);
+      res.set_chunked_content_provider(
+          "text/event-stream",
+          [this, fd, local = req.local_port, remote = req.remote_port](size_t, httplib::DataSink&) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            if (*fd < 0) *fd = http::FindConnectedSocket(local, remote);
+            char byte;
+            if (*fd >= 0 && recv(*fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {
+              closed_at = Clock::now().time_since_epoch().count();
+              return false;
+            }
+            return !stopping.load();
+          });
+    });
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~SilentStreamNode() {
+    stopping = true;
+    server_.stop();
+    thread_.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+  std::atomic<int> arrived{0};
+  std::atomic<bool> stopping{false};
+  std::atomic<Clock::rep> closed_at{0};  // when the router's connection closed
+
+ private:
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+// The router learns that its client left without waiting for the node's next bytes: while a
+// stream is silent (a long prefill), a client that closed is seen at the next poll and the
+// node's connection is closed, so the node stops working for no one.
+TEST(RouterCancelTest, SilentStreamIsClosedAtTheNodeSoonAfterTheClientLeaves) {
+  SilentStreamNode node;
+  RouterOptions options;
+  options.port = 0;
+  options.nodes = {node.url()};
+  auto router = Router::Create(options);
+  ASSERT_TRUE(router.ok()) << router.status().ToString();
+  ASSERT_TRUE((*router)->Start().ok());
+  ASSERT_TRUE(testing::WaitHealthy((*router)->port(), Deadline::AfterMs(10000)));
+  httplib::Client client("127.0.0.1", (*router)->port());
+  client.set_read_timeout(30, 0);
+  std::thread dropper([&] {
+    const Deadline arrived = Deadline::AfterMs(10000);
+    while (node.arrived == 0 && !arrived.Passed()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the relay is waiting
+    client.stop();
+  });
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.set_header("Content-Type", "application/json");
+  req.body = R"({"prompt": "x", "stream": true})";
+  req.content_receiver = [](const char*, size_t, uint64_t, uint64_t) { return true; };
+  httplib::Response res;
+  httplib::Error error;
+  client.send(req, res, error);
+  dropper.join();
+  const TimePoint dropped = Clock::now();
+  const Deadline deadline = Deadline::AfterMs(8000);
+  while (node.closed_at == 0 && !deadline.Passed()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_NE(node.closed_at.load(), 0) << "the node's connection stayed open 8 s after the client "
+                                         "left (the router waited for bytes to relay)";
+  const TimePoint closed{Clock::duration(node.closed_at.load())};
+  EXPECT_LT(closed - dropped, std::chrono::seconds(2));
   (*router)->Stop();
 }
 
