@@ -10,6 +10,7 @@
 
 #include "common/clock.h"
 #include "common/mutex.h"
+#include "common/status.h"
 
 namespace pdserve::server {
 
@@ -24,7 +25,8 @@ class NodeRegistration {
 
  private:
   void Run() EXCLUDES(mu_);
-  bool RegisterOnce();
+  // Ok, or why the router did not take the registration (unreachable, HTTP status and body).
+  Status RegisterOnce();
   // Waits until the destructor asks to stop or `deadline` passes; true if asked to stop.
   bool StopRequestedBy(TimePoint deadline) EXCLUDES(mu_);
 
