@@ -8,6 +8,7 @@
 #include "cli/model_flags.h"
 #include "cli/router_process.h"
 #include "common/logging.h"
+#include "http/cluster_auth.h"
 #include "router/router.h"
 
 namespace pdserve::cli {
@@ -17,11 +18,13 @@ struct RouterFlags {
   std::string listen = "127.0.0.1:8000";
   std::vector<std::string> nodes;
   std::string api_key;
+  std::string cluster_key;
   int max_body_mb = 8;
   int http_threads = 256;
   int max_attempts = 3;
   int health_interval_ms = 1000;
   int failures_to_down = 3;
+  int shutdown_grace_s = 30;
 };
 
 int RunRouter(const RouterFlags& f) {
@@ -30,7 +33,12 @@ int RunRouter(const RouterFlags& f) {
   options.host = listen.host;
   options.port = listen.port;
   options.nodes = f.nodes;
-  options.api_key = f.api_key;
+  options.api_key = ApiKeyFromFlagOrEnv(f.api_key);
+  options.cluster_key = http::ClusterKeyFromFlagOrEnv(f.cluster_key);
+  if (options.cluster_key.empty()) {
+    PD_LOG_WARN("router: no cluster key (--cluster-key or {}): nodes cannot register",
+                http::kClusterKeyEnv);
+  }
   options.max_body_bytes = static_cast<size_t>(f.max_body_mb) << 20;
   options.http_threads = f.http_threads;
   options.max_attempts = f.max_attempts;
@@ -42,6 +50,7 @@ int RunRouter(const RouterFlags& f) {
   if (Status s = front->Start(); !s.ok()) return Fail(s.ToString());
   const int signal = signals.Wait();
   PD_LOG_INFO("router: signal {} received, stopping", signal);
+  front->FinishDrain(Deadline::After(std::chrono::seconds(f.shutdown_grace_s)));
   front->Stop();
   return 0;
 }
@@ -54,7 +63,11 @@ void AddRouterCommand(CLI::App& app, int* exit_code) {
       "router", "OpenAI-compatible front: spreads requests over nodes, relays streams");
   cmd->add_option("--listen", flags->listen, "HOST:PORT to serve on")->capture_default_str();
   cmd->add_option("--node", flags->nodes, "Node URL (http://host:port); repeat for several");
-  cmd->add_option("--api-key", flags->api_key, "Require Authorization: Bearer KEY");
+  cmd->add_option("--api-key", flags->api_key,
+                  "Require Authorization: Bearer KEY (default: env PDSERVE_API_KEY)");
+  cmd->add_option("--cluster-key", flags->cluster_key,
+                  "Cluster secret that node registration must prove (default: env "
+                  "PDSERVE_CLUSTER_KEY; none: registration is refused)");
   cmd->add_option("--max-body-mb", flags->max_body_mb, "Largest request body")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
@@ -70,6 +83,11 @@ void AddRouterCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--failures-to-down", flags->failures_to_down,
                   "Failed health checks before a node gets no traffic")
       ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  cmd->add_option("--shutdown-grace-s", flags->shutdown_grace_s,
+                  "On SIGTERM/SIGINT: seconds requests in flight may take to finish before they "
+                  "are ended with an error (new ones get 503 at once)")
+      ->check(CLI::Range(0, 86400))
       ->capture_default_str();
   cmd->callback([flags, exit_code] { *exit_code = RunRouter(*flags); });
 }

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <charconv>
+#include <cstdlib>
 #include <ctime>
 
 namespace pdserve::cli {
@@ -22,6 +23,12 @@ Result<HostPort> ParseHostPort(const std::string& text) {
     return Status::InvalidArgument("bad port in '" + text + "'");
   }
   return out;
+}
+
+std::string ApiKeyFromFlagOrEnv(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  const char* env = std::getenv(kApiKeyEnv);
+  return env == nullptr ? std::string() : std::string(env);
 }
 
 TerminationSignals::TerminationSignals() {

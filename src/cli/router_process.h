@@ -1,5 +1,6 @@
-// Process plumbing shared by `pdserve router` and `pdserve up`: HOST:PORT parsing and
-// SIGINT/SIGTERM delivered synchronously. Used from main()'s thread only.
+// Process plumbing shared by `pdserve router`, `pdserve up` and `pdserve serve`: HOST:PORT
+// parsing, the API key from flag or environment, and SIGINT/SIGTERM delivered synchronously.
+// Used from main()'s thread only.
 #pragma once
 
 #include <csignal>
@@ -16,6 +17,12 @@ struct HostPort {
 };
 // "HOST:PORT" with PORT in [0, 65535] (0: any free port).
 Result<HostPort> ParseHostPort(const std::string& text);
+
+// The API key may come from the environment instead of a flag, which every local user can read
+// in `ps`; `pdserve up` hands its key to its nodes this way.
+inline constexpr char kApiKeyEnv[] = "PDSERVE_API_KEY";
+// `flag` if set, else $PDSERVE_API_KEY, else "".
+std::string ApiKeyFromFlagOrEnv(const std::string& flag);
 
 // Blocks SIGINT and SIGTERM in the calling thread for its lifetime. Construct it before any
 // thread starts: threads inherit the mask, so the signals stay pending until Wait/WaitFor

@@ -11,8 +11,10 @@
 
 #include "cli/commands.h"
 #include "cli/model_flags.h"
+#include "cli/router_process.h"
 #include "cli/serve_messenger.h"
 #include "common/logging.h"
+#include "http/cluster_auth.h"
 #include "kernels/dispatch.h"
 #include "model/fingerprint.h"
 #include "server/node_registration.h"
@@ -33,6 +35,7 @@ struct ServeFlags {
   int http_threads = 160;
   size_t max_body_mb = 4;
   int request_timeout_s = 600;
+  int shutdown_grace_s = 30;
   uint64_t seed = 0;
 };
 
@@ -54,7 +57,13 @@ int RunServe(const ServeFlags& f) {
   if (!SplitHostPort(f.listen, &options.host, &options.port)) {
     return Fail("--listen must be HOST:PORT, got '" + f.listen + "'");
   }
-  options.api_key = f.api_key;
+  // A key in the environment stays out of `ps` (`pdserve up` hands its key over this way).
+  options.api_key = ApiKeyFromFlagOrEnv(f.api_key);
+  options.cluster_key = http::ClusterKeyFromFlagOrEnv(f.messenger.cluster_key);
+  if (!f.router.empty() && options.cluster_key.empty()) {
+    return Fail("--router needs the cluster secret the router was given (--cluster-key or " +
+                std::string(http::kClusterKeyEnv) + "): registration is authenticated");
+  }
   options.served_model_name = f.served_model_name.empty()
                                   ? std::filesystem::path(f.model.model).filename().string()
                                   : f.served_model_name;
@@ -106,12 +115,14 @@ int RunServe(const ServeFlags& f) {
   std::unique_ptr<server::NodeRegistration> registration;
   if (!f.router.empty()) {
     registration = std::make_unique<server::NodeRegistration>(
-        f.router, "http://" + options.host + ":" + std::to_string(node.port()));
+        f.router, "http://" + options.host + ":" + std::to_string(node.port()),
+        options.cluster_key);
   }
   int sig = 0;
   sigwait(&signals, &sig);
   PD_LOG_INFO("signal {}: stopping", sig);
   registration.reset();
+  node.Drain(std::chrono::seconds(f.shutdown_grace_s));
   node.Stop();
   messenger = NodeMessenger{};
   return 0;
@@ -129,7 +140,8 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--listen", flags->listen, "HOST:PORT to listen on (port 0: any free port)")
       ->capture_default_str();
-  cmd->add_option("--api-key", flags->api_key, "Require 'Authorization: Bearer KEY'");
+  cmd->add_option("--api-key", flags->api_key,
+                  "Require 'Authorization: Bearer KEY' (default: env PDSERVE_API_KEY)");
   cmd->add_option("--served-model-name", flags->served_model_name,
                   "Model name in the API (default: the model directory's name)");
   cmd->add_option("--router", flags->router,
@@ -147,6 +159,11 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--request-timeout", flags->request_timeout_s,
                   "Seconds without output after which a request is cancelled")
       ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
+  cmd->add_option("--shutdown-grace-s", flags->shutdown_grace_s,
+                  "On SIGTERM/SIGINT: seconds running requests may take to finish before they "
+                  "are ended with an error (new ones get 503 at once)")
+      ->check(CLI::Range(0, 86400))
       ->capture_default_str();
   cmd->add_option("--seed", flags->seed, "Seed source for requests without a seed")
       ->capture_default_str();

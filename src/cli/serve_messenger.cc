@@ -6,6 +6,7 @@
 #include <httplib.h>
 
 #include "fabric/descriptors.h"
+#include "http/cluster_auth.h"
 #include "kernels/dispatch.h"
 
 namespace pdserve::cli {
@@ -19,11 +20,13 @@ std::string BaseUrl(const std::string& peer) {
 }
 
 // Asks a prefill node's HTTP API where its transfer engine is.
-Result<fabric::TransferEngineAddress> ResolvePeer(const std::string& peer) {
+Result<fabric::TransferEngineAddress> ResolvePeer(const std::string& peer,
+                                                  const std::string& cluster_key) {
   httplib::Client client(BaseUrl(peer));
   client.set_connection_timeout(1, 0);
   client.set_read_timeout(2, 0);
-  auto res = client.Get(kAddressRoute);
+  // /internal/ routes answer only to a proof of the cluster secret (http/cluster_auth.h).
+  auto res = client.Get(kAddressRoute, http::ClusterAuthHeaders(cluster_key, "GET", kAddressRoute));
   if (!res) return Status::Unavailable(fmt::format("prefill peer {} unreachable", peer));
   if (res->status != 200) {
     return Status::Unavailable(fmt::format("prefill peer {}: HTTP {}", peer, res->status));
@@ -83,10 +86,7 @@ Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFla
   PD_ASSIGN_OR_RETURN(options.fabric.provider, fabric::ParseProvider(flags.provider));
   if (options.fabric.provider == fabric::Provider::kTcp) options.fabric.node = flags.address;
   options.fabric.pin_progress_threads = false;  // nodes share this machine's few cores
-  options.cluster_key = flags.cluster_key;
-  if (options.cluster_key.empty()) {
-    if (const char* env = std::getenv("PDSERVE_CLUSTER_KEY")) options.cluster_key = env;
-  }
+  options.cluster_key = http::ClusterKeyFromFlagOrEnv(flags.cluster_key);
   if (options.cluster_key.empty()) {
     return Status::InvalidArgument("--role " + role +
                                    " needs a cluster secret: --cluster-key or PDSERVE_CLUSTER_KEY");
@@ -140,7 +140,8 @@ Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFla
   }
   std::vector<messenger::PrefillPeerSpec> peers;
   for (const std::string& p : flags.prefill_peers) {
-    peers.push_back({.name = p, .resolve = [p] { return ResolvePeer(p); }});
+    peers.push_back(
+        {.name = p, .resolve = [p, key = options.cluster_key] { return ResolvePeer(p, key); }});
   }
   PD_ASSIGN_OR_RETURN(node.decode,
                       messenger::DecodeMessenger::Create(engine, options, std::move(peers)));

@@ -2,9 +2,10 @@
 // nodes (child processes running `pdserve serve`), each pinned to its own cores: N prefill and
 // M decode nodes (--prefill/--decode; 1P1D by default), or K colocated ones (--nodes). The
 // router sends requests only to decode (or colocated) nodes; each decode node is given every
-// prefill node as a peer, and all share a fresh cluster key passed through the environment.
-// Prints the URL and a ready curl line once every node is healthy and every decode node has
-// handshaken with its prefill peers; Ctrl-C/SIGTERM stops all.
+// prefill node as a peer. All share a fresh cluster secret (messenger handshake, /internal/
+// endpoints) and the API key, passed through the environment. Prints the URL and a ready
+// curl line once every node is healthy and every decode node has handshaken with its prefill
+// peers; Ctrl-C/SIGTERM drains and stops all, nodes first, router last.
 #include <unistd.h>
 
 #include <cstdio>
@@ -23,6 +24,7 @@
 #include "cli/router_process.h"
 #include "cli/up_processes.h"
 #include "common/logging.h"
+#include "http/cluster_auth.h"
 #include "fabric/descriptors.h"
 #include "messenger/cluster_proof.h"
 #include "model/synthetic.h"
@@ -49,6 +51,7 @@ struct UpFlags {
   int kv_cache_mb = 256;
   int startup_timeout_s = 300;
   int stop_timeout_s = 10;
+  int shutdown_grace_s = 30;
 };
 
 // $XDG_CACHE_HOME/pdserve/tiny, else ~/.cache/pdserve/tiny; written on first use.
@@ -79,6 +82,23 @@ Result<std::string> DefaultModelDir() {
   }
   fs::remove_all(tmp, ec);  // left over if another `up` won the race
   return dir.string();
+}
+
+// A fresh random secret (hex) for this cluster when none is given.
+Result<std::string> RandomSecret() {
+  PD_ASSIGN_OR_RETURN(messenger::Nonce bytes, messenger::MakeNonce());
+  return fabric::HexEncode(
+      std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+}
+
+// What every node of this cluster gets in its environment: the API key (so a node's own
+// port asks for it as the router does) and the cluster secret (internal endpoints, the KV
+// messenger). Never in argv, which every local user can read.
+std::vector<std::pair<std::string, std::string>> NodeEnv(const std::string& api_key,
+                                                         const std::string& cluster_key) {
+  std::vector<std::pair<std::string, std::string>> env = {{http::kClusterKeyEnv, cluster_key}};
+  if (!api_key.empty()) env.emplace_back(kApiKeyEnv, api_key);
+  return env;
 }
 
 Result<std::string> SelfExe() {
@@ -140,13 +160,6 @@ Result<std::vector<NodeSpec>> PlanNodes(const UpFlags& f, CorePlan* plan) {
   return specs;
 }
 
-// A fresh secret for this cluster's messengers (the handshake's shared key).
-Result<std::string> NewClusterKey() {
-  PD_ASSIGN_OR_RETURN(messenger::Nonce bytes, messenger::MakeNonce());
-  return fabric::HexEncode(
-      std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
-}
-
 std::vector<std::string> NodeArgv(const std::string& exe, const std::string& model,
                                   const NodeSpec& spec, const UpFlags& f) {
   std::vector<std::string> argv = {exe,
@@ -171,6 +184,7 @@ std::vector<std::string> NodeArgv(const std::string& exe, const std::string& mod
     argv.insert(argv.end(),
                 {"--local-prefill-max-tokens", std::to_string(f.local_prefill_max_tokens)});
   }
+  argv.insert(argv.end(), {"--shutdown-grace-s", std::to_string(f.shutdown_grace_s)});
   return argv;
 }
 
@@ -245,7 +259,12 @@ Status WaitUntilReady(router::Router& front, int serving, const std::vector<Node
 void PrintReady(const UpFlags& f, int port, const std::vector<NodeSpec>& specs,
                 const std::vector<pid_t>& pids) {
   const std::string url = "http://" + f.host + ":" + std::to_string(port);
-  const std::string auth = f.api_key.empty() ? "" : " -H 'Authorization: Bearer " + f.api_key + "'";
+  std::string auth;
+  if (!f.api_key.empty()) {
+    auth = " -H 'Authorization: Bearer " + f.api_key + "'";
+  } else if (!ApiKeyFromFlagOrEnv("").empty()) {
+    auth = " -H \"Authorization: Bearer $" + std::string(kApiKeyEnv) + "\"";
+  }
   const size_t nodes = specs.size();
   if (f.prefill > 0) {
     std::printf("pdserve up: ready at %s (%d prefill + %d decode nodes)\n", url.c_str(), f.prefill,
@@ -276,18 +295,17 @@ int RunUp(UpFlags f) {
   PD_ASSIGN_OR_RETURN_CLI(std::string exe, SelfExe());
   CorePlan plan;
   PD_ASSIGN_OR_RETURN_CLI(std::vector<NodeSpec> specs, PlanNodes(f, &plan));
-  // In the environment, never on a command line (visible to every user in ps).
-  std::vector<std::pair<std::string, std::string>> env;
-  if (f.prefill > 0) {
-    PD_ASSIGN_OR_RETURN_CLI(std::string key, NewClusterKey());
-    env.emplace_back("PDSERVE_CLUSTER_KEY", std::move(key));
-  }
 
   ChildProcesses children;  // its destructor stops any child still running
   router::RouterOptions options;
   options.host = f.host;
   options.port = f.port;
-  options.api_key = f.api_key;
+  options.api_key = ApiKeyFromFlagOrEnv(f.api_key);
+  options.cluster_key = http::ClusterKeyFromFlagOrEnv("");
+  if (options.cluster_key.empty()) {
+    PD_ASSIGN_OR_RETURN_CLI(options.cluster_key, RandomSecret());
+  }
+  const auto env = NodeEnv(options.api_key, options.cluster_key);
   std::vector<pid_t> pids;
   for (const NodeSpec& spec : specs) {
     PD_ASSIGN_OR_RETURN_CLI(pid_t pid,
@@ -319,8 +337,12 @@ int RunUp(UpFlags f) {
   } else if (ready.code() != StatusCode::kCancelled) {
     exit_code = Fail(ready.ToString());
   }
+  // Nodes first, router last: the router refuses new requests but keeps relaying while each
+  // node lets its requests finish (or ends them with an error event) and exits.
+  front->BeginDrain();
+  children.StopAll(Deadline::After(std::chrono::seconds(f.shutdown_grace_s + f.stop_timeout_s)));
+  front->FinishDrain(Deadline::AfterMs(2000));
   front->Stop();
-  children.StopAll(Deadline::After(std::chrono::seconds(f.stop_timeout_s)));
   return exit_code;
 }
 
@@ -353,14 +375,22 @@ void AddUpCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--threads-per-node", flags->threads_per_node,
                   "Compute threads per node (0: its share of the cores)")
       ->check(CLI::Range(0, 1024));
-  cmd->add_option("--api-key", flags->api_key, "Require Authorization: Bearer KEY at the router");
+  cmd->add_option("--api-key", flags->api_key,
+                  "Require Authorization: Bearer KEY at the router and every node (default: env "
+                  "PDSERVE_API_KEY)");
   cmd->add_option("--kv-cache-mb", flags->kv_cache_mb, "KV cache per node in MiB")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--startup-timeout", flags->startup_timeout_s, "Seconds to wait for nodes")
       ->check(CLI::Range(1, 3600))
       ->capture_default_str();
-  cmd->add_option("--stop-timeout", flags->stop_timeout_s, "Seconds before SIGKILL on stop")
+  cmd->add_option("--shutdown-grace-s", flags->shutdown_grace_s,
+                  "On SIGTERM/SIGINT: seconds running requests may take to finish before they "
+                  "are ended with an error (new ones get 503 at once)")
+      ->check(CLI::Range(0, 86400))
+      ->capture_default_str();
+  cmd->add_option("--stop-timeout", flags->stop_timeout_s,
+                  "Seconds past the grace period before a node still running is killed")
       ->check(CLI::Range(1, 600))
       ->capture_default_str();
   cmd->callback([flags, exit_code] { *exit_code = RunUp(*flags); });

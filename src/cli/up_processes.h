@@ -47,8 +47,8 @@ class ChildProcesses {
   ChildProcesses& operator=(const ChildProcesses&) = delete;
 
   // Starts `argv` (argv[0] is the executable path) in its own process group, pinned to `cpus`,
-  // with SIGKILL as its parent-death signal and every signal unblocked, with `env` set on top
-  // of this process's environment (secrets go there: a command line is visible in ps).
+  // with SIGKILL as its parent-death signal, every signal unblocked and `env` added to this
+  // process's environment (secrets go there, not in argv, which every local user can read).
   // Returns its pid.
   Result<pid_t> Spawn(const std::vector<std::string>& argv, const std::vector<int>& cpus,
                       const std::vector<std::pair<std::string, std::string>>& env = {});

@@ -24,6 +24,14 @@ ApiError ApiError::Unauthorized() {
               "missing or invalid API key (Authorization: Bearer <key>)");
 }
 
+ApiError ApiError::ClusterProofRejected(std::string message) {
+  return Make(401, kInvalidRequest, "invalid_cluster_proof", std::move(message));
+}
+
+ApiError ApiError::InternalDisabled(std::string message) {
+  return Make(403, kInvalidRequest, "internal_disabled", std::move(message));
+}
+
 ApiError ApiError::NotFound(std::string_view method, std::string_view path) {
   std::string message = "no route ";
   message.append(method).append(" ").append(path);

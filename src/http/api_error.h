@@ -27,6 +27,10 @@ struct ApiError {
                                  std::string code = "invalid_value");
   // 401 invalid_api_key.
   static ApiError Unauthorized();
+  // 401 invalid_cluster_proof: an /internal/ request without a valid cluster proof
+  // (http/cluster_auth.h); 403 internal_disabled: this process has no cluster key.
+  static ApiError ClusterProofRejected(std::string message);
+  static ApiError InternalDisabled(std::string message);
   // 404 not_found: no such route.
   static ApiError NotFound(std::string_view method, std::string_view path);
   // 404 model_not_found on param "model".

@@ -16,6 +16,7 @@
 
 #include "common/logging.h"
 #include "common/sha256.h"
+#include "http/cluster_auth.h"
 #include "http/lingering_close.h"
 #include "http/request_id.h"
 
@@ -149,6 +150,10 @@ void SendErrorAndClose(const httplib::Request& req, httplib::Response& res, cons
                            });
 }
 
+bool HasApiKey(const httplib::Request& req, const std::string& api_key) {
+  return api_key.empty() || SameKey(req.get_header_value("Authorization"), "Bearer " + api_key);
+}
+
 std::string RequestIdOf(const httplib::Response& res) {
   return res.get_header_value(kRequestIdHeader);
 }
@@ -167,9 +172,9 @@ void ConfigureServer(httplib::Server& server, const ServerConfig& config) {
   // wait for an ACK.
   server.set_tcp_nodelay(true);
 
-  server.set_pre_routing_handler([api_key = config.api_key, open_paths = config.open_paths,
-                                  max_body = config.max_body_bytes](const httplib::Request& req,
-                                                                    httplib::Response& res) {
+  server.set_pre_routing_handler([api_key = config.api_key, cluster_key = config.cluster_key,
+                                  open_paths = config.open_paths, max_body = config.max_body_bytes](
+                                     const httplib::Request& req, httplib::Response& res) {
     res.set_header(kRequestIdHeader, ChooseRequestId(req.get_header_value(kRequestIdHeader)));
     // Refused from the header, before any of the body is read: httplib itself would read and
     // discard the declared length first, holding a thread until the read timeout.
@@ -177,11 +182,19 @@ void ConfigureServer(httplib::Server& server, const ServerConfig& config) {
       SendErrorAndClose(req, res, ApiError::PayloadTooLarge());
       return httplib::Server::HandlerResponse::Handled;
     }
-    const bool open = std::find(open_paths.begin(), open_paths.end(), req.path) != open_paths.end();
-    if (api_key.empty() || open ||
-        SameKey(req.get_header_value("Authorization"), "Bearer " + api_key)) {
-      return httplib::Server::HandlerResponse::Unhandled;
+    // Cluster-internal endpoints answer only to the cluster's own processes, key or no key.
+    if (req.path.starts_with(kInternalPathPrefix)) {
+      const Status proof = VerifyClusterAuth(req, cluster_key);
+      if (proof.ok()) return httplib::Server::HandlerResponse::Unhandled;
+      // Closed after the answer: a refused POST's body is never read.
+      SendErrorAndClose(req, res,
+                        proof.code() == StatusCode::kFailedPrecondition
+                            ? ApiError::InternalDisabled(proof.message())
+                            : ApiError::ClusterProofRejected(proof.message()));
+      return httplib::Server::HandlerResponse::Handled;
     }
+    const bool open = std::find(open_paths.begin(), open_paths.end(), req.path) != open_paths.end();
+    if (open || HasApiKey(req, api_key)) return httplib::Server::HandlerResponse::Unhandled;
     SendError(res, ApiError::Unauthorized());
     return httplib::Server::HandlerResponse::Handled;
   });

@@ -38,13 +38,17 @@ struct ServerConfig {
   Duration keep_alive_timeout = std::chrono::seconds(5);
   size_t keep_alive_max_requests = 5;  // requests per connection (httplib's default)
   std::string api_key;                 // non-empty: "Authorization: Bearer <key>" required
+  // Paths under /internal/ need a proof of this secret instead of the API key
+  // (http/cluster_auth.h); empty: they answer 403.
+  std::string cluster_key;
   // Paths served without the key, so that probes and scrapers need none.
   std::vector<std::string> open_paths = {"/health", "/metrics"};
   // httplib listens with a backlog of 5; bursts of clients need more (see BindServer).
   int listen_backlog = 1024;
 };
 
-// Applies `config` to `server` and installs its pre-routing handler (request id, API key, 413
+// Applies `config` to `server` and installs its pre-routing handler (request id, API key or
+// cluster proof for /internal/, 413
 // at once for a declared Content-Length over the limit), error handler (404/405/413/414/431/400
 // from httplib in the OpenAI shape), exception handler (500) and post-routing handler (HTTP/1.0
 // clients get streams without chunked framing, ended by closing the connection). Call before
@@ -77,6 +81,10 @@ void SendError(httplib::Response& res, const ApiError& error);
 // (its unread rest would otherwise be parsed as the next request). What the client still
 // sends is read and discarded for a bounded time first (see http/lingering_close.h).
 void SendErrorAndClose(const httplib::Request& req, httplib::Response& res, const ApiError& error);
+
+// Whether `req` carries "Authorization: Bearer <api_key>" (compared in constant time); true
+// when `api_key` is empty.
+bool HasApiKey(const httplib::Request& req, const std::string& api_key);
 
 // The id ConfigureServer's pre-routing handler chose for the request `res` answers.
 std::string RequestIdOf(const httplib::Response& res);

@@ -1,15 +1,21 @@
 #include "router/router.h"
 
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <csignal>
 #include <optional>
 #include <sstream>
+#include <string_view>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "common/logging.h"
+#include "http/lingering_close.h"
 #include "http/request_id.h"
 #include "http/server_setup.h"
+#include "http/sse.h"
 
 namespace pdserve::router {
 
@@ -28,6 +34,31 @@ constexpr size_t kErrorBodyLimit = 64 << 10;
 
 ApiError NoHealthyNode(std::string message) {
   return ApiError::Unavailable(std::move(message), "no_healthy_node");
+}
+
+ApiError ShuttingDown() { return ApiError::Unavailable("the router is stopping", "shutting_down"); }
+
+// The start of an SSE event that reports an error (http::SseError's shape).
+constexpr std::string_view kSseErrorStart = "data: {\"error\"";
+
+// Whether `events` (whole SSE events) hold one that reports an error.
+bool HasErrorEvent(std::string_view events) {
+  for (size_t at = 0; at < events.size();) {
+    if (events.substr(at).starts_with(kSseErrorStart)) return true;
+    const size_t end = events.find("\n\n", at);
+    if (end == std::string_view::npos) break;
+    at = end + 2;
+  }
+  return false;
+}
+
+// Whether the client closed its side of the connection (EOF or reset), without consuming
+// anything it sent. -1 (socket not found): not known to be closed.
+bool ClientClosed(int fd) {
+  if (fd < 0) return false;
+  char byte;
+  const ssize_t n = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 bool IsRetryableStatus(int status) { return status == 429 || status >= 500; }
@@ -78,6 +109,7 @@ Status Router::Start() {
   config.threads = options_.http_threads;
   config.max_body_bytes = options_.max_body_bytes;
   config.api_key = options_.api_key;
+  config.cluster_key = options_.cluster_key;
   http::ConfigureServer(server_, config);
   InstallRoutes();
   Result<int> port = http::BindServer(server_, options_.host, options_.port, config);
@@ -94,6 +126,27 @@ Status Router::Start() {
   PD_LOG_INFO("router listening on http://{}:{} with {} node(s)", options_.host, port_,
               pool_.Size());
   return Status::Ok();
+}
+
+void Router::BeginDrain() {
+  if (!draining_.exchange(true)) PD_LOG_INFO("router: draining (new requests get 503)");
+}
+
+void Router::FinishDrain(Deadline deadline) {
+  BeginDrain();
+  while (in_flight_.load() > 0 && !deadline.Passed()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const int left = in_flight_.load();
+  if (left == 0) return;
+  PD_LOG_WARN("router: grace period over, ending {} request(s) in flight", left);
+  abort_in_flight_.store(true);
+  // Each relay and read notices within a poll interval and ends its request properly; a
+  // client that does not read its last bytes is bounded by the write timeout, not waited for.
+  const Deadline ended = Deadline::AfterMs(5000);
+  while (in_flight_.load() > 0 && !ended.Passed()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 void Router::Stop() {
@@ -120,13 +173,20 @@ void Router::InstallRoutes() {
   server_.Get("/v1/models/(.+)", forward);
   server_.Get("/health",
               [this](const httplib::Request&, httplib::Response& res) { HandleHealth(res); });
-  server_.Get("/metrics",
-              [this](const httplib::Request&, httplib::Response& res) { HandleMetrics(res); });
+  server_.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleMetrics(req, res);
+  });
 }
 
 void Router::HandleForward(const httplib::Request& req, httplib::Response& res) {
   const TimePoint start = Clock::now();
   const std::string request_id = http::RequestIdOf(res);
+  ++in_flight_;  // Finish counts it down
+  if (draining_.load()) {
+    SendError(res, ShuttingDown());
+    Finish(request_id, req, start, Outcome{"-", res.status, 0, res.body.size(), "shutdown"});
+    return;
+  }
   UpstreamRequest upstream{req.method, req.target.empty() ? req.path : req.target, {}, req.body};
   for (const char* key : kForwardedHeaders) {
     if (req.has_header(key)) upstream.headers.emplace(key, req.get_header_value(key));
@@ -140,7 +200,7 @@ void Router::HandleForward(const httplib::Request& req, httplib::Response& res) 
   // apart from `res` and copied there only once every attempt failed: a retry that succeeds
   // must carry nothing of it (no second Content-Type, no stale body or Retry-After).
   std::optional<httplib::Response> failure;
-  for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
+  for (int attempt = 0; attempt < options_.max_attempts && !abort_in_flight_.load(); ++attempt) {
     std::optional<NodeAddress> node = pool_.Acquire(tried);
     if (!node.has_value()) break;
     if (attempt > 0) ++retries_;
@@ -149,10 +209,11 @@ void Router::HandleForward(const httplib::Request& req, httplib::Response& res) 
     outcome.attempts = attempt + 1;
     failure.emplace();
     auto exchange = UpstreamExchange::Start(*node, upstream, options_.upstream);
-    Result<UpstreamHead> head = exchange->WaitHead(Deadline::After(options_.upstream.read));
+    Result<UpstreamHead> head = WaitHeadOrAbort(*exchange);
     if (!head.ok()) {
       if (exchange->connect_failed()) pool_.ReportConnectFailure(node->url);
       pool_.Release(node->url);
+      if (head.status().code() == StatusCode::kCancelled) break;
       if (head.status().code() == StatusCode::kDeadlineExceeded) {
         // The node took the request and went silent: it may still run it, so no retry.
         SendError(*failure, ApiError::Timeout(head.status().message(), "upstream_timeout"));
@@ -176,8 +237,8 @@ void Router::HandleForward(const httplib::Request& req, httplib::Response& res) 
       StartRelay(std::move(exchange), *head, request_id, req, start, outcome.attempts, res);
       return;
     }
-    Result<std::string> body =
-        exchange->ReadAll(Deadline::After(options_.upstream.read), options_.max_response_bytes);
+    Result<std::string> body = exchange->ReadAll(Deadline::After(options_.upstream.read),
+                                                 options_.max_response_bytes, &abort_in_flight_);
     pool_.Release(node->url);
     if (!body.ok()) {
       // Broken before the client saw a byte: another node may still answer.
@@ -190,8 +251,12 @@ void Router::HandleForward(const httplib::Request& req, httplib::Response& res) 
     CopyReturnedHeaders(*head, res);
     break;
   }
-  if (outcome.attempts == 0 ||
-      (failure.has_value() && failure->status == 502 && pool_.HealthyCount() == 0)) {
+  const bool aborted = abort_in_flight_.load() && (outcome.attempts == 0 || failure.has_value());
+  if (aborted) {
+    failure.emplace();
+    SendError(*failure, ShuttingDown());
+  } else if (outcome.attempts == 0 ||
+             (failure.has_value() && failure->status == 502 && pool_.HealthyCount() == 0)) {
     ++no_healthy_node_;
     failure.emplace();
     SendError(*failure, NoHealthyNode("no healthy node to serve the request"));
@@ -203,8 +268,23 @@ void Router::HandleForward(const httplib::Request& req, httplib::Response& res) 
   }
   outcome.status = res.status;
   outcome.bytes = res.body.size();
-  outcome.note = failure.has_value() ? "failed" : "ok";
+  outcome.note = aborted ? "shutdown" : failure.has_value() ? "failed" : "ok";
   Finish(request_id, req, start, outcome);
+}
+
+Result<UpstreamHead> Router::WaitHeadOrAbort(UpstreamExchange& exchange) {
+  const Deadline deadline = Deadline::After(options_.upstream.read);
+  for (;;) {
+    const Deadline slice(std::min(deadline.at(), Clock::now() + kRelayPollInterval));
+    Result<UpstreamHead> head = exchange.WaitHead(slice);
+    if (head.ok() || head.status().code() != StatusCode::kDeadlineExceeded || deadline.Passed()) {
+      return head;
+    }
+    if (abort_in_flight_.load()) {
+      exchange.Cancel();
+      return Status::Cancelled(exchange.node().url + ": abandoned (router stopping)");
+    }
+  }
 }
 
 void Router::StartRelay(std::shared_ptr<UpstreamExchange> exchange, const UpstreamHead& head,
@@ -214,25 +294,65 @@ void Router::StartRelay(std::shared_ptr<UpstreamExchange> exchange, const Upstre
   CopyReturnedHeaders(head, res);
   struct RelayState {
     size_t bytes = 0;
+    std::string pending;  // the start of an event still arriving: relayed only whole
+    bool saw_done = false;
+    bool upstream_error = false;  // the node reported an error in the stream
     bool upstream_broken = false;
+    bool shutdown = false;
+    int client_fd = -1;  // found on the first idle poll (httplib hands handlers no socket)
   };
   auto state = std::make_shared<RelayState>();
-  auto provider = [exchange, state](size_t, httplib::DataSink& sink) {
+  auto provider = [this, exchange, state, local = req.local_port, remote = req.remote_port](
+                      size_t, httplib::DataSink& sink) {
+    // Ends the stream so that a client reads an error rather than a cut: the error event (none
+    // after the node's own [DONE]), then [DONE]. False if the client is gone.
+    auto end_with = [&](const ApiError& error) {
+      const std::string tail = state->saw_done ? "" : http::SseError(error) + http::kSseDone;
+      if (!tail.empty() && !sink.write(tail.data(), tail.size())) return false;
+      sink.done();
+      return true;
+    };
+    if (abort_in_flight_.load()) {
+      state->shutdown = true;
+      exchange->Cancel();
+      return end_with(ShuttingDown());
+    }
     std::string piece;
     switch (exchange->Pop(&piece, Deadline::After(kRelayPollInterval))) {
-      case UpstreamExchange::Next::kData:
-        state->bytes += piece.size();
+      case UpstreamExchange::Next::kData: {
+        state->pending += piece;
+        const size_t end = state->pending.rfind("\n\n");
+        if (end == std::string::npos) return true;
+        const std::string events = state->pending.substr(0, end + 2);
+        state->pending.erase(0, end + 2);
+        state->bytes += events.size();
+        state->upstream_error = state->upstream_error || HasErrorEvent(events);
+        state->saw_done = state->saw_done || events.find(http::kSseDone) != std::string::npos;
         // A false write means the client is gone; returning false ends the response.
-        return piece.empty() || sink.write(piece.data(), piece.size());
+        return sink.write(events.data(), events.size());
+      }
       case UpstreamExchange::Next::kEnd:
+        // A last event without its blank line goes out as the node sent it.
+        if (!state->pending.empty() && !sink.write(state->pending.data(), state->pending.size())) {
+          return false;
+        }
         sink.done();
         return true;
       case UpstreamExchange::Next::kTimeout:
-        return true;  // httplib calls again after checking the client socket
+        // httplib learns that a client left only when a write fails; while the node has
+        // nothing to say (a long prompt in prefill) the node would work on for no one. The
+        // socket is this thread's own connection, open while this provider runs.
+        if (state->client_fd < 0) state->client_fd = http::FindConnectedSocket(local, remote);
+        return !ClientClosed(state->client_fd);
       case UpstreamExchange::Next::kError:
-        // Bytes were sent already: no retry; cutting the chunked stream tells the client.
+        if (abort_in_flight_.load()) {
+          state->shutdown = true;
+          return end_with(ShuttingDown());
+        }
+        // Bytes were sent already: no retry, but the client learns why the stream ends.
         state->upstream_broken = true;
-        return false;
+        return end_with(ApiError::BadGateway(exchange->node().url + ": stream broken: " + piece,
+                                             "upstream_broken"));
     }
     return false;
   };
@@ -242,11 +362,15 @@ void Router::StartRelay(std::shared_ptr<UpstreamExchange> exchange, const Upstre
     exchange->Cancel();  // no-op if the node finished; closes its connection otherwise
     pool_.Release(exchange->node().url);
     Outcome outcome{exchange->node().url, status, attempts, state->bytes, "ok"};
-    if (state->upstream_broken) {
+    if (state->shutdown) {
+      outcome.note = "shutdown";
+    } else if (state->upstream_broken) {
       outcome.note = "upstream_broken";
     } else if (!success) {
       outcome.note = "client_gone";
       ++client_disconnects_;
+    } else if (state->upstream_error) {
+      outcome.note = "upstream_error";
     }
     httplib::Request fake;
     fake.method = method;
@@ -268,9 +392,14 @@ void Router::Finish(const std::string& request_id, const httplib::Request& req, 
       "latency_ms={:.1f} outcome={}",
       request_id, req.method, req.path, outcome.node, outcome.status, outcome.attempts,
       outcome.bytes, SecondsSince(start) * 1e3, outcome.note);
+  --in_flight_;
 }
 
 void Router::HandleHealth(httplib::Response& res) {
+  if (draining_.load()) {
+    SendError(res, ApiError::Unavailable("the router is stopping", "draining"));
+    return;
+  }
   const int healthy = pool_.HealthyCount();
   if (healthy == 0) {
     SendError(res, NoHealthyNode("no healthy node"));
@@ -280,7 +409,10 @@ void Router::HandleHealth(httplib::Response& res) {
   res.set_content(body.dump(), "application/json");
 }
 
-void Router::HandleMetrics(httplib::Response& res) {
+void Router::HandleMetrics(const httplib::Request& req, httplib::Response& res) {
+  // /metrics needs no key, but with one set a scrape without it must not learn where the
+  // nodes listen (their ports would bypass the router): nodes are then named by position.
+  const bool show_urls = http::HasApiKey(req, options_.api_key);
   std::ostringstream out;
   auto header = [&](const char* name, const char* type, const char* help) {
     out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
@@ -299,7 +431,10 @@ void Router::HandleMetrics(httplib::Response& res) {
   header("pdserve:router_client_disconnects_total", "counter",
          "Streams whose client left before the end.");
   out << "pdserve:router_client_disconnects_total " << client_disconnects_.load() << '\n';
-  const std::vector<NodeSnapshot> nodes = pool_.Snapshot();
+  std::vector<NodeSnapshot> nodes = pool_.Snapshot();
+  if (!show_urls) {
+    for (size_t i = 0; i < nodes.size(); ++i) nodes[i].url = "node" + std::to_string(i);
+  }
   header("pdserve:router_node_healthy", "gauge", "1 if the node gets traffic.");
   for (const NodeSnapshot& n : nodes) {
     out << "pdserve:router_node_healthy{node=\"" << n.url << "\"} " << (n.healthy ? 1 : 0) << '\n';
@@ -330,6 +465,7 @@ void Router::HandleRegister(const httplib::Request& req, httplib::Response& res)
     return;
   }
   if (*added) {
+    // The cluster proof was checked before routing (http/server_setup.h).
     PD_LOG_INFO("router: node {} registered", body["url"].get<std::string>());
     WakeHealthLoop();  // check the new node now rather than at the next tick
   }
@@ -370,6 +506,7 @@ void Router::CheckAllNodes() {
     httplib::Client client(node.host, node.port);
     client.set_connection_timeout(sec, usec);
     client.set_read_timeout(sec, usec);
+    client.set_tcp_nodelay(true);
     httplib::Result result = client.Get("/health");
     if (result && result->status == 200) {
       if (pool_.ReportHealthy(node.url)) PD_LOG_INFO("router: node {} is healthy", node.url);

@@ -2,9 +2,9 @@
 // the healthy node with the fewest outstanding requests, relays streamed (SSE) answers piece by
 // piece as they arrive, retries a request on another node while nothing has reached the client
 // yet, health-checks its nodes, and accepts node self-registration
-// (POST /internal/register {"url": "http://host:port"}). Server limits, request ids, the API
-// key and error shapes come from http/, shared with the node; the id the router chooses is
-// the one it forwards.
+// (POST /internal/register {"url": "http://host:port"}, authenticated with the cluster secret).
+// Server limits, request ids, the API key, the cluster proof and error shapes come from http/,
+// shared with the node; the id the router chooses is the one it forwards.
 //
 // Thread-safety: Create/Start/Stop from one controlling thread; HTTP handlers run on the
 // router's own thread pool; nodes() is thread-safe.
@@ -33,6 +33,9 @@ struct RouterOptions {
   int port = 8000;                 // 0: any free port (see Router::port())
   std::vector<std::string> nodes;  // node urls known from the start
   std::string api_key;             // empty: no authentication
+  // Secret of the cluster: POST /internal/register needs a proof of it (http/cluster_auth.h);
+  // empty: registration is refused.
+  std::string cluster_key;
   size_t max_body_bytes = 8 << 20;
   size_t max_response_bytes = 64 << 20;  // non-streamed answers are read whole first
   int http_threads = 256;  // each open stream holds one, so this caps concurrent streams
@@ -53,8 +56,16 @@ class Router {
 
   // Binds host:port and starts serving and health-checking. Returns once the socket listens.
   Status Start();
+  // Graceful shutdown, step one: new requests get 503 "shutting_down" and /health 503
+  // "draining"; requests in flight go on (streams keep relaying). Idempotent; any thread.
+  void BeginDrain();
+  // Step two: waits until no request is in flight or `deadline` passes, then ends what is left:
+  // an open stream gets an SSE error event and [DONE] (never a cut), a request still waiting
+  // for its node 503 "shutting_down"; their node requests are cancelled. Returns once every
+  // request has ended (bounded by a few seconds past `deadline`). Calls BeginDrain first.
+  void FinishDrain(Deadline deadline);
   // Stops accepting, ends open relays (their node connections close) and joins every thread.
-  // Idempotent.
+  // Without FinishDrain first, open streams are cut. Idempotent.
   void Stop() EXCLUDES(health_mu_);
 
   int port() const { return port_; }
@@ -73,7 +84,7 @@ class Router {
   // Handlers.
   void HandleForward(const httplib::Request& req, httplib::Response& res);
   void HandleHealth(httplib::Response& res);
-  void HandleMetrics(httplib::Response& res) EXCLUDES(metrics_mu_);
+  void HandleMetrics(const httplib::Request& req, httplib::Response& res) EXCLUDES(metrics_mu_);
   void HandleRegister(const httplib::Request& req, httplib::Response& res) EXCLUDES(health_mu_);
 
   // What a finished request leaves for the log line and the metrics.
@@ -82,11 +93,17 @@ class Router {
     int status = 0;
     int attempts = 0;
     size_t bytes = 0;
-    std::string note;  // "ok", "client_gone", "upstream_broken", ...
+    // "ok", "failed", "client_gone", "upstream_broken", "upstream_error" (the node's stream
+    // ended with an error event), "shutdown" (the router ended it while stopping).
+    std::string note;
   };
   void Finish(const std::string& request_id, const httplib::Request& req, TimePoint start,
               const Outcome& outcome) EXCLUDES(metrics_mu_);
-  // Streams the node's SSE answer to the client; the handler returns right after.
+  // WaitHead until the read timeout, giving up (Cancelled) once FinishDrain aborts.
+  Result<UpstreamHead> WaitHeadOrAbort(UpstreamExchange& exchange);
+  // Streams the node's SSE answer to the client, whole events at a time, so that a stream the
+  // router must end (node broken, router stopping) ends with a well-formed error event and
+  // [DONE]; the handler returns right after.
   void StartRelay(std::shared_ptr<UpstreamExchange> exchange, const UpstreamHead& head,
                   const std::string& request_id, const httplib::Request& req, TimePoint start,
                   int attempts, httplib::Response& res);
@@ -98,6 +115,9 @@ class Router {
   std::thread listen_thread_;
   std::thread health_thread_;
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> draining_{false};
+  std::atomic<bool> abort_in_flight_{false};  // FinishDrain's deadline passed
+  std::atomic<int> in_flight_{0};             // forwarded requests not yet finished
   bool started_ = false;
 
   Mutex health_mu_;

@@ -5,6 +5,7 @@
 // Thread-safe: Start on any thread; WaitHead/Pop from one consumer thread; Cancel from any.
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -59,8 +60,10 @@ class UpstreamExchange {
   Next Pop(std::string* data, Deadline deadline) EXCLUDES(mu_);
 
   // The whole remaining body, for non-streamed responses. Errors if the exchange breaks or
-  // the body exceeds `limit`.
-  Result<std::string> ReadAll(Deadline deadline, size_t limit) EXCLUDES(mu_);
+  // the body exceeds `limit`; Cancelled (and the exchange cancelled) once `*abort` is set
+  // (checked a few times a second; null: never).
+  Result<std::string> ReadAll(Deadline deadline, size_t limit,
+                              const std::atomic<bool>* abort = nullptr) EXCLUDES(mu_);
 
   void Cancel() EXCLUDES(mu_);
   bool connect_failed() const EXCLUDES(mu_);

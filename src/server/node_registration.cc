@@ -5,12 +5,16 @@
 #include <nlohmann/json.hpp>
 
 #include "common/logging.h"
+#include "http/cluster_auth.h"
 
 namespace pdserve::server {
 
 NodeRegistration::NodeRegistration(std::string router_url, std::string node_url,
-                                   std::chrono::milliseconds interval)
-    : router_url_(std::move(router_url)), node_url_(std::move(node_url)), interval_(interval) {
+                                   std::string cluster_key, std::chrono::milliseconds interval)
+    : router_url_(std::move(router_url)),
+      node_url_(std::move(node_url)),
+      cluster_key_(std::move(cluster_key)),
+      interval_(interval) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -23,14 +27,22 @@ NodeRegistration::~NodeRegistration() {
   thread_.join();
 }
 
-bool NodeRegistration::RegisterOnce() {
+Status NodeRegistration::RegisterOnce() {
   httplib::Client client(router_url_);
   client.set_connection_timeout(2, 0);
   client.set_read_timeout(2, 0);
   client.set_write_timeout(2, 0);
   const std::string body = nlohmann::json{{"url", node_url_}}.dump();
-  auto res = client.Post("/internal/register", body, "application/json");
-  return res && res->status >= 200 && res->status < 300;
+  constexpr char kPath[] = "/internal/register";
+  auto res = client.Post(kPath, http::ClusterAuthHeaders(cluster_key_, "POST", kPath), body,
+                         "application/json");
+  if (!res) return Status::Unavailable(httplib::to_string(res.error()));
+  if (res->status < 200 || res->status >= 300) {
+    // A refused proof (401/403) names a wrong or missing cluster key: worth the log line.
+    return Status::Unavailable("HTTP " + std::to_string(res->status) + " " +
+                               res->body.substr(0, 200));
+  }
+  return Status::Ok();
 }
 
 bool NodeRegistration::StopRequestedBy(TimePoint deadline) {
@@ -46,13 +58,14 @@ void NodeRegistration::Run() {
   bool first = true;
   // The first round registers at once; later ones wait an interval (or for the destructor).
   for (TimePoint next = Clock::now(); !StopRequestedBy(next); next = Clock::now() + interval_) {
-    const bool ok = RegisterOnce();
+    const Status status = RegisterOnce();
+    const bool ok = status.ok();
     if (ok != last_ok || first) {
       if (ok) {
         PD_LOG_INFO("registered {} with router {}", node_url_, router_url_);
       } else {
-        PD_LOG_WARN("cannot register {} with router {}; retrying every {} ms", node_url_,
-                    router_url_, interval_.count());
+        PD_LOG_WARN("cannot register {} with router {} ({}); retrying every {} ms", node_url_,
+                    router_url_, status.message(), interval_.count());
       }
     }
     last_ok = ok;

@@ -10,12 +10,14 @@
 
 #include "common/clock.h"
 #include "common/mutex.h"
+#include "common/status.h"
 
 namespace pdserve::server {
 
 class NodeRegistration {
  public:
-  NodeRegistration(std::string router_url, std::string node_url,
+  // `cluster_key` signs each registration (the router refuses unsigned ones).
+  NodeRegistration(std::string router_url, std::string node_url, std::string cluster_key,
                    std::chrono::milliseconds interval = std::chrono::seconds(5));
   ~NodeRegistration();
   NodeRegistration(const NodeRegistration&) = delete;
@@ -23,12 +25,14 @@ class NodeRegistration {
 
  private:
   void Run() EXCLUDES(mu_);
-  bool RegisterOnce();
+  // Ok, or why the router did not take the registration (unreachable, HTTP status and body).
+  Status RegisterOnce();
   // Waits until the destructor asks to stop or `deadline` passes; true if asked to stop.
   bool StopRequestedBy(TimePoint deadline) EXCLUDES(mu_);
 
   const std::string router_url_;
   const std::string node_url_;
+  const std::string cluster_key_;
   const std::chrono::milliseconds interval_;
   Mutex mu_;
   CondVar cv_;

@@ -74,6 +74,8 @@ struct NodeServer::Impl {
   ApiResult<Prepared> Prepare(ApiKind kind, const std::string& body);
   Status Submit(const Prepared& p, RequestDrain& drain);
   std::optional<ApiError> CheckOverload() const;
+  // Waits until no request is live or `deadline`; true if none is.
+  bool WaitNoneLive(Deadline deadline) const;
 
   void HandleGenerate(ApiKind kind, const httplib::Request& req, httplib::Response& res);
   void RespondWhole(Prepared p, httplib::Response& res);
@@ -91,6 +93,7 @@ struct NodeServer::Impl {
   http::ServerConfig http_config;
   ServerMetrics metrics;
   std::atomic<bool> ready{false};
+  std::atomic<bool> draining{false};  // Drain began: new requests refused, running ones go on
   std::atomic<bool> stopping{false};
   ServedModel model;  // written once before ready is set
   std::unique_ptr<chat::ChatPromptRenderer> chat;
@@ -142,7 +145,9 @@ ApiResult<NodeServer::Impl::Prepared> NodeServer::Impl::Prepare(ApiKind kind,
 }
 
 std::optional<ApiError> NodeServer::Impl::CheckOverload() const {
-  if (stopping.load()) return ApiError::Unavailable("the server is stopping", "shutting_down");
+  if (draining.load() || stopping.load()) {
+    return ApiError::Unavailable("the server is stopping", "shutting_down");
+  }
   if (live.waiting() >= options.max_waiting) {
     return ApiError::Overloaded(
         fmt::format("more than {} requests are waiting; retry later", options.max_waiting));
@@ -341,9 +346,12 @@ void NodeServer::Impl::HandleModel(const std::string& id, httplib::Response& res
 }
 
 void NodeServer::Impl::HandleHealth(httplib::Response& res) {
-  if (!ready.load() || stopping.load()) {
+  if (!ready.load() || draining.load() || stopping.load()) {
     res.status = 503;
-    res.set_content(stopping.load() ? "stopping\n" : "loading\n", "text/plain");
+    res.set_content(stopping.load()   ? "stopping\n"
+                    : draining.load() ? "draining\n"
+                                      : "loading\n",
+                    "text/plain");
     return;
   }
   res.set_content("ok\n", "text/plain");
@@ -395,6 +403,7 @@ NodeServer::NodeServer(NodeServerOptions options)
   impl->http_config.threads = std::max(4, impl->options.http_threads);
   impl->http_config.max_body_bytes = impl->options.max_body_bytes;
   impl->http_config.api_key = impl->options.api_key;
+  impl->http_config.cluster_key = impl->options.cluster_key;
   http::ConfigureServer(*http_, impl->http_config);
   std::vector<http::PostRoute> posts;
   posts.push_back({"/v1/completions", [impl](const httplib::Request& req, httplib::Response& res) {
@@ -461,6 +470,32 @@ Status NodeServer::SetModel(ServedModel model) {
   impl_->model.engine->Start();
   impl_->ready.store(true, std::memory_order_release);
   return Status::Ok();
+}
+
+bool NodeServer::Impl::WaitNoneLive(Deadline deadline) const {
+  while (!live.Ids().empty()) {
+    if (deadline.Passed()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+void NodeServer::Drain(Duration grace) {
+  if (stopped_.load() || impl_->draining.exchange(true)) return;
+  PD_LOG_INFO("draining: new requests get 503; {} running may finish within {:.1f} s",
+              impl_->live.Ids().size(), std::chrono::duration<double>(grace).count());
+  if (impl_->WaitNoneLive(Deadline::After(grace))) return;
+  // A live request's drain goes away only after its handler wrote its last byte, so once none
+  // is live every cancelled request has told its client.
+  const std::vector<std::string> left = impl_->live.Ids();
+  PD_LOG_WARN("grace period over: cancelling {} request(s)", left.size());
+  if (impl_->ready.load()) {
+    for (const std::string& id : left) impl_->model.engine->Cancel(id);
+  }
+  if (!impl_->WaitNoneLive(Deadline::AfterMs(5000))) {
+    PD_LOG_WARN("{} request(s) still writing after cancel; stopping anyway",
+                impl_->live.Ids().size());
+  }
 }
 
 void NodeServer::Stop() {

@@ -20,6 +20,7 @@
 #include <string>
 #include <thread>
 
+#include "common/clock.h"
 #include "common/status.h"
 #include "engine/engine.h"
 #include "server/metrics.h"
@@ -35,6 +36,7 @@ struct NodeServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;                // 0: any free port (read it back with port())
   std::string api_key;            // non-empty: "Authorization: Bearer <key>" required
+  std::string cluster_key;        // GET /internal/... needs a proof of it; empty: 403
   std::string served_model_name;  // the name /v1/models lists and requests must use
   int max_waiting = 256;          // more requests than this awaiting a first token -> 503
   size_t max_body_bytes = size_t{4} << 20;
@@ -72,7 +74,14 @@ class NodeServer {
   // Serves on a background thread; until SetModel, /health answers 503 and the API 503.
   void Start();
   Status SetModel(ServedModel model);
-  // Stops accepting, cancels in-flight requests, waits for handlers. Idempotent.
+  // Graceful shutdown before Stop: new requests get 503 "shutting_down" and /health 503
+  // "draining"; running requests may finish for up to `grace`; then the rest are cancelled and
+  // end as clients can read it (a stream with an SSE error event and [DONE], a whole answer
+  // with 503 "cancelled"). Returns once every request has ended (bounded by a few seconds past
+  // `grace`). Owner's thread.
+  void Drain(Duration grace);
+  // Stops accepting, cancels in-flight requests, waits for handlers. Without Drain first, open
+  // streams are cut. Idempotent.
   void Stop();
 
   // Handler bodies (public for the request-scoped helpers in node_server.cc).

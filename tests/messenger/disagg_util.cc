@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include "http/cluster_auth.h"
+
 namespace pdserve::testing {
 
 Completion Complete(int port, const std::vector<int32_t>& prompt, int max_tokens,
@@ -54,7 +56,12 @@ double WaitForMetric(int port, const std::string& name, double value, int deadli
 nlohmann::json GetJson(int port, const std::string& path) {
   httplib::Client client("127.0.0.1", port);
   client.set_read_timeout(5, 0);
-  auto res = client.Get(path);
+  // /internal/ routes answer only to a proof of the cluster secret.
+  httplib::Headers headers;
+  if (path.starts_with(http::kInternalPathPrefix)) {
+    headers = http::ClusterAuthHeaders(kClusterKey, "GET", path);
+  }
+  auto res = client.Get(path, headers);
   if (!res || res->status != 200) return nlohmann::json::value_t::discarded;
   return nlohmann::json::parse(res->body, nullptr, false);
 }

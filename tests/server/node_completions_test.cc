@@ -195,25 +195,34 @@ TEST_F(NodeTest, DisconnectMidStreamCancelsAndFreesPages) {
   EXPECT_LT(MetricValue(metrics, "pdserve:generation_tokens_total"), 3000);
 }
 
-TEST_F(NodeTest, SigtermDuringStreamExitsZeroPromptly) {
+// With no grace period (--shutdown-grace-s 0) SIGTERM ends a running stream at once, and
+// properly: an error event ("cancelled") and [DONE], then exit 0. (With a grace period the
+// stream may finish first: tests/server/drain_test.cc.)
+TEST(NodeShutdownTest, SigtermDuringStreamExitsZeroPromptly) {
+  NodeProcess node(TinyModelDir(), {"--shutdown-grace-s", "0"});
+  ASSERT_TRUE(node.ok()) << node.error();
   const json body = {{"prompt", "Once upon a time"},
                      {"max_tokens", 3000},
                      {"temperature", 0},
                      {"ignore_eos", true},
                      {"stream", true}};
   SseStream s;
-  std::thread client([&] { s = PostStream(node_->port(), "/v1/completions", body); });
+  std::thread client([&] { s = PostStream(node.port(), "/v1/completions", body); });
   // Wait until the stream is running, then stop the server.
-  auto c = node_->Client();
+  auto c = node.Client();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (std::chrono::steady_clock::now() < deadline) {
     auto res = c.Get("/metrics");
     if (res && MetricValue(res->body, "pdserve:generation_tokens_total") > 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  EXPECT_EQ(node_->Terminate(/*timeout_ms=*/10000), 0);
+  EXPECT_EQ(node.Terminate(/*timeout_ms=*/10000), 0);
   client.join();
   EXPECT_LT(Collect(s).text.size() + s.events.size(), 3000u + 3000u);
+  EXPECT_TRUE(s.done) << "the stream was cut instead of ending with [DONE]";
+  ASSERT_FALSE(s.events.empty());
+  EXPECT_EQ(s.events.back().value("error", json::object()).value("code", ""), "cancelled")
+      << s.events.back().dump();
 }
 
 }  // namespace

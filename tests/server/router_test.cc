@@ -14,6 +14,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "http/cluster_auth.h"
 #include "router/router.h"
 #include "router/router_nodes.h"
 #include "server/raw_http_client.h"
@@ -405,7 +406,9 @@ TEST(RouterTest, UnsafeRequestIdIsReplacedAndTheReplacementForwarded) {
 
 TEST(RouterTest, RegistrationAddsANode) {
   FakeNode a("a");
-  auto router = StartRouter(RouterOptions());
+  RouterOptions options;
+  options.cluster_key = "cluster-secret";
+  auto router = StartRouter(options);
   ASSERT_TRUE(router);
   auto client = ClientFor(*router);
   auto r = client.Post("/v1/completions", "{}", "application/json");
@@ -415,14 +418,16 @@ TEST(RouterTest, RegistrationAddsANode) {
   EXPECT_EQ(json::parse(r->body)["error"]["code"], "no_healthy_node");
   EXPECT_EQ(client.Get("/health")->status, 503);
 
-  r = client.Post("/internal/register", json{{"url", a.url()}}.dump(), "application/json");
+  const httplib::Headers proof =
+      http::ClusterAuthHeaders(options.cluster_key, "POST", "/internal/register");
+  r = client.Post("/internal/register", proof, json{{"url", a.url()}}.dump(), "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;
   ASSERT_TRUE(WaitHealthyNodes(*router, 1));
   EXPECT_EQ(client.Get("/health")->status, 200);
   EXPECT_EQ(NodeOf(client.Post("/v1/completions", "{}", "application/json")), "a");
   for (const char* bad : {"", "[]", "{\"url\": 5}", "{\"url\": \"ftp:x\"}", "{\"uri\": \"a:1\"}"}) {
-    r = client.Post("/internal/register", bad, "application/json");
+    r = client.Post("/internal/register", proof, bad, "application/json");
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 400) << bad;
     EXPECT_TRUE(json::parse(r->body, nullptr, false).contains("error")) << r->body;
@@ -502,6 +507,8 @@ TEST(RouterTest, ChunkedBodyOverTheLimitIsRefusedAndNotForwarded) {
 // The real binaries: `pdserve router` in front of two `pdserve serve` nodes on the tiny model.
 class RouterClusterTest : public ::testing::Test {
  protected:
+  static constexpr char kClusterKey[] = "router-test-cluster-secret";
+
   void SetUp() override {
     model_ = testing::TinyModelDir();
     ASSERT_FALSE(model_.empty());
@@ -512,8 +519,8 @@ class RouterClusterTest : public ::testing::Test {
     router_port_ = testing::FreePort();
     router_ = std::make_unique<testing::Subprocess>(std::vector<std::string>{
         Binary(), "router", "--listen", "127.0.0.1:" + std::to_string(router_port_), "--node",
-        NodeUrl(0), "--node", NodeUrl(1), "--health-interval-ms", "200", "--failures-to-down",
-        "2"});
+        NodeUrl(0), "--node", NodeUrl(1), "--health-interval-ms", "200", "--failures-to-down", "2",
+        "--cluster-key", kClusterKey});
     for (int port : node_ports_) {
       ASSERT_TRUE(testing::WaitHealthy(port, Deadline::AfterMs(60000)));
     }
@@ -529,8 +536,9 @@ class RouterClusterTest : public ::testing::Test {
                                      model_,      "--listen", "127.0.0.1:" + std::to_string(port),
                                      "--threads", "1"};
     if (!router.empty()) {
-      argv.push_back("--router");
-      argv.push_back(router);
+      for (const char* arg : {"--router", router.c_str(), "--cluster-key", kClusterKey}) {
+        argv.push_back(arg);
+      }
     }
     return std::make_unique<testing::Subprocess>(argv);
   }

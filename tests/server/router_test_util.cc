@@ -17,10 +17,11 @@
 
 namespace pdserve::testing {
 
-Subprocess::Subprocess(const std::vector<std::string>& argv) {
+Subprocess::Subprocess(const std::vector<std::string>& argv, bool with_stderr) {
   SubprocessOptions options;
   options.argv = argv;
   options.stdout_mode = StdStream::kPipe;
+  if (with_stderr) options.stderr_mode = StdStream::kPipe;
   options.new_process_group = true;
   if (auto process = ::pdserve::Subprocess::Spawn(options); process.ok()) {
     process_ = std::move(*process);

@@ -20,7 +20,8 @@ namespace pdserve::testing {
 // shows up as pid() == -1 and EOF; statuses as std::optional). Destruction kills its group.
 class Subprocess {
  public:
-  explicit Subprocess(const std::vector<std::string>& argv);
+  // With `with_stderr`, stderr (the log) is read along with stdout.
+  explicit Subprocess(const std::vector<std::string>& argv, bool with_stderr = false);
 
   pid_t pid() const { return process_ ? process_->pid() : -1; }
   // The next stdout line containing `needle`, or nullopt at EOF or the deadline.
