@@ -390,11 +390,13 @@ void NodeServer::Impl::HandleDetokenize(const httplib::Request& req, httplib::Re
 
 NodeServer::NodeServer(NodeServerOptions options)
     : impl_(std::make_unique<Impl>(std::move(options))),
-      http_(std::make_unique<httplib::Server>()) {
+      http_(std::make_unique<http::Server>()) {
   Impl* impl = impl_.get();
   impl->http_config.threads = std::max(4, impl->options.http_threads);
   impl->http_config.max_body_bytes = impl->options.max_body_bytes;
   impl->http_config.api_key = impl->options.api_key;
+  impl->http_config.max_connections = impl->options.max_connections;
+  impl->http_config.header_timeout = std::chrono::seconds(impl->options.header_timeout_s);
   http::ConfigureServer(*http_, impl->http_config);
   std::vector<http::PostRoute> posts;
   posts.push_back({"/v1/completions", [impl](const httplib::Request& req, httplib::Response& res) {
