@@ -1,15 +1,21 @@
 // `pdserve serve` under hostile clients (issue 11): pipelined requests in one write, ~200
-// slowloris sockets.
+// slowloris sockets, and multi-megabyte prompts for a small context (latency and memory).
 #include <atomic>
+#include <cstdio>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include "node_process.h"
 #include "server/raw_http_client.h"
+#include "testing/test_paths.h"
 
 namespace pdserve::testing {
 namespace {
@@ -19,6 +25,36 @@ using json = nlohmann::json;
 int StatusOf(const std::string& answer) {
   return answer.starts_with("HTTP/1.1 ") && answer.size() >= 12 ? std::stoi(answer.substr(9, 3))
                                                                 : 0;
+}
+
+long RssKib(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  while (status >> key) {
+    if (key == "VmRSS:") {
+      long kib = -1;
+      status >> kib;
+      return kib;
+    }
+    status.ignore(1 << 16, '\n');
+  }
+  return -1;
+}
+
+// User plus system CPU seconds `pid` has used, from /proc/PID/stat; -1 if unreadable. Less
+// sensitive to a loaded machine than wall time.
+double CpuSeconds(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return -1;
+  // Fields after the command's closing parenthesis: state is field 3, utime 14, stime 15.
+  std::istringstream rest(line.substr(line.rfind(')') + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i >= 14) ticks += std::stod(field);
+  }
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 std::string PostHead(const std::string& path, size_t length, bool close) {
@@ -99,6 +135,70 @@ TEST(NodeHardeningTest, SlowlorisDoesNotTakeTheNodeOffline) {
   trickle.join();
   EXPECT_EQ(refused, kSlow);
   EXPECT_LT(took, 8.0) << "slow sockets outlived the 3 s header deadline";
+}
+
+class HugePromptTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    PD_REQUIRE_SHARED("models/stories260K");
+    node_ =
+        std::make_unique<NodeProcess>(SharedPath("models/stories260K"), std::vector<std::string>{});
+    ASSERT_TRUE(node_->ok()) << node_->error();
+    while (prompt_.size() < 3900 * 1000) prompt_ += "Once upon a time, there was a little girl. ";
+  }
+  // Posts `body` and expects 400 context_length_exceeded on `param`; returns the seconds taken.
+  double ExpectTooLong(const std::string& path, const json& body, const std::string& param) {
+    httplib::Client client = node_->Client();
+    client.set_read_timeout(60, 0);
+    const TimePoint start = Clock::now();
+    httplib::Result r = client.Post(path, body.dump(), "application/json");
+    const double took = SecondsSince(start);
+    EXPECT_TRUE(r) << httplib::to_string(r.error());
+    if (!r) return took;
+    EXPECT_EQ(r->status, 400) << r->body.substr(0, 300);
+    const json j = json::parse(r->body, nullptr, false);
+    EXPECT_EQ(j["error"]["code"], "context_length_exceeded") << r->body.substr(0, 300);
+    EXPECT_EQ(j["error"]["param"], param) << r->body.substr(0, 300);
+    return took;
+  }
+  std::unique_ptr<NodeProcess> node_;
+  std::string prompt_;
+};
+
+// A 3.9 MB prompt for a 512-token context is refused after encoding about 512 tokens of it:
+// before, it was encoded whole (~2 s, ~500 MB), and six of them left the node at GBs of RSS.
+TEST_F(HugePromptTest, IsRefusedQuicklyWithBoundedMemory) {
+  const long rss_before = RssKib(node_->pid());
+  const double cpu_before = CpuSeconds(node_->pid());
+  ASSERT_GT(rss_before, 0);
+  ASSERT_GE(cpu_before, 0);
+  double slowest = 0;
+  constexpr int kCompletions = 6, kChats = 2;
+  for (int i = 0; i < kCompletions; ++i) {
+    slowest = std::max(slowest, ExpectTooLong("/v1/completions",
+                                              {{"prompt", prompt_}, {"max_tokens", 4}}, "prompt"));
+  }
+  for (int i = 0; i < kChats; ++i) {
+    const json messages = json::array({{{"role", "user"}, {"content", prompt_}}});
+    slowest =
+        std::max(slowest, ExpectTooLong("/v1/chat/completions",
+                                        {{"messages", messages}, {"max_tokens", 4}}, "messages"));
+  }
+  const double cpu_each = (CpuSeconds(node_->pid()) - cpu_before) / (kCompletions + kChats);
+  const long rss_after = RssKib(node_->pid());
+  // Receiving and parsing 3.9 MB of JSON costs ~0.05 s of CPU; encoding it all cost ~2 s.
+  EXPECT_LT(cpu_each, 0.4) << "node CPU seconds per refusal";
+  EXPECT_LT(slowest, 5.0) << "seconds for the slowest refusal";
+  EXPECT_LT(rss_after - rss_before, 64 * 1024)
+      << "RSS " << rss_before << " -> " << rss_after << " KiB";
+  std::printf("huge prompts: %.3f CPU s per refusal, slowest %.3f s, RSS %ld -> %ld KiB\n",
+              cpu_each, slowest, rss_before, rss_after);
+  // Prompts that fit are still served.
+  httplib::Result ok = node_->Client().Post(
+      "/v1/completions", json{{"prompt", "Once upon a time"}, {"max_tokens", 3}}.dump(),
+      "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
 }
 
 }  // namespace
