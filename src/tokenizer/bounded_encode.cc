@@ -26,6 +26,14 @@ size_t PrefixCut(std::string_view text, size_t from, size_t to) {
 
 std::optional<std::vector<int32_t>> EncodeWithin(const Tokenizer& tokenizer, std::string_view text,
                                                  bool add_special, size_t max_tokens) {
+  // Settled by its length alone: each token stands for at most `bound` of its bytes that are
+  // not whitespace.
+  if (const size_t bound = tokenizer.max_text_bytes_per_token();
+      bound > 0 && text.size() / bound > max_tokens) {
+    const auto counted = static_cast<size_t>(
+        std::count_if(text.begin(), text.end(), [](char c) { return !IsAsciiSpace(c); }));
+    if (counted / bound > max_tokens) return std::nullopt;
+  }
   size_t prefix = std::max(kMinFirstPrefixBytes, max_tokens * kFirstPrefixBytesPerToken);
   // Only prefixes well short of the text: otherwise encoding the whole costs as much.
   while (prefix < text.size() / 2) {

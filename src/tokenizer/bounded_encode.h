@@ -15,14 +15,15 @@
 namespace pdserve {
 
 // The ids of `text` (as tokenizer.Encode(text, add_special)) when they number at most
-// `max_tokens`, else nullopt. Long texts are first encoded in growing prefixes (doubling, from
-// a few bytes per allowed token), each cut just before a single space between two non-space
-// characters: there every tokenizer here starts a new word (pre-tokenizer split, SentencePiece's
-// whitespace split, NFC never composes across an ASCII space), so a prefix's ids are the start of
-// the whole text's ids and a prefix over the limit proves the whole text is (an added token
-// that itself holds such a space, should one span the cut, could count an id or two more
-// there). The work is then about twice what max_tokens tokens cost. A text with no such cut
-// point (no spaces) is encoded whole.
+// `max_tokens`, else nullopt. A text with more than max_tokens times the tokenizer's
+// max_text_bytes_per_token() bytes other than whitespace is refused at once. Other long texts are
+// first encoded in growing prefixes (doubling, from a few bytes per allowed token), each cut just
+// before a single space between two non-space characters: there every tokenizer here starts a new
+// word (pre-tokenizer split, SentencePiece's whitespace split, NFC never composes across an ASCII
+// space), so a prefix's ids are the start of the whole text's ids and a prefix over the limit
+// proves the whole text is (an added token that itself holds such a space, should one span the cut,
+// could count an id or two more there). The work is then about twice what max_tokens tokens cost. A
+// text with no such cut point (no spaces) is encoded whole.
 std::optional<std::vector<int32_t>> EncodeWithin(const Tokenizer& tokenizer, std::string_view text,
                                                  bool add_special, size_t max_tokens);
 

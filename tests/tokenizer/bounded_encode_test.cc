@@ -4,6 +4,7 @@
 // whenever they fit.
 #include "tokenizer/bounded_encode.h"
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -59,6 +60,43 @@ void CheckPrefixesAndLimits(const std::string& relative) {
     // Small limits: prefixes are encoded first, and settle it.
     EXPECT_FALSE(EncodeWithin(tokenizer, text, true, 511).has_value());
   }
+}
+
+// Where a tokenizer vouches for a bound on the bytes one token stands for, no text beats it.
+void CheckByteBound(const std::string& relative, bool expect_bound) {
+  auto loaded = Tokenizer::Load(testing::SharedPath(relative));
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  const Tokenizer& tokenizer = **loaded;
+  const size_t bound = tokenizer.max_text_bytes_per_token();
+  EXPECT_EQ(bound > 0, expect_bound) << "bound " << bound;
+  if (bound == 0) return;
+  std::vector<std::string> texts = {VariedText(size_t{32} << 10, 7), std::string(20000, 'a'),
+                                    std::string(20000, ' '), std::string(5000, '\xff')};
+  for (const char* unit : {"\u4f60\u597d", "\u1100\u1161\u11a8", "e\u0301", "\uff21"}) {
+    std::string text;
+    while (text.size() < 20000) text += unit;
+    texts.push_back(text);
+  }
+  for (const std::string& text : texts) {
+    const size_t tokens = tokenizer.Encode(text, false).size();
+    const auto counted = static_cast<size_t>(std::count_if(text.begin(), text.end(), [](char c) {
+      return std::string_view(" \t\n\r\v\f").find(c) == std::string_view::npos;
+    }));
+    EXPECT_GE(tokens * bound, counted) << relative << ": " << tokens << " tokens for "
+                                       << text.size() << " bytes (" << text.substr(0, 12) << "...)";
+  }
+  // A text over the bound is refused without being encoded.
+  EXPECT_FALSE(EncodeWithin(tokenizer, std::string(512 * bound + bound, 'a'), true, 511));
+}
+
+TEST(BoundedEncodeTest, SentencePieceByteBound) {
+  PD_REQUIRE_SHARED("models/stories260K");
+  CheckByteBound("models/stories260K", /*expect_bound=*/true);
+}
+
+TEST(BoundedEncodeTest, ByteLevelBpeByteBound) {
+  PD_REQUIRE_SHARED("tokenizers/qwen2");
+  CheckByteBound("tokenizers/qwen2", /*expect_bound=*/true);
 }
 
 TEST(BoundedEncodeTest, SentencePiecePrefixesAndLimits) {
