@@ -21,6 +21,8 @@ struct RouterFlags {
   std::string cluster_key;
   int max_body_mb = 8;
   int http_threads = 256;
+  size_t max_connections = 8192;
+  int header_timeout_s = 10;
   int max_attempts = 3;
   int health_interval_ms = 1000;
   int failures_to_down = 3;
@@ -41,6 +43,8 @@ int RunRouter(const RouterFlags& f) {
   }
   options.max_body_bytes = static_cast<size_t>(f.max_body_mb) << 20;
   options.http_threads = f.http_threads;
+  options.max_connections = f.max_connections;
+  options.header_timeout_s = f.header_timeout_s;
   options.max_attempts = f.max_attempts;
   options.health_interval = std::chrono::milliseconds(f.health_interval_ms);
   options.pool.failures_to_down = f.failures_to_down;
@@ -73,6 +77,14 @@ void AddRouterCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--http-threads", flags->http_threads, "HTTP threads (caps open streams)")
       ->check(CLI::Range(2, 4096))
+      ->capture_default_str();
+  cmd->add_option("--max-connections", flags->max_connections,
+                  "Open client connections beyond which new ones get 503")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 20))
+      ->capture_default_str();
+  cmd->add_option("--header-timeout", flags->header_timeout_s,
+                  "Seconds a request's head (request line and headers) may take to arrive")
+      ->check(CLI::Range(1, 3600))
       ->capture_default_str();
   cmd->add_option("--max-attempts", flags->max_attempts, "Nodes tried per request")
       ->check(CLI::Range(1, 16))

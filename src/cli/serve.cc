@@ -33,6 +33,8 @@ struct ServeFlags {
   std::string router;
   int max_waiting = 256;
   int http_threads = 160;
+  size_t max_connections = 4096;
+  int header_timeout_s = 10;
   size_t max_body_mb = 4;
   int request_timeout_s = 600;
   int shutdown_grace_s = 30;
@@ -70,6 +72,8 @@ int RunServe(const ServeFlags& f) {
   if (options.served_model_name.empty()) options.served_model_name = f.model.model;
   options.max_waiting = f.max_waiting;
   options.http_threads = f.http_threads;
+  options.max_connections = f.max_connections;
+  options.header_timeout_s = f.header_timeout_s;
   options.max_body_bytes = f.max_body_mb << 20;
   options.request_timeout_s = f.request_timeout_s;
 
@@ -152,6 +156,14 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--http-threads", flags->http_threads, "HTTP worker threads")
       ->check(CLI::Range(4, 4096))
+      ->capture_default_str();
+  cmd->add_option("--max-connections", flags->max_connections,
+                  "Open HTTP connections beyond which new ones get 503")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 20))
+      ->capture_default_str();
+  cmd->add_option("--header-timeout", flags->header_timeout_s,
+                  "Seconds a request's head (request line and headers) may take to arrive")
+      ->check(CLI::Range(1, 3600))
       ->capture_default_str();
   cmd->add_option("--max-body-mb", flags->max_body_mb, "Largest request body in MiB")
       ->check(CLI::Range(1, 1024))

@@ -61,6 +61,10 @@ ApiError ApiError::UriTooLong() {
   return Make(414, kInvalidRequest, "uri_too_long", "request URI too long");
 }
 
+ApiError ApiError::RequestTimeout() {
+  return Make(408, kInvalidRequest, "request_timeout", "the request head did not arrive in time");
+}
+
 ApiError ApiError::HeaderTooLarge() {
   return Make(431, kInvalidRequest, "request_header_fields_too_large",
               "a request header is too large");

@@ -42,6 +42,8 @@ struct ApiError {
   // 400 context_length_exceeded: the prompt does not fit the model (400, as OpenAI and vLLM
   // answer it: SDKs raise BadRequestError with the code).
   static ApiError ContextLengthExceeded(std::string message, std::string param = "");
+  // 408 request_timeout: the request head did not arrive within the server's header timeout.
+  static ApiError RequestTimeout();
   // 414 uri_too_long.
   static ApiError UriTooLong();
   // 431 request_header_fields_too_large: a header line over the server's limit.

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <netinet/in.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -158,9 +159,18 @@ std::string RequestIdOf(const httplib::Response& res) {
   return res.get_header_value(kRequestIdHeader);
 }
 
-void ConfigureServer(httplib::Server& server, const ServerConfig& config) {
-  const int threads = std::max(1, config.threads);
-  server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+void ConfigureServer(Server& server, const ServerConfig& config) {
+  ConnectionLimits limits;
+  limits.threads = std::max(1, config.threads);
+  limits.max_connections = std::max<size_t>(1, config.max_connections);
+  // Each connection is a file descriptor: past the process's limit accept() itself fails.
+  if (rlimit fds{}; getrlimit(RLIMIT_NOFILE, &fds) == 0 && fds.rlim_cur != RLIM_INFINITY) {
+    limits.max_connections =
+        std::clamp<size_t>(static_cast<size_t>(fds.rlim_cur / 2), 1, limits.max_connections);
+  }
+  limits.header_timeout = config.header_timeout;
+  limits.max_head_bytes = config.max_head_bytes;
+  server.SetConnectionLimits(limits);
   server.set_payload_max_length(config.max_body_bytes);
   SetTimeout(config.read_timeout, [&](time_t s, time_t us) { server.set_read_timeout(s, us); });
   SetTimeout(config.write_timeout, [&](time_t s, time_t us) { server.set_write_timeout(s, us); });

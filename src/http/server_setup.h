@@ -1,7 +1,7 @@
-// Server setup shared by node and router: one function gives an httplib::Server its limits,
-// deadlines, thread pool, TCP_NODELAY, request ids, API-key check and OpenAI-shaped errors for
-// what httplib rejects itself; one binds it. Call both from the owning thread before the
-// server listens; the handlers they install run on the server's pool and share no state.
+// Server setup shared by node and router: one function gives an http::Server its limits,
+// deadlines, connection handling, TCP_NODELAY, request ids, API-key check and OpenAI-shaped errors
+// for what httplib rejects itself; one binds it. Call both from the owning thread before the server
+// listens; the handlers they install run on the server's pool and share no state.
 #pragma once
 
 #include <chrono>
@@ -14,6 +14,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "http/api_error.h"
+#include "http/server.h"
 
 namespace pdserve::http {
 
@@ -26,13 +27,22 @@ void SetTimeout(Duration d, Setter setter) {
 }
 
 struct ServerConfig {
-  // Each open connection holds one thread (a stream for its whole length): this caps them.
+  // Requests served at once (a stream holds its thread for its whole length). Idle connections
+  // and ones whose request head is still arriving hold no thread (http/connection_pool.h).
   int threads = 64;
+  // Open connections; a new one over the cap is answered 503 (Retry-After) and closed. Lowered
+  // to half the process's open-file limit where that is smaller.
+  size_t max_connections = 4096;
+  // A request head (request line and headers) must arrive whole within this, counted from the
+  // connection's accept or the request's first byte: slowloris clients are cut off with 408.
+  Duration header_timeout = std::chrono::seconds(10);
   size_t max_body_bytes = size_t{4} << 20;
   // Bodies of routes added with AddPostRoute, whatever their framing (Content-Length, chunked,
   // or until the client closes); larger ones get 413 and the connection closes.
   // Request line and header lines are capped by httplib at build time (8 KiB each,
   // CPPHTTPLIB_REQUEST_URI_MAX_LENGTH / CPPHTTPLIB_HEADER_MAX_LENGTH); longer ones get 414/431.
+  // A head longer than this (all its lines) gets 431 before it is parsed.
+  size_t max_head_bytes = 64 * 1024;
   Duration read_timeout = std::chrono::seconds(30);   // a client silent this long is dropped
   Duration write_timeout = std::chrono::seconds(30);  // a client not reading this long, too
   Duration keep_alive_timeout = std::chrono::seconds(5);
@@ -53,7 +63,7 @@ struct ServerConfig {
 // from httplib in the OpenAI shape), exception handler (500) and post-routing handler (HTTP/1.0
 // clients get streams without chunked framing, ended by closing the connection). Call before
 // adding routes' own handlers of those kinds (there are none elsewhere).
-void ConfigureServer(httplib::Server& server, const ServerConfig& config);
+void ConfigureServer(Server& server, const ServerConfig& config);
 
 // A POST route: its path pattern (a regex, as httplib::Server::Post takes) and its handler,
 // which sees the request with its body read whole.

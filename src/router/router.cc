@@ -110,6 +110,8 @@ Status Router::Start() {
   config.max_body_bytes = options_.max_body_bytes;
   config.api_key = options_.api_key;
   config.cluster_key = options_.cluster_key;
+  config.max_connections = options_.max_connections;
+  config.header_timeout = std::chrono::seconds(options_.header_timeout_s);
   http::ConfigureServer(server_, config);
   InstallRoutes();
   Result<int> port = http::BindServer(server_, options_.host, options_.port, config);

@@ -23,6 +23,7 @@
 #include "common/clock.h"
 #include "common/mutex.h"
 #include "common/status.h"
+#include "http/server.h"
 #include "router/router_nodes.h"
 #include "router/router_upstream.h"
 
@@ -44,6 +45,10 @@ struct RouterOptions {
   Duration health_timeout = std::chrono::milliseconds(800);
   NodePoolOptions pool;
   UpstreamTimeouts upstream;
+  // Open client connections beyond which new ones get 503 (see http/server_setup.h).
+  size_t max_connections = 8192;
+  // Seconds a request head may take to arrive whole (slow clients get 408).
+  int header_timeout_s = 10;
 };
 
 class Router {
@@ -110,7 +115,7 @@ class Router {
 
   const RouterOptions options_;
   NodePool pool_;
-  httplib::Server server_;
+  http::Server server_;
   int port_ = 0;
   std::thread listen_thread_;
   std::thread health_thread_;

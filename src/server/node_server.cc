@@ -20,6 +20,7 @@
 #include "server/openai_request.h"
 #include "server/openai_response.h"
 #include "server/request_drain.h"
+#include "tokenizer/bounded_encode.h"
 
 namespace pdserve::server {
 namespace {
@@ -111,23 +112,35 @@ ApiResult<NodeServer::Impl::Prepared> NodeServer::Impl::Prepare(ApiKind kind,
   p.request = std::move(parsed.value());
   GenerationRequest& r = p.request;
   if (!r.model.empty() && r.model != ModelName()) return ApiError::ModelNotFound(r.model);
+  // Prompts that cannot fit are refused after encoding about max_model_len tokens of them, not
+  // all of them (see tokenizer/bounded_encode.h).
+  const size_t max_prompt = static_cast<size_t>(std::max(0, model.max_model_len - 1));
+  const char* param = kind == ApiKind::kChat ? "messages" : "prompt";
+  std::optional<std::vector<int32_t>> encoded;
   if (kind == ApiKind::kChat) {
     Result<chat::ChatPrompt> rendered =
         chat->Render(r.messages, r.tools, r.chat_template_kwargs, r.add_generation_prompt);
     if (!rendered.ok()) return ApiError::InvalidRequest(rendered.status().message(), "messages");
-    p.prompt = model.tokenizer->Encode(rendered->text, rendered->add_special);
+    encoded = EncodeWithin(*model.tokenizer, rendered->text, rendered->add_special, max_prompt);
   } else if (r.prompt_is_ids) {
-    p.prompt = r.prompt_ids;
+    encoded = r.prompt_ids;
   } else {
-    p.prompt = model.tokenizer->Encode(r.prompt_text, /*add_special=*/true);
+    encoded = EncodeWithin(*model.tokenizer, r.prompt_text, /*add_special=*/true, max_prompt);
   }
+  if (!encoded) {
+    return ApiError::ContextLengthExceeded(
+        fmt::format("the prompt has more than {} tokens; this model's context is {} tokens",
+                    max_prompt, model.max_model_len),
+        param);
+  }
+  p.prompt = std::move(*encoded);
   const int prompt_len = static_cast<int>(p.prompt.size());
   if (prompt_len == 0) return ApiError::InvalidRequest("the prompt is empty", "prompt");
   if (prompt_len >= model.max_model_len) {
     return ApiError::ContextLengthExceeded(
         fmt::format("the prompt has {} tokens; this model's context is {} tokens", prompt_len,
                     model.max_model_len),
-        kind == ApiKind::kChat ? "messages" : "prompt");
+        param);
   }
   // Without max_tokens: completions default to 16 (OpenAI), chat to the rest of the context.
   if (!r.max_tokens_set) {
@@ -397,13 +410,14 @@ void NodeServer::Impl::HandleDetokenize(const httplib::Request& req, httplib::Re
 }
 
 NodeServer::NodeServer(NodeServerOptions options)
-    : impl_(std::make_unique<Impl>(std::move(options))),
-      http_(std::make_unique<httplib::Server>()) {
+    : impl_(std::make_unique<Impl>(std::move(options))), http_(std::make_unique<http::Server>()) {
   Impl* impl = impl_.get();
   impl->http_config.threads = std::max(4, impl->options.http_threads);
   impl->http_config.max_body_bytes = impl->options.max_body_bytes;
   impl->http_config.api_key = impl->options.api_key;
   impl->http_config.cluster_key = impl->options.cluster_key;
+  impl->http_config.max_connections = impl->options.max_connections;
+  impl->http_config.header_timeout = std::chrono::seconds(impl->options.header_timeout_s);
   http::ConfigureServer(*http_, impl->http_config);
   std::vector<http::PostRoute> posts;
   posts.push_back({"/v1/completions", [impl](const httplib::Request& req, httplib::Response& res) {

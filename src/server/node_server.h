@@ -26,7 +26,7 @@
 #include "server/metrics.h"
 #include "tokenizer/tokenizer.h"
 
-namespace httplib {
+namespace pdserve::http {
 class Server;
 }
 
@@ -42,6 +42,10 @@ struct NodeServerOptions {
   size_t max_body_bytes = size_t{4} << 20;
   int http_threads = 160;       // each streaming client holds one for its duration
   int request_timeout_s = 600;  // a request with no output for this long is cancelled
+  // Open HTTP connections beyond which new ones get 503 (see http/server_setup.h).
+  size_t max_connections = 4096;
+  // Seconds a request head may take to arrive whole (slow clients get 408).
+  int header_timeout_s = 10;
 };
 
 // What the node serves, handed over once loaded.
@@ -89,7 +93,7 @@ class NodeServer {
 
  private:
   std::unique_ptr<Impl> impl_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<http::Server> http_;
   std::thread listen_thread_;
   int bound_port_ = 0;
   std::atomic<bool> stopped_{false};

@@ -1,5 +1,6 @@
 #include "tokenizer/bpe.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <queue>
@@ -268,6 +269,12 @@ Status ByteLevelBpe::FinishLoad(const std::string& path) {
     }
     byte_ids_[b] = it->second;
   }
+  // A token stands for its bytes of the normalized text (an added token that strips also for
+  // whitespace, which the bound does not count); NFC shrinks text at most threefold (a Hangul
+  // syllable from three 3-byte jamo).
+  size_t longest = 1;
+  for (const std::string& bytes : token_bytes_) longest = std::max(longest, bytes.size());
+  max_text_bytes_per_token_ = longest * (nfc_ ? 3 : 1);
   added_matcher_ = AddedTokenMatcher(std::move(added_));
   return Status::Ok();
 }

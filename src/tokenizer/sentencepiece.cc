@@ -31,6 +31,98 @@ std::string PieceToText(std::string_view piece) {
   return out;
 }
 
+// Protobuf wire format, just enough to read a few scalar fields of the serialized model (the
+// library's headers do not expose its proto classes).
+class WireReader {
+ public:
+  explicit WireReader(std::string_view data) : data_(data) {}
+  bool done() const { return data_.empty(); }
+  bool Varint(uint64_t* v) {
+    *v = 0;
+    for (int shift = 0; shift < 64 && !data_.empty(); shift += 7) {
+      const auto byte = static_cast<uint8_t>(data_.front());
+      data_.remove_prefix(1);
+      *v |= uint64_t{byte & 0x7fu} << shift;
+      if ((byte & 0x80) == 0) return true;
+    }
+    return false;
+  }
+  bool Key(uint64_t* field, uint64_t* wire) {
+    uint64_t key;
+    if (!Varint(&key)) return false;
+    *field = key >> 3;
+    *wire = key & 7;
+    return true;
+  }
+  bool Bytes(std::string_view* out) {
+    uint64_t n;
+    if (!Varint(&n) || n > data_.size()) return false;
+    *out = data_.substr(0, n);
+    data_.remove_prefix(n);
+    return true;
+  }
+  // Skips a value of wire type `wire`.
+  bool Skip(uint64_t wire) {
+    uint64_t v;
+    std::string_view s;
+    switch (wire) {
+      case 0:
+        return Varint(&v);
+      case 2:
+        return Bytes(&s);
+      case 1:
+        return Advance(8);
+      case 5:
+        return Advance(4);
+      default:
+        return false;
+    }
+  }
+
+ private:
+  bool Advance(size_t n) {
+    if (n > data_.size()) return false;
+    data_.remove_prefix(n);
+    return true;
+  }
+  std::string_view data_;
+};
+
+// Whether every piece the model emits covers its own text only, whitespace aside: no
+// normalization rules (NormalizerSpec.name "identity"; remove_extra_whitespaces only collapses
+// spaces) and unknown characters as byte pieces (TrainerSpec.byte_fallback, field 35) rather
+// than one unknown piece per run. False when the proto does not parse.
+bool PiecesCoverTheirOwnText(std::string_view model_proto) {
+  std::string name;
+  bool byte_fallback = false;
+  WireReader model(model_proto);
+  uint64_t field, wire;
+  while (!model.done()) {
+    if (!model.Key(&field, &wire)) return false;
+    if ((field != 2 && field != 3) || wire != 2) {
+      if (!model.Skip(wire)) return false;
+      continue;
+    }
+    std::string_view spec;
+    if (!model.Bytes(&spec)) return false;
+    for (WireReader r(spec); !r.done();) {
+      uint64_t f, w, v;
+      std::string_view s;
+      if (!r.Key(&f, &w)) return false;
+      if (field == 3 && f == 1 && w == 2) {
+        if (!r.Bytes(&s)) return false;
+        name = s;
+      } else if (field == 2 && f == 35 && w == 0) {
+        if (!r.Varint(&v)) return false;
+        byte_fallback = v != 0;
+      } else if (!r.Skip(w)) {
+        return false;
+      }
+    }
+  }
+  return name == "identity" && byte_fallback;
+}
+
 class SentencePieceTokenizer final : public Tokenizer {
  public:
   Status Init(const std::string& path);
@@ -75,6 +167,11 @@ Status SentencePieceTokenizer::Init(const std::string& path) {
     }
   }
   special_matcher_ = AddedTokenMatcher(std::move(specials));
+  if (PiecesCoverTheirOwnText(sp_.serialized_model_proto())) {
+    size_t longest = 1;
+    for (const std::string& bytes : token_bytes_) longest = std::max(longest, bytes.size());
+    max_text_bytes_per_token_ = longest;
+  }
   if (sp_.bos_id() >= 0) bos_id_ = sp_.bos_id();
   if (sp_.eos_id() >= 0) eos_ids_ = {sp_.eos_id()};
   add_bos_ = bos_id_.has_value();

@@ -50,6 +50,11 @@ class Tokenizer {
   virtual std::optional<int32_t> TokenToId(std::string_view token) const = 0;
 
   int32_t vocab_size() const { return static_cast<int32_t>(token_bytes_.size()); }
+  // Every token Encode emits stands for at most this many bytes of the text it was given,
+  // ASCII whitespace not counted (tokenizers may swallow or collapse runs of it), so a text
+  // with n other bytes takes at least n / max_text_bytes_per_token() tokens. 0 where no such
+  // bound holds (SentencePiece models that normalize or merge unknown characters).
+  size_t max_text_bytes_per_token() const { return max_text_bytes_per_token_; }
   std::optional<int32_t> bos_id() const { return bos_id_; }
   const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
   const std::string& chat_template() const { return chat_template_; }
@@ -70,6 +75,8 @@ class Tokenizer {
   // tokenizer's post-processor and tokenizer_config.json).
   bool add_bos_ = false;
   bool add_eos_ = false;
+  // See max_text_bytes_per_token(); set by the implementation's loader where it can vouch.
+  size_t max_text_bytes_per_token_ = 0;
 
   // Adds BOS/EOS around `ids` as add_bos_/add_eos_ say. For Encode implementations.
   std::vector<int32_t> WithSpecials(std::vector<int32_t> ids) const;

@@ -210,7 +210,7 @@ class ServerSetupTest : public ::testing::Test {
   }
 
   const httplib::Headers auth_ = {{"Authorization", "Bearer sekret"}};
-  httplib::Server server_;
+  Server server_;
   int port_ = 0;
   std::thread thread_;
 };

@@ -1,0 +1,166 @@
+#include "http/connection.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace pdserve::http {
+namespace {
+
+// Reads straight into the caller's buffer from this size on (large body reads); smaller reads
+// fill the connection's buffer with up to this much, so that byte-by-byte head parsing costs
+// one recv per chunk.
+constexpr size_t kReadChunk = 16 * 1024;
+
+void AddressOf(const sockaddr_storage& addr, std::string* ip, int* port) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (addr.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
+    inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text));
+    *port = ntohs(in->sin_port);
+  } else if (addr.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&addr);
+    inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof(text));
+    *port = ntohs(in6->sin6_port);
+  }
+  *ip = text;
+}
+
+// Waits up to `timeout` for `events` on `fd`; true when they came.
+bool WaitFor(int fd, short events, Duration timeout) {
+  const Deadline end = Deadline::After(timeout);
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const auto ms = std::chrono::ceil<std::chrono::milliseconds>(end.Remaining()).count();
+    const int n = poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 60'000)));
+    if (n > 0) return true;
+    if (n < 0 && errno != EINTR) return false;
+    if (end.Passed()) return false;
+  }
+}
+
+}  // namespace
+
+Connection::Connection(int fd) : fd_(fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  if (getpeername(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    AddressOf(addr, &remote_ip_, &remote_port_);
+  }
+  addr = {};
+  len = sizeof(addr);
+  if (getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    AddressOf(addr, &local_ip_, &local_port_);
+  }
+}
+
+Connection::~Connection() {
+  ::shutdown(fd_, SHUT_RDWR);
+  ::close(fd_);
+  CountIn(nullptr);
+}
+
+void Connection::CountIn(std::atomic<size_t>* counter) {
+  if (counter_ != nullptr) counter_->fetch_sub(1);
+  counter_ = counter;
+  if (counter_ != nullptr) counter_->fetch_add(1);
+}
+
+void Connection::Consume(size_t n) {
+  begin_ += std::min(n, buffer_.size() - begin_);
+  head_scan_ -= std::min(head_scan_, n);
+  if (begin_ == buffer_.size()) {
+    buffer_.clear();
+    begin_ = 0;
+    // A large pipelined body may have grown the buffer: give the memory back once it is read.
+    if (buffer_.capacity() > 4 * kReadChunk) buffer_.shrink_to_fit();
+  } else if (begin_ >= kReadChunk && begin_ * 2 >= buffer_.size()) {
+    buffer_.erase(0, begin_);
+    begin_ = 0;
+  }
+}
+
+ssize_t Connection::ReadAvailable(size_t max_bytes) {
+  size_t total = 0;
+  while (total < max_bytes) {
+    const size_t want = std::min(kReadChunk, max_bytes - total);
+    const size_t old_size = buffer_.size();
+    buffer_.resize(old_size + want);
+    const ssize_t n = recv(fd_, buffer_.data() + old_size, want, MSG_DONTWAIT);
+    buffer_.resize(old_size + static_cast<size_t>(std::max<ssize_t>(n, 0)));
+    if (n > 0) {
+      total += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    return total > 0 ? static_cast<ssize_t>(total) : -1;  // end of stream (or reset)
+  }
+  return static_cast<ssize_t>(total);
+}
+
+bool Connection::HasCompleteHead() {
+  const std::string_view p = pending();
+  if (p.find("\r\n\r\n", head_scan_) != std::string_view::npos) return true;
+  // A blank line found later starts at most 3 bytes before today's end.
+  head_scan_ = p.size() < 3 ? 0 : p.size() - 3;
+  return false;
+}
+
+bool ConnectionStream::is_readable() const {
+  return !conn_.pending().empty() || WaitFor(conn_.fd(), POLLIN, read_timeout_);
+}
+
+bool ConnectionStream::is_writable() const {
+  if (!WaitFor(conn_.fd(), POLLOUT, write_timeout_)) return false;
+  // Like httplib's is_socket_alive: a readable socket whose peek finds the end of the stream
+  // belongs to a client that went away.
+  pollfd p{conn_.fd(), POLLIN, 0};
+  if (poll(&p, 1, 0) <= 0) return true;
+  char byte;
+  return recv(conn_.fd(), &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+}
+
+ssize_t ConnectionStream::read(char* ptr, size_t size) {
+  if (conn_.pending().empty()) {
+    if (!is_readable()) return -1;
+    if (size >= kReadChunk) {
+      const ssize_t n = recv(conn_.fd(), ptr, size, 0);
+      if (n > 0) bytes_read_ += static_cast<uint64_t>(n);
+      return n;
+    }
+    if (conn_.ReadAvailable(kReadChunk) <= 0) return -1;
+  }
+  const std::string_view p = conn_.pending();
+  const size_t n = std::min(size, p.size());
+  std::memcpy(ptr, p.data(), n);
+  conn_.Consume(n);
+  bytes_read_ += n;
+  return static_cast<ssize_t>(n);
+}
+
+ssize_t ConnectionStream::write(const char* ptr, size_t size) {
+  if (!is_writable()) return -1;
+  for (;;) {
+    const ssize_t n = send(conn_.fd(), ptr, size, MSG_NOSIGNAL);
+    if (n >= 0 || errno != EINTR) return n;
+  }
+}
+
+void ConnectionStream::get_remote_ip_and_port(std::string& ip, int& port) const {
+  ip = conn_.remote_ip();
+  port = conn_.remote_port();
+}
+
+void ConnectionStream::get_local_ip_and_port(std::string& ip, int& port) const {
+  ip = conn_.local_ip();
+  port = conn_.local_port();
+}
+
+}  // namespace pdserve::http

@@ -1,0 +1,38 @@
+// http::Server: the httplib::Server that node and router run. It replaces httplib 0.11's
+// one-thread-per-connection handling with http/connection_pool.h (a poller holds idle and
+// slowly arriving connections under deadlines, workers serve whole request heads, a cap
+// sheds excess connections with 503) and keeps each connection's unread bytes across requests,
+// so that pipelined requests are all answered, in order. Set up with ConfigureServer
+// (http/server_setup.h) before it listens; used from threads as httplib::Server is.
+#pragma once
+
+#include <cstddef>
+
+#include <httplib.h>
+
+#include "http/connection.h"
+#include "http/connection_pool.h"
+
+namespace pdserve::http {
+
+class Server : public httplib::Server {
+ public:
+  Server();
+  // Takes effect at the next listen. Keep-alive timeout and count, read and write timeouts
+  // are httplib's own settings.
+  void SetConnectionLimits(const ConnectionLimits& limits) { limits_ = limits; }
+  const ConnectionLimits& connection_limits() const { return limits_; }
+
+ private:
+  // httplib's accept loop calls this (virtually) for each accepted socket, through the task
+  // queue; it hands the socket to the pool.
+  bool process_and_close_socket(socket_t sock) override;
+  // Serves the requests whose heads `conn` holds whole; true: keep it open.
+  bool Serve(Connection& conn);
+
+  ConnectionLimits limits_;
+  // The task queue of the running listen; set and used on the listening thread only.
+  ConnectionPool* pool_ = nullptr;
+};
+
+}  // namespace pdserve::http
