@@ -101,6 +101,30 @@ struct Row {
   }
 };
 
+// The decode contexts to run: the caller's, each checked, or the defaults that fit the model.
+// `skipped` receives the defaults left out.
+Result<std::vector<int>> DecodeContexts(const EngineBenchOptions& f, int max_context,
+                                        std::vector<int>* skipped) {
+  if (f.contexts.empty()) {
+    std::vector<int> contexts;
+    for (int ctx : kDefaultDecodeContexts) {
+      (ctx + 1 <= max_context ? contexts : *skipped).push_back(ctx);
+    }
+    // A model shorter than every default still gets one decode row, at its longest context.
+    if (contexts.empty()) contexts.push_back(max_context - 1);
+    return contexts;
+  }
+  for (int ctx : f.contexts) {
+    if (ctx < 1) return Status::InvalidArgument("decode contexts must be positive");
+    if (ctx + 1 > max_context) {
+      return Status::InvalidArgument("decode context " + std::to_string(ctx) +
+                                     " beyond the model's context of " +
+                                     std::to_string(max_context));
+    }
+  }
+  return f.contexts;
+}
+
 }  // namespace
 
 Status RunEngineBench(ModelDir& dir, const EngineBenchOptions& f) {
@@ -118,34 +142,46 @@ Status RunEngineBench(ModelDir& dir, const EngineBenchOptions& f) {
   if (f.prompt_len + 1 > c.MaxContext()) {
     return Status::InvalidArgument("prompt length beyond the model's context");
   }
+  std::vector<int> skipped;
+  PD_ASSIGN_OR_RETURN(const std::vector<int> contexts, DecodeContexts(f, c.MaxContext(), &skipped));
   const int max_batch = *std::max_element(batches.begin(), batches.end());
+  const int max_context = *std::max_element(contexts.begin(), contexts.end());
   const int page_tokens = f.page_tokens;
-  const int pages_per_seq = (f.prompt_len + 1 + page_tokens - 1) / page_tokens;
-  PD_ASSIGN_OR_RETURN(auto cache,
-                      KvCache::Create(model.MakeKvLayout(max_batch * pages_per_seq, page_tokens)));
+  auto pages_for = [page_tokens](int tokens) { return (tokens + page_tokens - 1) / page_tokens; };
+  const int prefill_pages = pages_for(f.prompt_len + 1);
+  PD_ASSIGN_OR_RETURN(
+      auto cache,
+      KvCache::Create(model.MakeKvLayout(
+          std::max(prefill_pages, max_batch * pages_for(max_context + 1)), page_tokens)));
 
   // Prefill: one sequence of prompt_len tokens in one step (logits of the last position).
   std::vector<int32_t> prompt(f.prompt_len);
   for (int i = 0; i < f.prompt_len; ++i) prompt[i] = (i * 7919) % c.vocab_size;
-  std::vector<PageId> table(pages_per_seq);
-  for (int p = 0; p < pages_per_seq; ++p) table[p] = p;
+  std::vector<PageId> table(prefill_pages);
+  for (int p = 0; p < prefill_pages; ++p) table[p] = p;
   std::vector<float> logits;
   const SequenceChunk chunk{.tokens = prompt, .start = 0, .pages = table, .want_logits = true};
   auto prefill_once = [&] { return model.Forward(std::span(&chunk, 1), *cache, &logits); };
 
   const double macs = LayerMacsPerToken(c);
-  const double attn_macs = 2.0 * c.num_layers * c.num_heads * c.head_dim *
-                           (static_cast<double>(f.prompt_len) * (f.prompt_len + 1) / 2);
+  // Attention's multiply-adds for one query at `ctx` positions: scores and weighted sum.
+  auto attention_macs = [&c](double ctx) {
+    return 2.0 * c.num_layers * c.num_heads * c.head_dim * ctx;
+  };
   const double prefill_flops =
-      2.0 * (macs * f.prompt_len + attn_macs + static_cast<double>(c.vocab_size) * c.hidden_size);
-  const double decode_flops_per_token =
-      2.0 * (macs + static_cast<double>(c.vocab_size) * c.hidden_size);
+      2.0 * (macs * f.prompt_len + attention_macs(f.prompt_len * (f.prompt_len + 1.0) / 2) +
+             static_cast<double>(c.vocab_size) * c.hidden_size);
+  auto decode_flops_per_token = [&](int ctx) {
+    return 2.0 *
+           (macs + attention_macs(ctx + 1.0) + static_cast<double>(c.vocab_size) * c.hidden_size);
+  };
   const double weight_bytes = static_cast<double>(model.WeightBytes());
   // K and V of every layer for the context and the new token, read by one decode step (a
   // page's block holds K and V of page_tokens tokens for one layer).
   const KvLayout& kv = cache->layout();
-  const double kv_bytes_per_seq =
-      static_cast<double>(f.prompt_len + 1) * kv.num_layers * kv.block_bytes() / kv.page_tokens;
+  auto kv_bytes_per_seq = [&kv](int ctx) {
+    return static_cast<double>(ctx + 1) * kv.num_layers * kv.block_bytes() / kv.page_tokens;
+  };
   const int threads = f.threads;
   // The compute ceiling is oneDNN's bf16 matmul where this CPU has one; oneDNN runs bf16 only
   // with AVX-512 (or AVX2-VNNI-2), so elsewhere it is its f32 matmul, which is also what our
@@ -171,30 +207,42 @@ Status RunEngineBench(ModelDir& dir, const EngineBenchOptions& f) {
     gemm_rates.push_back(gemm);
     prefill.Add(t, f.prompt_len, prefill_flops, gemm / (prefill_flops / f.prompt_len));
   }
-  std::vector<Row> decode(batches.size());
-  for (size_t i = 0; i < batches.size(); ++i) {
-    const int b = batches[i];
-    for (int r = 0; r < f.repeats; ++r) {
-      PD_ASSIGN_OR_RETURN(double gemm, gemm_rate());
-      PD_ASSIGN_OR_RETURN(double bandwidth, probe.Measure(kWindowSeconds));
-      PD_ASSIGN_OR_RETURN(RunTimes t,
-                          DecodeStepTimes(model, *cache, b, f.prompt_len, f.decode_steps));
-      bandwidths.push_back(bandwidth);
-      gemm_rates.push_back(gemm);
-      // A step reads every weight once whatever the batch, and each sequence's K/V; past the
-      // bandwidth bound the GEMM rate bounds instead.
-      const double step_bytes = weight_bytes + b * kv_bytes_per_seq;
-      const double ceiling = std::min(b * bandwidth / step_bytes, gemm / decode_flops_per_token);
-      decode[i].Add(t, b, step_bytes, ceiling);
+  struct DecodeRow {
+    int context, batch;
+    Row row;
+    int bandwidth_bound = 0;  // rounds whose ceiling was the bandwidth's (else the GEMM's)
+  };
+  std::vector<DecodeRow> decode;
+  for (int ctx : contexts) {
+    for (int b : batches) {
+      DecodeRow& d = decode.emplace_back(DecodeRow{.context = ctx, .batch = b, .row = {}});
+      for (int r = 0; r < f.repeats; ++r) {
+        PD_ASSIGN_OR_RETURN(double gemm, gemm_rate());
+        PD_ASSIGN_OR_RETURN(double bandwidth, probe.Measure(kWindowSeconds));
+        PD_ASSIGN_OR_RETURN(RunTimes t, DecodeStepTimes(model, *cache, b, ctx, f.decode_steps));
+        bandwidths.push_back(bandwidth);
+        gemm_rates.push_back(gemm);
+        // A step reads every weight once whatever the batch, and each sequence's K/V; past the
+        // bandwidth bound the GEMM rate bounds instead.
+        const double step_bytes = weight_bytes + b * kv_bytes_per_seq(ctx);
+        const double by_bandwidth = b * bandwidth / step_bytes;
+        const double by_gemm = gemm / decode_flops_per_token(ctx);
+        d.bandwidth_bound += by_bandwidth <= by_gemm ? 1 : 0;
+        d.row.Add(t, b, step_bytes, std::min(by_bandwidth, by_gemm));
+      }
     }
   }
 
   std::printf(
       "kernels: %s\n"
       "model %s: %d layers, hidden %d; a decode step reads %.0f MB of weights and %.1f MB of "
-      "K/V per sequence\n",
+      "K/V per sequence per 1000 tokens of context\n",
       kernels::DescribeSelection().c_str(), dir.path.c_str(), c.num_layers, c.hidden_size,
-      weight_bytes / 1e6, kv_bytes_per_seq / 1e6);
+      weight_bytes / 1e6, kv_bytes_per_seq(999) / 1e6);
+  for (int ctx : skipped) {
+    std::printf("decode context %d skipped: beyond the model's context of %d\n", ctx,
+                c.MaxContext());
+  }
   std::printf(
       "ceilings (median of the per-round measurements): oneDNN %s GEMM %.1f GFLOP/s "
       "(m=%d n=%d k=%d); memory read %.1f GB/s\n",
@@ -202,21 +250,25 @@ Status RunEngineBench(ModelDir& dir, const EngineBenchOptions& f) {
       2 * c.intermediate_size, c.hidden_size, Median(bandwidths) / 1e9);
   std::printf(
       "medians of %d rounds; in each round the best run of a %.1f s window, against the best run "
-      "of its ceiling in a window as long, measured just before\n\n",
+      "of its ceiling in a window as long, measured just before; a decode ceiling is read "
+      "bandwidth over weights + K/V bytes per step, or the GEMM rate where that is lower\n\n",
       f.repeats, kWindowSeconds);
   std::printf(
       "| phase | kernels | batch | tokens/s (best run) | tokens/s (median run) | GFLOP/s or GB/s | "
-      "ceiling tokens/s | ratio |\n");
-  std::printf("|---|---|---|---|---|---|---|---|\n");
+      "ceiling tokens/s | ratio | bound |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
   const std::string path(kernels::ActivePath());
-  auto print_row = [&path](const std::string& phase, int batch, const Row& row, const char* unit) {
-    std::printf("| %s | %s | %d | %.1f | %.1f | %.1f %s | %.1f | %.0f%% |\n", phase.c_str(),
+  auto print_row = [&path](const std::string& phase, int batch, const Row& row, const char* unit,
+                           const char* bound) {
+    std::printf("| %s | %s | %d | %.1f | %.1f | %.1f %s | %.1f | %.0f%% | %s |\n", phase.c_str(),
                 path.c_str(), batch, Median(row.best_tps), Median(row.median_tps),
-                Median(row.achieved), unit, Median(row.ceiling_tps), 100 * Median(row.ratio));
+                Median(row.achieved), unit, Median(row.ceiling_tps), 100 * Median(row.ratio),
+                bound);
   };
-  print_row("prefill " + std::to_string(f.prompt_len), 1, prefill, "GFLOP/s");
-  for (size_t i = 0; i < batches.size(); ++i) {
-    print_row("decode ctx " + std::to_string(f.prompt_len), batches[i], decode[i], "GB/s");
+  print_row("prefill " + std::to_string(f.prompt_len), 1, prefill, "GFLOP/s", "GEMM");
+  for (const DecodeRow& d : decode) {
+    print_row("decode ctx " + std::to_string(d.context), d.batch, d.row, "GB/s",
+              2 * d.bandwidth_bound > f.repeats ? "bandwidth" : "GEMM");
   }
   return Status::Ok();
 }

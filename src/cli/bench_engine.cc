@@ -15,27 +15,37 @@ namespace {
 struct BenchEngineFlags {
   ModelFlags model;
   std::string batches = "1,8,32";
+  std::string contexts;  // empty: bench::kDefaultDecodeContexts
   int prompt_len = 512;
   int decode_steps = 8;  // at least this many timed steps per round
   int repeats = 3;
   std::string kernels;  // kernel path; empty = PDSERVE_KERNELS or the best this CPU runs
 };
 
-int RunBenchEngine(BenchEngineFlags& f) {
-  std::vector<int> batches;
-  {
-    std::stringstream ss(f.batches);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-      try {
-        batches.push_back(std::stoi(item));
-      } catch (const std::exception&) {
-        return Fail("--batch must be a comma-separated list of positive integers");
-      }
-      if (batches.back() <= 0) return Fail("--batch sizes must be positive");
+// Parses a comma-separated list of positive integers into *out; false if it is not one.
+bool ParsePositiveList(const std::string& text, std::vector<int>* out) {
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    try {
+      out->push_back(std::stoi(item, &used));
+    } catch (const std::exception&) {
+      return false;
     }
+    if (used != item.size() || out->back() <= 0) return false;
   }
-  if (batches.empty()) return Fail("--batch is empty");
+  return !out->empty();
+}
+
+int RunBenchEngine(BenchEngineFlags& f) {
+  std::vector<int> batches, contexts;
+  if (!ParsePositiveList(f.batches, &batches)) {
+    return Fail("--batch must be a comma-separated list of positive integers");
+  }
+  if (!f.contexts.empty() && !ParsePositiveList(f.contexts, &contexts)) {
+    return Fail("--context must be a comma-separated list of positive integers");
+  }
   if (Status s =
           f.kernels.empty() ? kernels::SelectPathFromEnvironment() : kernels::SelectPath(f.kernels);
       !s.ok()) {
@@ -45,6 +55,7 @@ int RunBenchEngine(BenchEngineFlags& f) {
   PD_ASSIGN_OR_RETURN_CLI(ModelDir dir, LoadFromFlags(f.model));
   bench::EngineBenchOptions options;
   options.batches = batches;
+  options.contexts = contexts;
   options.prompt_len = f.prompt_len;
   options.decode_steps = f.decode_steps;
   options.repeats = f.repeats;
@@ -63,7 +74,10 @@ void AddBenchEngineCommand(CLI::App& bench, int* exit_code) {
   AddModelFlags(cmd, &flags->model);
   cmd->add_option("--batch", flags->batches, "Decode batch sizes, comma-separated")
       ->capture_default_str();
-  cmd->add_option("--prompt-len", flags->prompt_len, "Prompt tokens (prefill size, decode context)")
+  cmd->add_option("--context", flags->contexts,
+                  "Decode contexts (tokens already in each sequence), comma-separated "
+                  "(default: 256,1024,2048,4096, those the model's context holds)");
+  cmd->add_option("--prompt-len", flags->prompt_len, "Prompt tokens of the prefill row")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--decode-steps", flags->decode_steps,

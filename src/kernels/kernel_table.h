@@ -39,6 +39,25 @@ constexpr int kPairElems = 2 * kBlockCols;  // BF16 values of one k pair in one 
 constexpr int kMaxHeadChunks = 16;
 constexpr int kMaxGroup = 8;
 
+// Attention straight from the KV pages (KernelTable::attend_pages). One KV head of one
+// sequence: the K (V) rows of positions [i * page_tokens, (i + 1) * page_tokens) start at k[i]
+// (v[i]), row-major [page_tokens][head_dim], BF16 or F32 elements.
+struct HeadPages {
+  const void* const* k;
+  const void* const* v;
+  int page_tokens;
+  bool bf16;  // else F32
+};
+// One query of a run: its query heads that share the KV head (q, out: [heads][head_dim]) attend
+// to positions [0, ctx).
+struct PageQuery {
+  const float* q;
+  float* out;
+  int64_t ctx;
+};
+// Rows of keys a page-attention pass widens and transposes at a time.
+constexpr int kKeyTile = 8;
+
 // One kernel path: the ISA-specific pieces behind the public functions of kernels.h. The
 // walkers, packing and scratch management that do not depend on the ISA live in kernels.cc.
 struct KernelTable {
@@ -72,6 +91,14 @@ struct KernelTable {
   // the lane tree. scores: kMaxGroup * stride floats of scratch.
   void (*attend_heads)(const float* q, const float* keys_t, int64_t stride, const float* values,
                        int64_t ctx, int hd, float scale, float* out, float* scores, int heads);
+  // attend_heads for `count` queries of one sequence (a run of a prefill chunk, or a decode
+  // query) and one KV head, reading K and V from the pages as they are: the same values, bit for
+  // bit, without copying the rows out. Keys are widened and transposed kKeyTile positions at a
+  // time into a small tile that every query of the run shares. scores: count * heads * stride
+  // floats (stride: the longest ctx rounded up to 16). Null: the walker copies the rows
+  // (widen_bf16, transpose_rows) and calls attend_heads.
+  void (*attend_pages)(const PageQuery* queries, int count, const HeadPages& kv, int hd,
+                       float scale, int heads, float* scores);
 };
 
 // The paths compiled into this binary (the x86 ones only on x86-64), defined in their files.

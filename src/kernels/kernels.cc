@@ -78,30 +78,46 @@ void GatherRows(const internal::KernelTable& path, const AttentionQuery& query,
   }
 }
 
+// Runs of up to `max_run` consecutive queries of one sequence (a prefill chunk): [first, last)
+// query indices. A run shares its K/V rows (copied once, or each key tile widened once).
+std::vector<std::pair<size_t, size_t>> QueryRuns(std::span<const AttentionQuery> queries,
+                                                 size_t max_run) {
+  std::vector<std::pair<size_t, size_t>> runs;
+  for (size_t i = 0; i < queries.size();) {
+    size_t j = i + 1;
+    while (j < queries.size() && j - i < max_run && queries[j].pages == queries[i].pages) ++j;
+    runs.emplace_back(i, j);
+    i = j;
+  }
+  return runs;
+}
+
+int64_t LongestContext(std::span<const AttentionQuery> queries, size_t first, size_t last) {
+  int64_t ctx = 0;
+  for (size_t q = first; q < last; ++q) ctx = std::max(ctx, queries[q].context_len);
+  return ctx;
+}
+
+// Whether attention is worth an OpenMP team: its multiply-adds against kParallelMacs.
+bool AttentionIsParallel(std::span<const AttentionQuery> queries, int num_heads, int hd) {
+  int64_t macs = 0;
+  for (const AttentionQuery& q : queries) macs += q.context_len;
+  return macs * num_heads * 2 * hd >= kParallelMacs;
+}
+
+// The path without attend_pages: per (run, KV head), the K/V rows copied out of the pages as
+// floats (K transposed), then attend_heads per query.
 template <typename KvElem>
-void PagedAttentionImpl(std::span<const AttentionQuery> queries, const KvCache& cache, int layer,
-                        int num_heads, float scale) {
+void CopyingAttention(std::span<const AttentionQuery> queries, const KvCache& cache, int layer,
+                      int num_heads, float scale) {
   const internal::KernelTable& path = Active();
   const KvLayout& layout = cache.layout();
   const int kv_heads = layout.num_kv_heads;
   const int group = num_heads / kv_heads;
   const int hd = layout.head_dim;
-  // Work items: runs of up to kQueryRun consecutive queries of one sequence (a prefill chunk)
-  // x KV heads. A run copies its sequence's K/V rows once, for its longest context, and each
-  // query attends to its own prefix of them.
-  constexpr size_t kQueryRun = 16;
-  std::vector<std::pair<size_t, size_t>> runs;  // [first, last) query indices
-  for (size_t i = 0; i < queries.size();) {
-    size_t j = i + 1;
-    while (j < queries.size() && j - i < kQueryRun && queries[j].pages == queries[i].pages) ++j;
-    runs.emplace_back(i, j);
-    i = j;
-  }
+  const auto runs = QueryRuns(queries, 16);
   const int64_t work = static_cast<int64_t>(runs.size()) * kv_heads;
-  int64_t macs = 0;
-  for (const AttentionQuery& q : queries) macs += q.context_len;
-  macs *= static_cast<int64_t>(num_heads) * 2 * hd;
-#pragma omp parallel if (macs >= kParallelMacs)
+#pragma omp parallel if (AttentionIsParallel(queries, num_heads, hd))
   {
     // Per thread, kept across calls: K and V rows of one (run, KV head) and the scores.
     thread_local std::vector<float> rows, keys_t, values, scores;
@@ -131,6 +147,56 @@ void PagedAttentionImpl(std::span<const AttentionQuery> queries, const KvCache& 
         path.attend_heads(query.q + h * hd, keys_t.data(), stride, values.data(), query.context_len,
                           hd, scale, query.out + h * hd, scores.data(), group);
       }
+    }
+  }
+}
+
+// The path's attend_pages per (run, KV head): K and V read where they lie, in whatever dtype
+// the cache holds. Runs are shorter than the copying path's: a run keeps the scores of all its
+// queries at once (count * group * context floats).
+void PageAttention(std::span<const AttentionQuery> queries, const KvCache& cache, int layer,
+                   int num_heads, float scale) {
+  const internal::KernelTable& path = Active();
+  const KvLayout& layout = cache.layout();
+  const int kv_heads = layout.num_kv_heads;
+  const int group = num_heads / kv_heads;
+  const int hd = layout.head_dim;
+  const size_t head_offset = layout.head_bytes();
+  constexpr size_t kPageRun = 8;
+  const auto runs = QueryRuns(queries, kPageRun);
+  const int64_t work = static_cast<int64_t>(runs.size()) * kv_heads;
+#pragma omp parallel if (AttentionIsParallel(queries, num_heads, hd))
+  {
+    // Per thread, kept across calls: the pages' K and V rows of one KV head, and the scores.
+    thread_local std::vector<const void*> k_pages, v_pages;
+    thread_local std::vector<float> scores;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < work; ++i) {
+      const auto [first, last] = runs[i / kv_heads];
+      const int kv_head = static_cast<int>(i % kv_heads);
+      const int64_t ctx = LongestContext(queries, first, last);
+      const int64_t pages = layout.PagesForTokens(ctx);
+      k_pages.resize(pages);
+      v_pages.resize(pages);
+      for (int64_t p = 0; p < pages; ++p) {
+        const PageId page = queries[first].pages[p];
+        k_pages[p] = cache.Block(layer, page, false) + kv_head * head_offset;
+        v_pages[p] = cache.Block(layer, page, true) + kv_head * head_offset;
+      }
+      const size_t score_floats =
+          (last - first) * group * static_cast<size_t>((ctx + 15) / 16 * 16);
+      if (scores.size() < score_floats) scores.resize(score_floats);
+      internal::PageQuery run[kPageRun];
+      const size_t h = static_cast<size_t>(kv_head) * group * hd;
+      for (size_t q = first; q < last; ++q) {
+        run[q - first] = {
+            .q = queries[q].q + h, .out = queries[q].out + h, .ctx = queries[q].context_len};
+      }
+      const internal::HeadPages kv{.k = k_pages.data(),
+                                   .v = v_pages.data(),
+                                   .page_tokens = layout.page_tokens,
+                                   .bf16 = layout.dtype == DType::kBF16};
+      path.attend_pages(run, static_cast<int>(last - first), kv, hd, scale, group, scores.data());
     }
   }
 }
@@ -236,10 +302,12 @@ void PagedAttention(std::span<const AttentionQuery> queries, const KvCache& cach
                     int num_heads, float scale) {
   PD_CHECK(cache.layout().head_dim <= 16 * internal::kMaxHeadChunks);
   PD_CHECK(IsKvCacheDType(cache.layout().dtype));  // KvCache::Create refuses the others
-  if (cache.layout().dtype == DType::kF32) {
-    PagedAttentionImpl<float>(queries, cache, layer, num_heads, scale);
+  if (Active().attend_pages != nullptr) {
+    PageAttention(queries, cache, layer, num_heads, scale);
+  } else if (cache.layout().dtype == DType::kF32) {
+    CopyingAttention<float>(queries, cache, layer, num_heads, scale);
   } else {
-    PagedAttentionImpl<uint16_t>(queries, cache, layer, num_heads, scale);
+    CopyingAttention<uint16_t>(queries, cache, layer, num_heads, scale);
   }
 }
 

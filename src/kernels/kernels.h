@@ -54,7 +54,9 @@ struct AttentionQuery {
   const float* q;  // [num_heads][head_dim], RoPE applied
   float* out;      // [num_heads][head_dim]
   // The sequence's block table. Queries with equal pointers are one sequence (a prefill
-  // chunk), whose K/V rows are copied out of the pages once for all of them.
+  // chunk), which share the reading of its K/V rows: the avx2 and generic paths read them from
+  // the pages as they are (avx2: each tile of keys widened once for up to 8 queries), the avx512
+  // path copies them out as floats once for up to 16.
   const PageId* pages;
   int64_t context_len;  // attends to positions [0, context_len) (causal: position + 1)
 };

@@ -9,7 +9,7 @@
 #include <immintrin.h>
 
 #include <cstring>
-#include <utility>
+#include <type_traits>
 
 #include "kernels/kernel_table.h"
 
@@ -334,6 +334,26 @@ void WidenBF16(const uint16_t* src, float* dst, int64_t n) {
   }
 }
 
+// An 8 x 8 transpose in registers: v[i] lane j becomes v[j] lane i.
+inline void Transpose8x8(__m256 (&v)[8]) {
+  // Pairs of rows interleaved, then pairs of pairs, then the 128-bit halves.
+  __m256 a[8], b[8];
+  for (int i = 0; i < 8; i += 2) {
+    a[i] = _mm256_unpacklo_ps(v[i], v[i + 1]);
+    a[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    b[i] = _mm256_shuffle_ps(a[i], a[i + 2], 0x44);
+    b[i + 1] = _mm256_shuffle_ps(a[i], a[i + 2], 0xee);
+    b[i + 2] = _mm256_shuffle_ps(a[i + 1], a[i + 3], 0x44);
+    b[i + 3] = _mm256_shuffle_ps(a[i + 1], a[i + 3], 0xee);
+  }
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_permute2f128_ps(b[i], b[i + 4], 0x20);
+    v[i + 4] = _mm256_permute2f128_ps(b[i], b[i + 4], 0x31);
+  }
+}
+
 // rows [n][cols] -> dst [cols][stride] in 8 x 8 blocks (values are copied, so any order gives
 // the same bits); rows past n load as zeros, which fills positions n..stride-1.
 void TransposeRows(const float* rows, int64_t n, int cols, float* dst, int64_t stride) {
@@ -344,22 +364,7 @@ void TransposeRows(const float* rows, int64_t n, int cols, float* dst, int64_t s
       for (int i = 0; i < 8; ++i) {
         v[i] = r0 + i < n ? LoadTail(rows + (r0 + i) * cols + c0, live_cols) : _mm256_setzero_ps();
       }
-      // Pairs of rows interleaved, then pairs of pairs, then the 128-bit halves.
-      __m256 a[8], b[8];
-      for (int i = 0; i < 8; i += 2) {
-        a[i] = _mm256_unpacklo_ps(v[i], v[i + 1]);
-        a[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
-      }
-      for (int i = 0; i < 8; i += 4) {
-        b[i] = _mm256_shuffle_ps(a[i], a[i + 2], 0x44);
-        b[i + 1] = _mm256_shuffle_ps(a[i], a[i + 2], 0xee);
-        b[i + 2] = _mm256_shuffle_ps(a[i + 1], a[i + 3], 0x44);
-        b[i + 3] = _mm256_shuffle_ps(a[i + 1], a[i + 3], 0xee);
-      }
-      for (int i = 0; i < 4; ++i) {
-        v[i] = _mm256_permute2f128_ps(b[i], b[i + 4], 0x20);
-        v[i + 4] = _mm256_permute2f128_ps(b[i], b[i + 4], 0x31);
-      }
+      Transpose8x8(v);
       for (int i = 0; i < 8 && i < live_cols; ++i) {
         _mm256_storeu_ps(dst + (c0 + i) * stride + r0, v[i]);
       }
@@ -425,83 +430,350 @@ void RmsNormRow(const float* xr, const float* weight, float* yr, int dim, float 
 // G heads of one query that share a KV head (the avx512 AttendGroup on 8 lanes): scores take 8
 // positions per vector, one lane per position summing over d in order; the softmax sum keeps
 // the 16 lanes of avx512 as two halves; the weighted sum of V rows runs over positions in order
-// for each 8-column chunk of head_dim.
+// for each 8-column chunk of head_dim. Two front ends feed the same steps: AttendHeads reads
+// rows the walker copied out of the pages (K transposed), AttendPages reads the pages in place.
+// Each head's values depend only on its own q and the rows, never on how heads are grouped.
+
+// Scores of positions [p0, p0 + 8) for G heads: keys [hd][key_stride] holds position p0 + i of
+// row d at keys[d * key_stride + i]. Stores scale * (q . k) to scores[h * stride + p0 + i].
+template <int G>
+void ScoreVector(const float* q, const float* keys, int64_t key_stride, int hd, float scale,
+                 float* scores, int64_t stride, int64_t p0) {
+  __m256 acc[G];
+  for (int h = 0; h < G; ++h) acc[h] = _mm256_setzero_ps();
+  for (int d = 0; d < hd; ++d) {
+    const __m256 k = _mm256_loadu_ps(keys + d * key_stride);
+    for (int h = 0; h < G; ++h) {
+      acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(q[h * hd + d]), k, acc[h]);
+    }
+  }
+  const __m256 vscale = _mm256_set1_ps(scale);
+  for (int h = 0; h < G; ++h) {
+    _mm256_storeu_ps(scores + h * stride + p0, _mm256_mul_ps(acc[h], vscale));
+  }
+}
+
+// Turns scores [0, ctx) of one head into softmax numerators in place; returns 1 / their sum.
+// The maximum takes 8 lanes (position mod 8) in position order, then the lanes in order; the
+// sum 16 lanes (position mod 16) and the lane tree.
+float SoftmaxNumerators(float* sh, int64_t ctx) {
+  __m256 vmax = _mm256_set1_ps(-__builtin_inff());
+  for (int64_t p = 0; p < ctx; p += 8) {
+    const __m256 live = _mm256_castsi256_ps(TailMask8(ctx - p));
+    vmax = _mm256_blendv_ps(vmax, _mm256_max_ps(vmax, _mm256_loadu_ps(sh + p)), live);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  float m = lanes[0];
+  for (int i = 1; i < 8; ++i) m = m > lanes[i] ? m : lanes[i];
+  const __m256 vm = _mm256_set1_ps(m);
+  __m256 vsum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t p = 0; p < ctx; p += 8) {
+    const __m256 live = _mm256_castsi256_ps(TailMask8(ctx - p));
+    const __m256 e = _mm256_and_ps(Exp256(_mm256_sub_ps(_mm256_loadu_ps(sh + p), vm)), live);
+    _mm256_storeu_ps(sh + p, e);
+    vsum[(p / 8) % 2] = _mm256_add_ps(vsum[(p / 8) % 2], e);
+  }
+  return 1.0f / SumHalves(vsum[0], vsum[1]);
+}
+
+// 8 elements of a K or V row as floats: `live` of them (fewer than 8 only at the end of a row
+// whose head_dim is not a multiple of 8), the rest zeros.
+inline __m256 LoadRow8(const float* at, int live) { return LoadTail(at, live); }
+inline __m256 LoadRow8(const uint16_t* at, int live) {
+  __m128i raw;
+  if (live >= 8) {
+    raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at));
+  } else {
+    alignas(16) uint16_t part[8] = {};
+    std::memcpy(part, at, sizeof(uint16_t) * live);
+    raw = _mm_load_si128(reinterpret_cast<const __m128i*>(part));
+  }
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+// Consecutive V rows of one page: `count` rows of head_dim elements from `row` on.
+template <typename Elem>
+struct RowRun {
+  const Elem* row;
+  int64_t count;
+};
+
+// acc[h][0, hd) += sum over the rows of scores[h * stride + p] * row p, position by position,
+// for the positions p0, p0 + 1, ... of the rows in `runs` (G heads; acc rows of
+// 16 * kMaxHeadChunks floats, 32-byte aligned). Between 8-column chunks the accumulators wait in
+// acc (storing a float changes nothing), so the caller may split the positions into blocks
+// that stay in L1 across the chunks.
+template <int G, typename Elem>
+void AddValueRows(const RowRun<Elem>* runs, int num_runs, int64_t p0, const float* scores,
+                  int64_t stride, int hd, float (*acc)[16 * internal::kMaxHeadChunks]) {
+  const float* sh[G];
+  for (int h = 0; h < G; ++h) sh[h] = scores + h * stride + p0;
+  auto chunk = [&](int c, auto full) {
+    const int live = full.value ? 8 : hd - c;
+    __m256 a[G];
+    for (int h = 0; h < G; ++h) a[h] = _mm256_load_ps(acc[h] + c);
+    int64_t i = 0;  // position within the block
+    for (int r = 0; r < num_runs; ++r) {
+      const Elem* row = runs[r].row + c;
+      for (const int64_t end = i + runs[r].count; i < end; ++i, row += hd) {
+        const __m256 vc = LoadRow8(row, live);
+        for (int h = 0; h < G; ++h) a[h] = _mm256_fmadd_ps(_mm256_set1_ps(sh[h][i]), vc, a[h]);
+      }
+    }
+    for (int h = 0; h < G; ++h) _mm256_store_ps(acc[h] + c, a[h]);
+  };
+  int c = 0;
+  for (; c + 8 <= hd; c += 8) chunk(c, std::true_type());
+  if (c < hd) chunk(c, std::false_type());
+}
+
+// out[h] = acc[h] * inv_sum[h] for G heads.
+void StoreOutputs(float (*acc)[16 * internal::kMaxHeadChunks], const float* inv_sum, int heads,
+                  int hd, float* out) {
+  for (int h = 0; h < heads; ++h) {
+    for (int c = 0; c < hd; c += 8) {
+      StoreTail(out + h * hd + c, hd - c,
+                _mm256_mul_ps(_mm256_load_ps(acc[h] + c), _mm256_set1_ps(inv_sum[h])));
+    }
+  }
+}
+
+// Positions of V summed per block: a block's rows (8 KB of BF16 at head_dim 64) stay in L1
+// while every 8-column chunk passes over them.
+constexpr int kValueBlock = 64;
+
+// One group of G heads over rows the walker copied: keys_t [hd][stride], values [ctx][hd].
 template <int G>
 void AttendGroup(const float* q, const float* keys_t, int64_t stride, const float* values,
                  int64_t ctx, int hd, float scale, float* out, float* scores) {
-  const __m256 vscale = _mm256_set1_ps(scale);
-  __m256 vmax[G];
-  for (int h = 0; h < G; ++h) vmax[h] = _mm256_set1_ps(-__builtin_inff());
   // keys_t and scores rows hold `stride` (a multiple of 16) positions: whole vectors fit.
   for (int64_t p0 = 0; p0 < ctx; p0 += 8) {
-    __m256 acc[G];
-    for (int h = 0; h < G; ++h) acc[h] = _mm256_setzero_ps();
-    for (int d = 0; d < hd; ++d) {
-      const __m256 k = _mm256_loadu_ps(keys_t + d * stride + p0);
-      for (int h = 0; h < G; ++h) {
-        acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(q[h * hd + d]), k, acc[h]);
-      }
-    }
-    const __m256 live = _mm256_castsi256_ps(TailMask8(ctx - p0));
-    for (int h = 0; h < G; ++h) {
-      const __m256 s = _mm256_mul_ps(acc[h], vscale);
-      _mm256_storeu_ps(scores + h * stride + p0, s);
-      vmax[h] = _mm256_blendv_ps(vmax[h], _mm256_max_ps(vmax[h], s), live);
-    }
+    ScoreVector<G>(q, keys_t + p0, stride, hd, scale, scores, stride, p0);
   }
   float inv_sum[G];
-  for (int h = 0; h < G; ++h) {
-    float* sh = scores + h * stride;
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, vmax[h]);
-    float m = lanes[0];
-    for (int i = 1; i < 8; ++i) m = m > lanes[i] ? m : lanes[i];
-    const __m256 vm = _mm256_set1_ps(m);
-    __m256 vsum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t p = 0; p < ctx; p += 8) {
-      const __m256 live = _mm256_castsi256_ps(TailMask8(ctx - p));
-      const __m256 e = _mm256_and_ps(Exp256(_mm256_sub_ps(_mm256_loadu_ps(sh + p), vm)), live);
-      _mm256_storeu_ps(sh + p, e);
-      vsum[(p / 8) % 2] = _mm256_add_ps(vsum[(p / 8) % 2], e);
-    }
-    inv_sum[h] = 1.0f / SumHalves(vsum[0], vsum[1]);
+  for (int h = 0; h < G; ++h) inv_sum[h] = SoftmaxNumerators(scores + h * stride, ctx);
+  alignas(32) float acc[G][16 * internal::kMaxHeadChunks] = {};
+  for (int64_t p0 = 0; p0 < ctx; p0 += kValueBlock) {
+    const RowRun<float> run{values + p0 * hd, Min<int64_t>(ctx - p0, kValueBlock)};
+    AddValueRows<G>(&run, 1, p0, scores, stride, hd, acc);
   }
-  for (int c = 0; c < hd; c += 8) {
-    __m256 acc[G];
-    for (int h = 0; h < G; ++h) acc[h] = _mm256_setzero_ps();
-    for (int64_t p = 0; p < ctx; ++p) {
-      const __m256 vc = LoadTail(values + p * hd + c, hd - c);
-      for (int h = 0; h < G; ++h) {
-        acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(scores[h * stride + p]), vc, acc[h]);
-      }
-    }
-    for (int h = 0; h < G; ++h) {
-      StoreTail(out + h * hd + c, hd - c, _mm256_mul_ps(acc[h], _mm256_set1_ps(inv_sum[h])));
-    }
-  }
+  StoreOutputs(acc, inv_sum, G, hd, out);
 }
 
-using AttendGroupFn = void (*)(const float*, const float*, int64_t, const float*, int64_t, int,
-                               float, float*, float*);
-
-template <size_t... G>
-constexpr void FillGroups(AttendGroupFn (&fns)[kMaxGroup + 1], std::index_sequence<G...>) {
-  ((fns[G + 1] = &AttendGroup<static_cast<int>(G) + 1>), ...);
+// Calls fn(std::integral_constant<int, G>) for G = g (1..kMaxGroup): the accumulators of a
+// group are a template argument, so that they stay in registers.
+template <typename Fn>
+void WithGroup(int g, Fn&& fn) {
+  switch (g) {
+    case 1:
+      return fn(std::integral_constant<int, 1>());
+    case 2:
+      return fn(std::integral_constant<int, 2>());
+    case 3:
+      return fn(std::integral_constant<int, 3>());
+    case 4:
+      return fn(std::integral_constant<int, 4>());
+    case 5:
+      return fn(std::integral_constant<int, 5>());
+    case 6:
+      return fn(std::integral_constant<int, 6>());
+    case 7:
+      return fn(std::integral_constant<int, 7>());
+    default:
+      return fn(std::integral_constant<int, 8>());
+  }
 }
-
-struct GroupTable {
-  AttendGroupFn fn[kMaxGroup + 1] = {};
-  constexpr GroupTable() { FillGroups(fn, std::make_index_sequence<kMaxGroup>()); }
-};
+static_assert(kMaxGroup == 8, "WithGroup covers 1..kMaxGroup");
 
 void AttendHeads(const float* q, const float* keys_t, int64_t stride, const float* values,
                  int64_t ctx, int hd, float scale, float* out, float* scores, int heads) {
-  static constexpr GroupTable kGroups;
   for (int h = 0; h < heads;) {
     const int g = Min(kMaxGroup, heads - h);
-    kGroups.fn[g](q + static_cast<size_t>(h) * hd, keys_t, stride, values, ctx, hd, scale,
-                  out + static_cast<size_t>(h) * hd, scores);
+    WithGroup(g, [&](auto group) {
+      AttendGroup<group.value>(q + static_cast<size_t>(h) * hd, keys_t, stride, values, ctx, hd,
+                               scale, out + static_cast<size_t>(h) * hd, scores);
+    });
     h += g;
+  }
+}
+
+// Row p of one KV head's K or V in the pages, walked position by position (no division per
+// row).
+template <typename Elem>
+class PageCursor {
+ public:
+  PageCursor(const void* const* pages, int page_tokens, int hd, int64_t p)
+      : pages_(pages), page_tokens_(page_tokens), hd_(hd) {
+    page_ = p / page_tokens;
+    slot_ = static_cast<int>(p - page_ * page_tokens);
+  }
+  // The row of the current position; then moves to the next.
+  const Elem* Next() {
+    const Elem* row = static_cast<const Elem*>(pages_[page_]) + static_cast<int64_t>(slot_) * hd_;
+    if (++slot_ == page_tokens_) {
+      slot_ = 0;
+      ++page_;
+    }
+    return row;
+  }
+
+ private:
+  const void* const* pages_;
+  int page_tokens_, hd_;
+  int64_t page_;
+  int slot_;
+};
+
+// Prefetches the rows of positions [p0, p1) of one KV head's K or V into L1: a page's rows are
+// one run of memory, but runs of consecutive pages lie a block apart, which the hardware
+// prefetchers follow late (measured: the first load of each key tile and value block stalled).
+template <typename Elem>
+void PrefetchRows(const void* const* pages, int page_tokens, int hd, int64_t p0, int64_t p1) {
+  const int64_t row_bytes = static_cast<int64_t>(hd) * sizeof(Elem);
+  while (p0 < p1) {
+    const int64_t page = p0 / page_tokens;
+    const int64_t slot = p0 - page * page_tokens;
+    const int64_t rows = Min(p1 - p0, page_tokens - slot);
+    const char* at = static_cast<const char*>(pages[page]) + slot * row_bytes;
+    for (int64_t off = 0; off < rows * row_bytes; off += 64) {
+      _mm_prefetch(at + off, _MM_HINT_T0);
+    }
+    p0 += rows;
+  }
+}
+// Key tiles prefetched ahead of the one being widened (~4 KB of BF16 rows at head_dim 64).
+constexpr int kKeyTilesAhead = 4;
+
+// Eight whole BF16 columns [c0, c0 + 8) of 8 rows, widened and transposed: v[i] holds column
+// c0 + i of rows 0..7. Rows r and r + 4 share a register, so 4 unpacks of 16 bits and 4 of 32
+// transpose both halves at once, and unpacking with zeros widens (a BF16 value is the high half
+// of its F32): 20 shuffles where widening first and transposing F32 takes 40.
+inline void WidenTransposeBF16(const uint16_t* const* rows, int c0, __m256 (&v)[8]) {
+  __m256i y[4];
+  for (int i = 0; i < 4; ++i) {
+    y[i] = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[i] + c0))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[i + 4] + c0)), 1);
+  }
+  // Per 128-bit half: a[0] rows 0,1 (4,5) interleaved for columns 0-3, a[1] for 4-7; a[2], a[3]
+  // rows 2,3 (6,7). b[j]: rows 0-3 (4-7) of columns 2j and 2j + 1.
+  const __m256i a[4] = {_mm256_unpacklo_epi16(y[0], y[1]), _mm256_unpackhi_epi16(y[0], y[1]),
+                        _mm256_unpacklo_epi16(y[2], y[3]), _mm256_unpackhi_epi16(y[2], y[3])};
+  const __m256i b[4] = {_mm256_unpacklo_epi32(a[0], a[2]), _mm256_unpackhi_epi32(a[0], a[2]),
+                        _mm256_unpacklo_epi32(a[1], a[3]), _mm256_unpackhi_epi32(a[1], a[3])};
+  const __m256i zero = _mm256_setzero_si256();
+  for (int j = 0; j < 4; ++j) {
+    v[2 * j] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, b[j]));
+    v[2 * j + 1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, b[j]));
+  }
+}
+
+// A BF16 row of zeros (head_dim <= 16 * kMaxHeadChunks) for the positions of a key tile past
+// the context (their pages may not exist).
+alignas(32) constexpr uint16_t kZeroRow[16 * internal::kMaxHeadChunks] = {};
+
+// Widens the K rows of positions [p0, p0 + kKeyTile) and transposes them into tile [hd][8];
+// positions from ctx on are zeros.
+template <typename Elem>
+void KeyTile(const internal::HeadPages& kv, int64_t p0, int64_t ctx, int hd, float* tile) {
+  static_assert(internal::kKeyTile == 8, "one 8 x 8 transpose per 8 columns");
+  const Elem* rows[8];
+  PageCursor<Elem> cursor(kv.k, kv.page_tokens, hd, p0);
+  for (int r = 0; r < 8; ++r) rows[r] = p0 + r < ctx ? cursor.Next() : nullptr;
+  int c0 = 0;
+  if constexpr (sizeof(Elem) == sizeof(uint16_t)) {
+    const uint16_t* whole[8];
+    for (int r = 0; r < 8; ++r) whole[r] = rows[r] != nullptr ? rows[r] : kZeroRow;
+    for (; c0 + 8 <= hd; c0 += 8) {
+      __m256 v[8];
+      WidenTransposeBF16(whole, c0, v);
+      for (int i = 0; i < 8; ++i) _mm256_store_ps(tile + (c0 + i) * 8, v[i]);
+    }
+  }
+  for (; c0 < hd; c0 += 8) {
+    const int live = Min(8, hd - c0);
+    __m256 v[8];
+    for (int r = 0; r < 8; ++r) {
+      v[r] = rows[r] != nullptr ? LoadRow8(rows[r] + c0, live) : _mm256_setzero_ps();
+    }
+    Transpose8x8(v);
+    if (live == 8) {  // a fixed count: GCC turns the variable loop into a slow rep movs
+      for (int i = 0; i < 8; ++i) _mm256_store_ps(tile + (c0 + i) * 8, v[i]);
+    } else {
+      for (int i = 0; i < live; ++i) _mm256_store_ps(tile + (c0 + i) * 8, v[i]);
+    }
+  }
+}
+
+template <typename Elem>
+void AttendPagesOf(const internal::PageQuery* queries, int count, const internal::HeadPages& kv,
+                   int hd, float scale, int heads, float* scores) {
+  int64_t ctx = 0;
+  for (int r = 0; r < count; ++r) {
+    if (queries[r].ctx > ctx) ctx = queries[r].ctx;
+  }
+  const int64_t stride = (ctx + 15) / 16 * 16;
+  // Scores: the key tile of each 8 positions serves every query of the run and every head.
+  alignas(32) float tile[16 * internal::kMaxHeadChunks * 8];
+  for (int64_t p0 = 0; p0 < ctx; p0 += 8) {
+    const int64_t ahead = p0 + kKeyTilesAhead * 8;
+    PrefetchRows<Elem>(kv.k, kv.page_tokens, hd, Min(ahead, ctx), Min(ahead + 8, ctx));
+    KeyTile<Elem>(kv, p0, ctx, hd, tile);
+    for (int r = 0; r < count; ++r) {
+      if (queries[r].ctx <= p0) continue;
+      float* sr = scores + static_cast<int64_t>(r) * heads * stride;
+      for (int h = 0; h < heads;) {
+        const int g = Min(kMaxGroup, heads - h);
+        WithGroup(g, [&](auto group) {
+          ScoreVector<group.value>(queries[r].q + h * hd, tile, 8, hd, scale, sr + h * stride,
+                                   stride, p0);
+        });
+        h += g;
+      }
+    }
+  }
+  // Softmax and the weighted V sum, per query and group of heads, V in blocks of positions.
+  alignas(32) float acc[kMaxGroup][16 * internal::kMaxHeadChunks];
+  RowRun<Elem> runs[kValueBlock];  // a block's pages
+  for (int r = 0; r < count; ++r) {
+    const int64_t qctx = queries[r].ctx;
+    for (int h = 0; h < heads;) {
+      const int g = Min(kMaxGroup, heads - h);
+      const float* sh = scores + (static_cast<int64_t>(r) * heads + h) * stride;
+      float inv_sum[kMaxGroup];
+      for (int i = 0; i < g; ++i) {
+        inv_sum[i] =
+            SoftmaxNumerators(scores + (static_cast<int64_t>(r) * heads + h + i) * stride, qctx);
+        std::memset(acc[i], 0, sizeof(acc[i]));
+      }
+      // Blocks of whole pages: kValueBlock positions or more (at least one page).
+      for (int64_t p0 = 0, page = 0; p0 < qctx;) {
+        int num_runs = 0;
+        int64_t p1 = p0;
+        while (p1 < qctx && p1 - p0 < kValueBlock) {
+          const int64_t rows = Min<int64_t>(kv.page_tokens, qctx - p1);
+          runs[num_runs++] = {static_cast<const Elem*>(kv.v[page++]), rows};
+          p1 += rows;
+        }
+        PrefetchRows<Elem>(kv.v, kv.page_tokens, hd, p1, Min(qctx, p1 + kValueBlock));
+        WithGroup(g, [&](auto group) {
+          AddValueRows<group.value>(runs, num_runs, p0, sh, stride, hd, acc);
+        });
+        p0 = p1;
+      }
+      StoreOutputs(acc, inv_sum, g, hd, queries[r].out + h * hd);
+      h += g;
+    }
+  }
+}
+
+void AttendPages(const internal::PageQuery* queries, int count, const internal::HeadPages& kv,
+                 int hd, float scale, int heads, float* scores) {
+  if (kv.bf16) {
+    AttendPagesOf<uint16_t>(queries, count, kv, hd, scale, heads, scores);
+  } else {
+    AttendPagesOf<float>(queries, count, kv, hd, scale, heads, scores);
   }
 }
 
@@ -522,6 +794,7 @@ const KernelTable kAvx2Kernels = {
     .widen_bf16 = WidenBF16,
     .transpose_rows = TransposeRows,
     .attend_heads = AttendHeads,
+    .attend_pages = AttendPages,
 };
 }  // namespace internal
 

@@ -462,6 +462,8 @@ const KernelTable kAvx512Kernels = {
     .widen_bf16 = WidenBF16,
     .transpose_rows = TransposeRows,
     .attend_heads = AttendHeads,
+    // Not ported: this path still copies K/V out of the pages (the walker's CopyingAttention).
+    .attend_pages = nullptr,
 };
 }  // namespace internal
 

@@ -110,14 +110,31 @@ void WidenBF16(const uint16_t* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = BF16ToF32(src[i]);
 }
 
+// A K or V row of head_dim elements, `step` apart, as floats.
+template <typename Elem>
+struct RowOf {
+  const Elem* at;
+  int64_t step;
+  float operator[](int d) const {
+    if constexpr (sizeof(Elem) == sizeof(uint16_t)) {
+      return BF16ToF32(at[d * step]);
+    } else {
+      return at[d * step];
+    }
+  }
+};
+
 // One query head: scores one position at a time over d in order, softmax with a 16-lane sum
 // (lane = position mod 16) and the lane tree, then the weighted sum of V rows in position order.
-void AttendHead(const float* q, const float* keys_t, int64_t stride, const float* values,
-                int64_t ctx, int hd, float scale, float* out, float* scores) {
+// key(p) and value(p) give row p of K and V (RowOf).
+template <typename KeyAt, typename ValueAt>
+void AttendHead(const float* q, KeyAt key, ValueAt value, int64_t ctx, int hd, float scale,
+                float* out, float* scores) {
   float max_score = -INFINITY;
   for (int64_t p = 0; p < ctx; ++p) {
+    const auto k = key(p);
     float acc = 0.0f;
-    for (int d = 0; d < hd; ++d) acc = std::fma(q[d], keys_t[d * stride + p], acc);
+    for (int d = 0; d < hd; ++d) acc = std::fma(q[d], k[d], acc);
     scores[p] = acc * scale;
     max_score = max_score > scores[p] ? max_score : scores[p];
   }
@@ -129,18 +146,49 @@ void AttendHead(const float* q, const float* keys_t, int64_t stride, const float
   const float inv_sum = 1.0f / SumLaneTree16(lanes);
   float acc[16 * internal::kMaxHeadChunks] = {};
   for (int64_t p = 0; p < ctx; ++p) {
-    const float* v = values + p * hd;
+    const auto v = value(p);
     for (int d = 0; d < hd; ++d) acc[d] = std::fma(scores[p], v[d], acc[d]);
   }
   for (int d = 0; d < hd; ++d) out[d] = acc[d] * inv_sum;
 }
 
+// Over rows the walker copied: keys_t [hd][stride], values [ctx][hd].
 void AttendHeads(const float* q, const float* keys_t, int64_t stride, const float* values,
                  int64_t ctx, int hd, float scale, float* out, float* scores, int heads) {
   static_assert(kMaxGroup >= 1);
+  auto key = [&](int64_t p) { return RowOf<float>{keys_t + p, stride}; };
+  auto value = [&](int64_t p) { return RowOf<float>{values + p * hd, 1}; };
   for (int h = 0; h < heads; ++h) {
-    AttendHead(q + static_cast<size_t>(h) * hd, keys_t, stride, values, ctx, hd, scale,
+    AttendHead(q + static_cast<size_t>(h) * hd, key, value, ctx, hd, scale,
                out + static_cast<size_t>(h) * hd, scores);
+  }
+}
+
+// Straight from the pages, each query and head on its own (the values do not depend on how
+// the SIMD paths share key tiles between them).
+template <typename Elem>
+void AttendPagesOf(const internal::PageQuery* queries, int count, const internal::HeadPages& kv,
+                   int hd, float scale, int heads, float* scores) {
+  auto row = [&](const void* const* pages, int64_t p) {
+    return RowOf<Elem>{
+        static_cast<const Elem*>(pages[p / kv.page_tokens]) + (p % kv.page_tokens) * hd, 1};
+  };
+  auto key = [&](int64_t p) { return row(kv.k, p); };
+  auto value = [&](int64_t p) { return row(kv.v, p); };
+  for (int r = 0; r < count; ++r) {
+    for (int h = 0; h < heads; ++h) {
+      AttendHead(queries[r].q + static_cast<size_t>(h) * hd, key, value, queries[r].ctx, hd, scale,
+                 queries[r].out + static_cast<size_t>(h) * hd, scores);
+    }
+  }
+}
+
+void AttendPages(const internal::PageQuery* queries, int count, const internal::HeadPages& kv,
+                 int hd, float scale, int heads, float* scores) {
+  if (kv.bf16) {
+    AttendPagesOf<uint16_t>(queries, count, kv, hd, scale, heads, scores);
+  } else {
+    AttendPagesOf<float>(queries, count, kv, hd, scale, heads, scores);
   }
 }
 
@@ -161,6 +209,7 @@ const KernelTable kGenericKernels = {
     .widen_bf16 = WidenBF16,
     .transpose_rows = TransposeRowsScalar,
     .attend_heads = AttendHeads,
+    .attend_pages = AttendPages,
 };
 }  // namespace internal
 

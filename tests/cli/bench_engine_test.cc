@@ -1,6 +1,6 @@
 // `pdserve bench engine` on the tiny synthetic model: it runs, and prints one table row per
-// phase with a ratio to its ceiling. (Speed itself is not tested; this keeps the benchmark
-// from rotting.)
+// phase (decode: per context and batch) with a ratio to its ceiling. (Speed itself is not tested;
+// this keeps the benchmark from rotting.)
 #include <cstdio>
 #include <regex>
 #include <string>
@@ -24,26 +24,29 @@ std::string RunShell(const std::string& command, int* status) {
   return out;
 }
 
-std::string BenchCommand(const std::string& extra) {
+std::string BenchCommand(const std::string& extra, const std::string& contexts = "20") {
   return testing::BinaryPath("src/cli/pdserve") + " bench engine --model " +
-         testing::TinyModelDir() +
-         " --batch 1,3 --prompt-len 20 --decode-steps 2 --repeats 2 --threads 1 " + extra + " 2>&1";
+         testing::TinyModelDir() + " --batch 1,3 --context " + contexts +
+         " --prompt-len 20 --decode-steps 2 --repeats 2 --threads 1 " + extra + " 2>&1";
+}
+
+// Every row of the table as "phase/batch" ("prefill 20/1,decode ctx 20/1,..."), each checked
+// to name `path` and to carry a ratio and its bound.
+std::string TableRows(const std::string& out, const std::string& path) {
+  const std::regex row(
+      R"(\| (prefill \d+|decode ctx \d+) \| ([a-z0-9]+) \| (\d+) \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ (GFLOP/s|GB/s) \| [0-9.]+ \| \d+% \| (bandwidth|GEMM) \|)");
+  std::string rows;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), row); it != std::sregex_iterator();
+       ++it) {
+    EXPECT_EQ((*it)[2].str(), path) << out;
+    rows += (*it)[1].str() + "/" + (*it)[3].str() + ",";
+  }
+  return rows;
 }
 
 // Checks the table: one prefill row and one decode row per batch, each naming `path`.
 void ExpectTable(const std::string& out, const std::string& path) {
-  const std::regex row(
-      R"(\| (prefill 20|decode ctx 20) \| ([a-z0-9]+) \| (\d+) \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ (GFLOP/s|GB/s) \| [0-9.]+ \| \d+% \|)");
-  int rows = 0;
-  std::string batches;
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), row); it != std::sregex_iterator();
-       ++it) {
-    ++rows;
-    EXPECT_EQ((*it)[2].str(), path) << out;
-    batches += (*it)[3].str() + ",";
-  }
-  EXPECT_EQ(rows, 3) << out;
-  EXPECT_EQ(batches, "1,1,3,") << out;
+  EXPECT_EQ(TableRows(out, path), "prefill 20/1,decode ctx 20/1,decode ctx 20/3,") << out;
   EXPECT_NE(out.find("medians of 2 rounds; in each round the best run"), std::string::npos) << out;
   // The compute ceiling is oneDNN bf16 where the CPU has it, else f32: never absent.
   EXPECT_TRUE(std::regex_search(out, std::regex(R"(oneDNN (bf16|f32) GEMM [0-9.]+ GFLOP/s)")))
@@ -72,6 +75,27 @@ TEST(BenchEngineTest, KernelsFlagChoosesThePath) {
   const std::string bad = RunShell(BenchCommand("--kernels sse9"), &status);
   EXPECT_NE(status, 0);
   EXPECT_NE(bad.find("sse9"), std::string::npos) << bad;
+}
+
+// Each decode context gets a row per batch, in the order given.
+TEST(BenchEngineTest, ContextFlagAddsDecodeRowsPerContext) {
+  int status = -1;
+  const std::string out = RunShell(
+      testing::BinaryPath("src/cli/pdserve") + " bench engine --model " + testing::TinyModelDir() +
+          " --batch 2 --context 8,30 --prompt-len 20 --decode-steps 2 --repeats 1 "
+          "--threads 1 --kernels generic 2>&1",
+      &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_EQ(TableRows(out, "generic"), "prefill 20/1,decode ctx 8/2,decode ctx 30/2,") << out;
+}
+
+TEST(BenchEngineTest, BadContextListIsAClearError) {
+  for (const char* contexts : {"8,x", "0", "100000000"}) {
+    int status = -1;
+    const std::string out = RunShell(BenchCommand("", contexts), &status);
+    EXPECT_NE(status, 0) << contexts;
+    EXPECT_NE(out.find("context"), std::string::npos) << out;
+  }
 }
 
 TEST(BenchEngineTest, BadBatchListIsAClearError) {

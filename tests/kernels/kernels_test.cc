@@ -172,22 +172,31 @@ TEST_P(PathTest, ToBF16MatchesTheScalarRoundingBitForBit) {
 }
 
 // Attention over a paged cache: K/V of `ctx` positions written through StoreKv with a given
-// page size; the query rows attend to prefixes of it.
+// page size and cache dtype; the query rows attend to prefixes of it.
 struct AttentionShape {
   int heads, kv_heads, head_dim, ctx;
+  DType dtype = DType::kF32;
 };
 struct AttentionCase {
   int heads = 4, kv_heads = 2, head_dim = 40, ctx = 70;
+  DType dtype = DType::kF32;
   std::vector<float> q, k, v;  // q [ctx][heads][hd]; k, v [ctx][kv_heads][hd]
 };
 
 // The query heads of a GQA group are computed together, as many as fit the registers
-// (28 accumulators over head_dim/16 chunks): the shapes cover a group that fits (2 heads of
-// 40, 7 of 64 as in qwen2.5-0.5b), one split in three (7 heads of 128: 3 + 3 + 1), a partial
-// chunk, and no GQA (4 of 4 heads of 16). Two shapes have longer contexts (300 and 530
-// positions).
-const AttentionShape kAttentionShapes[] = {
-    {4, 2, 40, 70}, {14, 2, 64, 300}, {7, 1, 128, 70}, {4, 4, 16, 530}};
+// (28 accumulators over head_dim/16 chunks on avx512, 8 heads on avx2): the shapes cover a
+// group that fits (2 heads of 40, 7 of 64 as in qwen2.5-0.5b), one split in three (7 heads of
+// 128: 3 + 3 + 1), a partial chunk, no GQA (4 of 4 heads of 16), a group larger than 8 heads
+// (10 of 10), and head sizes that are no multiple of 8 (20, 12: the row tails). Two shapes have
+// longer contexts (300 and 530 positions). BF16 caches are what the engine runs by default.
+const AttentionShape kAttentionShapes[] = {{4, 2, 40, 70},
+                                           {14, 2, 64, 300},
+                                           {7, 1, 128, 70},
+                                           {4, 4, 16, 530},
+                                           {4, 2, 40, 70, DType::kBF16},
+                                           {14, 2, 64, 150, DType::kBF16},
+                                           {10, 1, 20, 45, DType::kBF16},
+                                           {3, 1, 12, 33}};
 
 class PagedAttentionTest : public OnEveryPath<AttentionShape> {};
 
@@ -197,6 +206,7 @@ AttentionCase MakeCase(const AttentionShape& shape) {
   c.kv_heads = shape.kv_heads;
   c.head_dim = shape.head_dim;
   c.ctx = shape.ctx;
+  c.dtype = shape.dtype;
   std::mt19937 rng(11);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   c.q.resize(static_cast<size_t>(c.ctx) * c.heads * c.head_dim);
@@ -208,47 +218,87 @@ AttentionCase MakeCase(const AttentionShape& shape) {
   return c;
 }
 
-// out[pos][heads][hd] for every query position (causal), with the given page size; `together`
-// runs all positions in one call, otherwise one call per position.
-std::vector<float> RunAttention(const AttentionCase& c, int page_tokens, bool together) {
+// How RunAttention hands the queries to PagedAttention.
+enum class Calls {
+  kTogether,     // all positions in one call (one prefill chunk)
+  kOnePerCall,   // one call per position (decode steps)
+  kChunksOf5,    // calls of 5 positions (chunked prefill)
+  kInterleaved,  // one call, each position next to a query of another sequence (a mixed batch)
+};
+
+std::string CallsName(Calls calls) {
+  switch (calls) {
+    case Calls::kTogether:
+      return "one call";
+    case Calls::kOnePerCall:
+      return "one query per call";
+    case Calls::kChunksOf5:
+      return "calls of 5 queries";
+    case Calls::kInterleaved:
+      return "interleaved with another sequence";
+  }
+  return "?";
+}
+
+// out[pos][heads][hd] for every query position (causal), with the given page size.
+std::vector<float> RunAttention(const AttentionCase& c, int page_tokens, Calls calls) {
   const int pages = (c.ctx + page_tokens - 1) / page_tokens;
   KvLayout layout{.num_layers = 1,
                   .num_kv_heads = c.kv_heads,
                   .head_dim = c.head_dim,
                   .page_tokens = page_tokens,
-                  .dtype = DType::kF32,
-                  .num_pages = pages + 3};
+                  .dtype = c.dtype,
+                  .num_pages = 2 * pages + 3};
   auto cache = KvCache::Create(layout);
   EXPECT_TRUE(cache.ok());
-  // Pages out of order, so the block table matters.
-  std::vector<PageId> table(pages);
-  for (int p = 0; p < pages; ++p) table[p] = pages + 2 - p;
+  // Pages out of order, so the block table matters. The other sequence (kInterleaved) has the
+  // pages after them, and K and V swapped.
+  std::vector<PageId> table(pages), other(pages);
+  for (int p = 0; p < pages; ++p) {
+    table[p] = pages + 2 - p;
+    other[p] = pages + 3 + p;
+  }
   const size_t kv_row = static_cast<size_t>(c.kv_heads) * c.head_dim;
   for (int pos = 0; pos < c.ctx; ++pos) {
     kernels::StoreKv(**cache, 0, table[pos / page_tokens], pos % page_tokens, &c.k[pos * kv_row],
                      &c.v[pos * kv_row]);
+    kernels::StoreKv(**cache, 0, other[pos / page_tokens], pos % page_tokens, &c.v[pos * kv_row],
+                     &c.k[pos * kv_row]);
   }
   const size_t q_row = static_cast<size_t>(c.heads) * c.head_dim;
-  std::vector<float> out(c.q.size(), NAN);
+  std::vector<float> out(c.q.size(), NAN), other_out(c.q.size(), NAN);
   std::vector<kernels::AttentionQuery> queries;
   for (int pos = 0; pos < c.ctx; ++pos) {
     queries.push_back({.q = &c.q[pos * q_row],
                        .out = &out[pos * q_row],
                        .pages = table.data(),
                        .context_len = pos + 1});
+    if (calls == Calls::kInterleaved) {
+      queries.push_back({.q = &c.q[(c.ctx - 1 - pos) * q_row],
+                         .out = &other_out[pos * q_row],
+                         .pages = other.data(),
+                         .context_len = c.ctx - pos});
+    }
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  if (together) {
-    kernels::PagedAttention(queries, **cache, 0, c.heads, scale);
-  } else {
-    for (const auto& q : queries) kernels::PagedAttention({&q, 1}, **cache, 0, c.heads, scale);
+  const size_t per_call = calls == Calls::kOnePerCall  ? 1
+                          : calls == Calls::kChunksOf5 ? 5
+                                                       : queries.size();
+  for (size_t first = 0; first < queries.size(); first += per_call) {
+    const size_t count = std::min(per_call, queries.size() - first);
+    kernels::PagedAttention({&queries[first], count}, **cache, 0, c.heads, scale);
   }
   return out;
 }
 
+// K or V element as the cache holds it (rounded to BF16 in a BF16 cache).
+double Stored(const AttentionCase& c, float value) {
+  return c.dtype == DType::kBF16 ? BF16ToF32(F32ToBF16(value)) : value;
+}
+
 TEST_P(PagedAttentionTest, MatchesFloat64Softmax) {
   const AttentionCase c = MakeCase(param());
-  const std::vector<float> out = RunAttention(c, 16, true);
+  const std::vector<float> out = RunAttention(c, 16, Calls::kTogether);
   const int group = c.heads / c.kv_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
   for (int pos = 0; pos < c.ctx; ++pos) {
@@ -259,7 +309,7 @@ TEST_P(PagedAttentionTest, MatchesFloat64Softmax) {
       for (int j = 0; j <= pos; ++j) {
         const float* k = &c.k[(static_cast<size_t>(j) * c.kv_heads + h / group) * c.head_dim];
         double d = 0;
-        for (int e = 0; e < c.head_dim; ++e) d += static_cast<double>(q[e]) * k[e];
+        for (int e = 0; e < c.head_dim; ++e) d += static_cast<double>(q[e]) * Stored(c, k[e]);
         s[j] = d * scale;
         max_s = std::max(max_s, s[j]);
       }
@@ -268,7 +318,8 @@ TEST_P(PagedAttentionTest, MatchesFloat64Softmax) {
         double want = 0;
         for (int j = 0; j <= pos; ++j) {
           want +=
-              s[j] / sum * c.v[(static_cast<size_t>(j) * c.kv_heads + h / group) * c.head_dim + e];
+              s[j] / sum *
+              Stored(c, c.v[(static_cast<size_t>(j) * c.kv_heads + h / group) * c.head_dim + e]);
         }
         ASSERT_NEAR(out[(static_cast<size_t>(pos) * c.heads + h) * c.head_dim + e], want, 1e-5)
             << "position " << pos << " head " << h << " element " << e;
@@ -277,15 +328,20 @@ TEST_P(PagedAttentionTest, MatchesFloat64Softmax) {
   }
 }
 
+// Page sizes that divide the key tile (8 positions), straddle it (3, 5, 7) and exceed it, each
+// with some of the ways a query can reach the kernels.
 TEST_P(PagedAttentionTest, ResultsDoNotDependOnBatchOrPageSize) {
   const AttentionCase c = MakeCase(param());
-  const std::vector<float> base = RunAttention(c, 16, true);
-  for (int page_tokens : {1, 3, 16, 64}) {
-    for (bool together : {true, false}) {
-      const std::vector<float> out = RunAttention(c, page_tokens, together);
-      ASSERT_EQ(std::memcmp(out.data(), base.data(), sizeof(float) * out.size()), 0)
-          << "page size " << page_tokens << (together ? " batched" : " one query per call");
-    }
+  const std::vector<float> base = RunAttention(c, 16, Calls::kTogether);
+  const std::pair<int, Calls> runs[] = {
+      {1, Calls::kTogether},    {1, Calls::kOnePerCall}, {3, Calls::kTogether},
+      {3, Calls::kOnePerCall},  {5, Calls::kChunksOf5},  {7, Calls::kInterleaved},
+      {16, Calls::kOnePerCall}, {16, Calls::kChunksOf5}, {16, Calls::kInterleaved},
+      {64, Calls::kTogether},   {64, Calls::kOnePerCall}};
+  for (const auto& [page_tokens, calls] : runs) {
+    const std::vector<float> out = RunAttention(c, page_tokens, calls);
+    ASSERT_EQ(std::memcmp(out.data(), base.data(), sizeof(float) * out.size()), 0)
+        << "page size " << page_tokens << ", " << CallsName(calls);
   }
 }
 
@@ -297,7 +353,8 @@ INSTANTIATE_TEST_SUITE_P(Paths, PagedAttentionTest,
                            return KernelPathTestName(std::get<0>(info.param)) + "_" +
                                   std::to_string(s.heads) + "heads" + std::to_string(s.kv_heads) +
                                   "kv" + std::to_string(s.head_dim) + "dim" +
-                                  std::to_string(s.ctx) + "ctx";
+                                  std::to_string(s.ctx) + "ctx" +
+                                  (s.dtype == DType::kBF16 ? "_bf16" : "");
                          });
 
 INSTANTIATE_TEST_SUITE_P(Paths, PathTest, ::testing::ValuesIn(KernelPathNames()),
@@ -390,30 +447,14 @@ std::vector<float> RunEveryKernel(bool bf16_products = true) {
     kernels::ApplyRope(rope.data(), 2, 20, x.data(), x.data() + 10);
     append(rope);
   }
-  for (DType dtype : {DType::kF32, DType::kBF16}) {  // attention, both cache types
-    const AttentionCase c = MakeCase({6, 2, 72, 45});
-    KvLayout layout{.num_layers = 1,
-                    .num_kv_heads = c.kv_heads,
-                    .head_dim = c.head_dim,
-                    .page_tokens = 8,
-                    .dtype = dtype,
-                    .num_pages = 6};
-    auto cache = KvCache::Create(layout);
-    EXPECT_TRUE(cache.ok());
-    std::vector<PageId> table = {5, 0, 4, 1, 3, 2};
-    const size_t kv_row = static_cast<size_t>(c.kv_heads) * c.head_dim;
-    const size_t q_row = static_cast<size_t>(c.heads) * c.head_dim;
-    std::vector<float> out(c.q.size());
-    std::vector<kernels::AttentionQuery> queries;
-    for (int pos = 0; pos < c.ctx; ++pos) {
-      kernels::StoreKv(**cache, 0, table[pos / 8], pos % 8, &c.k[pos * kv_row], &c.v[pos * kv_row]);
-      queries.push_back({.q = &c.q[pos * q_row],
-                         .out = &out[pos * q_row],
-                         .pages = table.data(),
-                         .context_len = pos + 1});
+  // Attention, both cache types: a group of 6 heads over pages of 8, and one of 10 heads (more
+  // than a register group) of 20 elements (row tails) over pages of 5 (key tiles straddle them).
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (const auto& [shape, page_tokens] : {std::pair{AttentionShape{6, 2, 72, 45, dtype}, 8},
+                                             std::pair{AttentionShape{10, 1, 20, 37, dtype}, 5}}) {
+      const std::vector<float> out = RunAttention(MakeCase(shape), page_tokens, Calls::kTogether);
+      append(out);
     }
-    kernels::PagedAttention(queries, **cache, 0, c.heads, 0.125f);
-    append(out);
   }
   return all;
 }
