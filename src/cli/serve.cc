@@ -9,6 +9,8 @@
 #include <memory>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "cli/commands.h"
 #include "cli/model_flags.h"
 #include "cli/router_process.h"
@@ -104,9 +106,11 @@ int RunServe(const ServeFlags& f) {
                                                         served.tokenizer.get(), engine_options));
   NodeMessenger messenger;  // destroyed after node.Stop() stopped the engine, before the engine
   if (f.role != "colocated") {
-    PD_ASSIGN_OR_RETURN_CLI(std::string fingerprint, ModelFingerprint(dir.path, dir.config));
-    // The weights' dtype changes the forward pass, hence the KV bits.
-    fingerprint += ";weights=" + f.model.dtype;
+    PD_ASSIGN_OR_RETURN_CLI(std::string files, ModelFingerprint(dir.path, dir.config));
+    // Fields, so that a refused handshake says what differs (messenger/node_info.h); the
+    // weights' dtype changes the forward pass, hence the KV bits.
+    const std::string fingerprint = fmt::format("config={:016x};files={};weights={}",
+                                                dir.config.Fingerprint(), files, f.model.dtype);
     PD_ASSIGN_OR_RETURN_CLI(
         messenger, StartMessenger(f.role, f.messenger, fingerprint, served.engine.get(), &served));
   }

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <httplib.h>
 
+#include <nlohmann/json.hpp>
+
 #include "fabric/descriptors.h"
 #include "http/cluster_auth.h"
 #include "kernels/dispatch.h"
@@ -149,6 +151,18 @@ Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFla
   served->internal_routes["events"] = [m] { return m->events().ToJson(); };
   served->submit = [m](EngineRequest request, const std::string& peer) {
     return m->Submit(std::move(request), peer);
+  };
+  // Each prefill peer's state and why it was last removed or refused (e.g. a wrong cluster
+  // key or another model), for operators and tests.
+  served->internal_routes["peers"] = [m] {
+    nlohmann::json peers = nlohmann::json::array();
+    for (const messenger::PrefillPeerStatus& p : m->stats().peers) {
+      peers.push_back({{"name", p.name},
+                       {"state", p.state},
+                       {"refused", p.refused},
+                       {"last_error", p.last_error}});
+    }
+    return peers.dump();
   };
   served->extra_metrics = [m] {
     const messenger::DecodeMessengerStats s = m->stats();

@@ -338,9 +338,15 @@ void Engine::Finish(Sequence* seq, FinishReason reason, Status status, RequestOu
   std::erase(remote_pending_, seq);
   const std::string id = seq->request.id;
   auto node = live_.extract(id);
-  if (seq->state == SequenceState::kAwaitingKv) {
-    // Writes may still land in these pages: hold them until the caller releases them.
+  // Writes may still land in a kAwaitingKv request's pages, and a prefill-only request's
+  // pages may still be read by writes its caller posted: hold them until the caller says so.
+  const bool hold = seq->state == SequenceState::kAwaitingKv ||
+                    (seq->request.kind == RequestKind::kPrefillOnly && !seq->table.pages().empty());
+  if (hold) {
     seq->state = SequenceState::kFinished;
+    const std::span<const PageId> pages = seq->table.pages();
+    if (seq->request.kind == RequestKind::kPrefillOnly)
+      out.held_pages.assign(pages.begin(), pages.end());
     held_.insert(std::move(node));
   } else {
     seq->state = SequenceState::kFinished;

@@ -83,13 +83,14 @@ class Engine {
   // range, no callback) are returned here and no callback is made. An id that is already live
   // is reported through the callback (kError), as the check happens on the loop thread.
   Status Submit(EngineRequest request) EXCLUDES(mu_);
-  // Ends a request with kCancelled and frees its pages (a kAwaitingKv request's pages are
-  // freed only by ReleaseHeldPages once no write can still land: the caller knows when).
+  // Ends a request with kCancelled and frees its pages — except a kAwaitingKv request's pages
+  // (writes may still land in them) and a kPrefillOnly request's (writes posted from them may
+  // still read them): those stay held until ReleaseHeldPages, as the caller knows when.
   void Cancel(const std::string& id) EXCLUDES(mu_);
   // kRemotePrefill: the prompt's KV has landed; schedule the request.
   void Admit(const std::string& id) EXCLUDES(mu_);
-  // Frees pages a request left allocated (kPrefillOnly after kPrefilled, or a cancelled
-  // kRemotePrefill request).
+  // Frees pages a request left allocated (a finished kPrefillOnly request, whatever its
+  // finish reason, or a cancelled kRemotePrefill request). A no-op if it holds none.
   void ReleaseHeldPages(const std::string& id) EXCLUDES(mu_);
 
   // Loop-thread API. Step() drains the inbox and runs at most one forward pass; it returns

@@ -31,7 +31,9 @@ enum class RequestKind : uint8_t {
   // Prefill then decode in this engine (colocated, and the decode side once admitted).
   kGenerate,
   // Prefill the prompt only and never sample (a prefill node). The request finishes with
-  // kPrefilled and its pages stay allocated until ReleaseHeldPages(id).
+  // kPrefilled; its pages stay allocated until ReleaseHeldPages(id), also when it ends
+  // otherwise (cancelled, failed) after pages were allocated, and it is never preempted: the
+  // caller may have posted writes that read them.
   kPrefillOnly,
   // Decode side of a disaggregated request: the engine allocates pages for the prompt, hands
   // them to on_pages_allocated, and keeps the request out of scheduling until Admit(id) says

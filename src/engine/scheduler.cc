@@ -29,7 +29,9 @@ void Scheduler::Remove(Sequence* seq) {
 bool Scheduler::PreemptNewest(const Sequence* keep) {
   Sequence* victim = nullptr;
   for (Sequence* s : running_) {
-    if (s != keep && (victim == nullptr || s->admit_order > victim->admit_order)) victim = s;
+    // A prefill-only sequence's pages may be the source of writes in flight (request.h).
+    if (s == keep || s->request.kind == RequestKind::kPrefillOnly) continue;
+    if (victim == nullptr || s->admit_order > victim->admit_order) victim = s;
   }
   if (victim == nullptr) return false;
   std::erase(running_, victim);

@@ -20,6 +20,9 @@ struct DecodeMessenger::Peer {
   fabric::PeerId id = fabric::kUnknownPeer;
   uint64_t instance = 0;
   uint64_t removed_instance = 0;  // the last instance removed (never re-added)
+  Status refusal;                 // why its current instance's handshake was refused
+  fabric::RegionId region = 0;    // the cache, registered for this instance only (0: none)
+  std::string last_error;
   uint64_t incarnation = 0;
   Nonce own_nonce{};
   std::shared_ptr<const TransferPlan> plan;
@@ -46,6 +49,7 @@ struct DecodeMessenger::Request {
   bool has_slot = false;
   bool engine_finished = false;
   bool retry_after_ack = false;
+  bool failed = false;  // FailRequest ran: the engine's final output finishes it
   int retries = 0;
   std::vector<Peer*> failed_peers;
   Deadline deadline = Deadline::Never();  // for the KV to land
@@ -95,10 +99,8 @@ Status DecodeMessenger::Init() {
     });
   };
   PD_ASSIGN_OR_RETURN(fabric_, fabric::TransferEngine::Create(options_.fabric, handlers));
-  KvCache& cache = engine_->kv_cache();
-  PD_ASSIGN_OR_RETURN(region_, fabric_->RegisterMemory(cache.base(), cache.size_bytes()));
-  PD_ASSIGN_OR_RETURN(fabric::MemoryDescriptor descriptor, fabric_->Describe(region_));
-  PD_ASSIGN_OR_RETURN(local_, MakeLocalNodeInfo(cache.layout(), descriptor.Serialize(),
+  // The cache is registered once per prefill peer (RegisterFor), not here.
+  PD_ASSIGN_OR_RETURN(local_, MakeLocalNodeInfo(engine_->kv_cache().layout(), "",
                                                 options_.model_fingerprint, options_.kernel_path));
   reply_address_ = fabric_->address().Serialize();
   loop_->Start();
@@ -199,8 +201,8 @@ void DecodeMessenger::Handle(fabric::PeerId from, Message message) {
         if constexpr (std::is_same_v<T, HelloAck>) {
           if (peer->state == Peer::State::kHelloSent) HandleHelloAck(*peer, m);
         } else if constexpr (std::is_same_v<T, HandshakeRefused>) {
-          PeerDead(*peer, Status::FailedPrecondition("prefill peer " + peer->spec.name +
-                                                     " refused the handshake: " + m.reason));
+          PeerRefused(*peer, Status::FailedPrecondition("prefill peer " + peer->spec.name +
+                                                        " refused the handshake: " + m.reason));
         } else if constexpr (std::is_same_v<T, LoadReport>) {
           peer->reported_tokens = static_cast<int64_t>(m.outstanding_prefill_tokens);
           if (peer->state == Peer::State::kFinishSent) {
@@ -235,6 +237,7 @@ void DecodeMessenger::Connect(Peer& peer, Result<fabric::TransferEngineAddress> 
     return;
   }
   peer.id = *id;
+  if (address->instance != peer.instance) peer.refusal = Status::Ok();  // a new process
   peer.instance = address->instance;
   peer.own_nonce = *nonce;
   peer.state = Peer::State::kHelloSent;
@@ -250,8 +253,14 @@ void DecodeMessenger::HandleHelloAck(Peer& peer, const HelloAck& ack) {
   Result<TransferPlan> plan = TransferPlan::Create(ack.node.kv, local_.kv);
   if (s.ok() && !plan.ok()) s = plan.status();
   if (!s.ok()) {
+    // Before any memory descriptor of ours left: a peer without the secret learns nothing.
     SendTo(peer, HandshakeRefused{s.message()});
-    PeerDead(peer, s.WithContext("handshake with prefill peer " + peer.spec.name + " refused"));
+    PeerRefused(peer, s.WithContext("handshake with prefill peer " + peer.spec.name + " refused"));
+    return;
+  }
+  Result<NodeInfo> node = RegisterFor(peer);
+  if (!node.ok()) {
+    PeerDead(peer, node.status().WithContext("registering the KV cache for " + peer.spec.name));
     return;
   }
   peer.incarnation = ack.incarnation;
@@ -260,15 +269,66 @@ void DecodeMessenger::HandleHelloAck(Peer& peer, const HelloAck& ack) {
   peer.state_since = Clock::now();
   SendTo(peer, HelloFinish{.proof = MakeClusterProof(options_.cluster_key, peer.own_nonce,
                                                      ack.nonce, incarnation_),
-                           .node = local_});
+                           .node = std::move(node).value()});
+}
+
+Result<NodeInfo> DecodeMessenger::RegisterFor(Peer& peer) {
+  // A registration (a key) of its own per peer instance: removing the peer closes it, and a
+  // late write of the removed instance — a hung node that resumes — then fails here instead
+  // of landing in pages reused since (the connection itself may outlive RemovePeer).
+  KvCache& cache = engine_->kv_cache();
+  PD_ASSIGN_OR_RETURN(peer.region, fabric_->RegisterMemory(cache.base(), cache.size_bytes()));
+  PD_ASSIGN_OR_RETURN(fabric::MemoryDescriptor descriptor, fabric_->Describe(peer.region));
+  NodeInfo node = local_;
+  node.rank_memory = {descriptor.Serialize()};
+  return node;
+}
+
+void DecodeMessenger::PeerRefused(Peer& peer, const Status& why) {
+  if (peer.state == Peer::State::kDisconnected) return;
+  PD_LOG_ERROR("{}; not used until it restarts", why.ToString());
+  peer.refusal = why;
+  PeerDead(peer, why);
+  // Requests waiting for a peer that none left can take: fail them now, naming the reasons.
+  std::vector<Request*> queued;
+  for (auto& [id, req] : requests_) {
+    if (req->state == Request::State::kQueued && !req->engine_finished && !req->failed) {
+      queued.push_back(req.get());
+    }
+  }
+  for (Request* req : queued) FailIfAllRefused(*req);
+}
+
+bool DecodeMessenger::FailIfAllRefused(Request& req) {
+  std::string reasons;
+  for (const auto& p : peers_) {
+    if (!req.peer_override.empty() && p->spec.name != req.peer_override) continue;
+    if (p->refusal.ok()) return false;  // it may still become ready
+    reasons += (reasons.empty() ? "" : "; ") + p->refusal.message();
+  }
+  if (reasons.empty()) return false;
+  req.state = Request::State::kQueued;
+  req.deadline = Deadline::Never();  // failed: the engine's final output finishes it
+  FailRequest(req, Status::FailedPrecondition("no usable prefill peer: " + reasons));
+  return true;
 }
 
 void DecodeMessenger::PeerDead(Peer& peer, const Status& why) {
   if (peer.state == Peer::State::kDisconnected) return;
   PD_LOG_WARN("prefill peer {} removed: {}", peer.spec.name, why.ToString());
   counters_.last_peer_error = why.ToString();
-  // After this nothing from the old incarnation counts or reaches us.
+  peer.last_error = why.ToString();
+  // After this nothing from the old incarnation counts or reaches us, and none of its writes
+  // can land: its key is gone (a write being applied finishes first: deregistration runs on
+  // the progress threads that apply them). Only then may its requests' pages be released.
   if (Status s = fabric_->RemovePeer(peer.id); !s.ok()) PD_LOG_WARN("{}", s.ToString());
+  if (peer.region != 0) {
+    if (Status s = fabric_->DeregisterMemory(peer.region); !s.ok()) {
+      PD_LOG_ERROR("prefill peer {}: closing its memory registration: {}", peer.spec.name,
+                   s.ToString());
+    }
+    peer.region = 0;
+  }
   peer.removed_instance = peer.instance;
   peer.state = Peer::State::kDisconnected;
   peer.plan.reset();
@@ -339,13 +399,18 @@ void DecodeMessenger::Dispatch(Request& req) {
     }
   }
   if (best == nullptr) {
+    if (FailIfAllRefused(req)) return;
     PD_LOG_DEBUG("request {}: no prefill peer ready; queued", req.id);
     req.state = Request::State::kQueued;  // Tick fails it at its deadline
     return;
   }
   if (free_slots_.empty()) {
     const uint32_t slot = static_cast<uint32_t>(slot_generation_.size());
-    if (slot >= kMaxTransferSlots) return FailRequest(req, Status::ResourceExhausted("no slot"));
+    if (slot >= kMaxTransferSlots) {
+      req.state = Request::State::kQueued;  // failed: released when the engine finishes it
+      req.deadline = Deadline::Never();
+      return FailRequest(req, Status::ResourceExhausted("no free transfer slot"));
+    }
     slot_generation_.push_back(0);
     free_slots_.push_back(slot);
   }
@@ -371,7 +436,14 @@ void DecodeMessenger::Dispatch(Request& req) {
           loop->Post([this, id, imm, st, arrived, at] { OnLanded(id, imm, st, arrived, at); });
         }
       });
-  if (!s.ok()) return FailRequest(req, s.WithContext("registering the expected KV writes"));
+  if (!s.ok()) {  // nothing was sent: nothing can land
+    by_request_id_.erase(req.request_id);
+    FreeSlot(req);
+    req.peer = nullptr;
+    req.state = Request::State::kQueued;
+    req.deadline = Deadline::Never();
+    return FailRequest(req, s.WithContext("registering the expected KV writes"));
+  }
   req.state = Request::State::kInFlight;
   PD_LOG_DEBUG("request {}: {} tokens to {} as transfer {} (slot {}, {} writes expected)", req.id,
                req.prefix.size(), best->spec.name, req.request_id, req.slot, expected);
@@ -480,6 +552,7 @@ void DecodeMessenger::Quiesced(Request& req) {
 void DecodeMessenger::FailRequest(Request& req, const Status& why) {
   PD_LOG_WARN("request {} failed: {}", req.id, why.ToString());
   ++counters_.requests_failed;
+  req.failed = true;
   {
     MutexLock lock(&failures_mu_);
     failures_[req.id] = why;
@@ -601,6 +674,14 @@ void DecodeMessenger::PublishStats() {
                                                        req->state == Request::State::kInFlight);
   }
   s.slots_in_use = static_cast<int>(slot_generation_.size() - free_slots_.size());
+  for (const auto& p : peers_) {
+    s.peers.push_back({.name = p->spec.name,
+                       .state = p->state == Peer::State::kReady          ? "ready"
+                                : p->state == Peer::State::kDisconnected ? "disconnected"
+                                                                         : "handshaking",
+                       .last_error = p->last_error,
+                       .refused = !p->refusal.ok()});
+  }
   {
     MutexLock lock(&stats_mu_);
     stats_ = s;

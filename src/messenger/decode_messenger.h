@@ -8,9 +8,10 @@
 //
 // Who frees D's pages: the engine, for admitted requests; this messenger (ReleaseHeldPages) for
 // requests that end before their KV landed, and only once no write can still land in them —
-// after P's CancelAck, or after P was removed (missed heartbeats, endpoint error). Requests of a
-// removed peer are retried on another ready peer (MessengerOptions::max_retries) or fail with
-// an error naming the peer and the cause.
+// after P's CancelAck, or after P was removed (missed heartbeats, endpoint error) and the
+// memory registration that P's writes name was closed (one per prefill peer instance). Requests of
+// a removed peer are retried on another ready peer (MessengerOptions::max_retries) or fail with an
+// error naming the peer and the cause.
 //
 // Threads: Create/destructor from the owner's thread (the engine must outlive the messenger and
 // its loop must be stopped first). Submit/stats/events from any thread. The peers' `resolve`
@@ -48,6 +49,16 @@ struct PrefillPeerSpec {
 // expected write landed, so it spans P's whole prefill (TTFT-like).
 std::vector<double> TransferLatencyBounds();
 
+// What the decode node knows of one prefill peer (served as /internal/messenger/peers).
+struct PrefillPeerStatus {
+  std::string name;
+  std::string state;       // "disconnected", "handshaking" or "ready"
+  std::string last_error;  // why it was last removed or refused ("" if never)
+  // Its handshake was refused (wrong cluster key, another model): requests that only it could
+  // take fail at once with the reason, until a restarted process (new instance) is accepted.
+  bool refused = false;
+};
+
 struct DecodeMessengerStats {
   int peers_ready = 0;
   int requests_in_flight = 0;   // submitted through the messenger, not yet finished
@@ -65,6 +76,7 @@ struct DecodeMessengerStats {
   int64_t bytes_received = 0;
   Histogram transfer_latency_seconds{TransferLatencyBounds()};
   std::string last_peer_error;
+  std::vector<PrefillPeerStatus> peers;
 };
 
 class DecodeMessenger {
@@ -96,7 +108,13 @@ class DecodeMessenger {
   void Handle(fabric::PeerId from, Message message);
   void Connect(Peer& peer, Result<fabric::TransferEngineAddress> address);
   void HandleHelloAck(Peer& peer, const HelloAck& ack);
+  // Registers the KV cache for `peer` alone; returns the NodeInfo to send it.
+  Result<NodeInfo> RegisterFor(Peer& peer);
   void PeerDead(Peer& peer, const Status& why);
+  // The handshake with `peer` was refused, by either side, for `why`.
+  void PeerRefused(Peer& peer, const Status& why);
+  // Fails `req` at once if every peer it may use refused the handshake; false otherwise.
+  bool FailIfAllRefused(Request& req);
   void OnPagesAllocated(const std::string& id, std::vector<PageId> pages);
   void Dispatch(Request& req);
   // Whether `req` may move to another prefill peer: retries left and another peer ready.
@@ -126,7 +144,6 @@ class DecodeMessenger {
   std::string reply_address_;
   std::shared_ptr<ControlLoop> loop_;
   std::unique_ptr<fabric::TransferEngine> fabric_;
-  fabric::RegionId region_ = 0;
 
   // Control-loop state.
   std::vector<std::unique_ptr<Peer>> peers_;

@@ -1,6 +1,10 @@
 #include "messenger/node_info.h"
 
+#include <algorithm>
 #include <random>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -21,23 +25,77 @@ Result<NodeInfo> MakeLocalNodeInfo(const KvLayout& cache, std::string memory,
   return info;
 }
 
-Status CheckPeerCompatible(const NodeInfo& prefill, const NodeInfo& decode) {
-  if (prefill.model_fingerprint != decode.model_fingerprint) {
-    return Status::FailedPrecondition(
-        fmt::format("model differs: prefill fingerprint '{}', decode fingerprint '{}'",
-                    prefill.model_fingerprint, decode.model_fingerprint));
+namespace {
+
+// "a=1;b=2" -> {{a,1},{b,2}}; a part without '=' is a field named "fingerprint".
+std::vector<std::pair<std::string, std::string>> FingerprintFields(std::string_view fingerprint) {
+  std::vector<std::pair<std::string, std::string>> fields;
+  while (!fingerprint.empty()) {
+    const size_t end = std::min(fingerprint.find(';'), fingerprint.size());
+    const std::string_view part = fingerprint.substr(0, end);
+    const size_t eq = part.find('=');
+    if (eq == std::string_view::npos) {
+      fields.emplace_back("fingerprint", std::string(part));
+    } else {
+      fields.emplace_back(std::string(part.substr(0, eq)), std::string(part.substr(eq + 1)));
+    }
+    fingerprint.remove_prefix(std::min(end + 1, fingerprint.size()));
   }
+  return fields;
+}
+
+std::string FieldValue(const std::vector<std::pair<std::string, std::string>>& fields,
+                       const std::string& key) {
+  for (const auto& [k, v] : fields) {
+    if (k == key) return v;
+  }
+  return "(none)";
+}
+
+// What a differing fingerprint field means to an operator.
+std::string FieldMeaning(const std::string& key) {
+  if (key == "config") return "model config differs (another architecture or shape)";
+  if (key == "files") return "model weights differ (another checkpoint)";
+  if (key == "weights") return "weight dtype differs";
+  return "model " + key + " differs";
+}
+
+void AddModelDifferences(const std::string& prefill, const std::string& decode,
+                         std::vector<std::string>* problems) {
+  if (prefill == decode) return;
+  const auto p = FingerprintFields(prefill), d = FingerprintFields(decode);
+  const bool config_differs = FieldValue(p, "config") != FieldValue(d, "config");
+  const size_t before = problems->size();
+  for (const auto& [key, value] : p) {
+    const std::string other = FieldValue(d, key);
+    // The files digest covers the config too: with another config it says nothing more.
+    if (other == value || (key == "files" && config_differs)) continue;
+    problems->push_back(
+        fmt::format("{}: prefill {}={}, decode {}={}", FieldMeaning(key), key, value, key, other));
+  }
+  if (problems->size() == before) {  // fields only the decode side has
+    problems->push_back(
+        fmt::format("model differs: prefill fingerprint '{}', decode '{}'", prefill, decode));
+  }
+}
+
+}  // namespace
+
+Status CheckPeerCompatible(const NodeInfo& prefill, const NodeInfo& decode) {
+  std::vector<std::string> problems;
+  AddModelDifferences(prefill.model_fingerprint, decode.model_fingerprint, &problems);
   if (prefill.kernel_path != decode.kernel_path) {
-    return Status::FailedPrecondition(fmt::format("kernel path differs: prefill '{}', decode '{}'",
-                                                  prefill.kernel_path, decode.kernel_path));
+    problems.push_back(fmt::format("kernel path differs: prefill '{}', decode '{}'",
+                                   prefill.kernel_path, decode.kernel_path));
   }
   // TransferPlan::Create checks heads, layers, head_dim, page size and dtype on every rank and
   // names the first mismatch with both values.
   Result<TransferPlan> plan = TransferPlan::Create(prefill.kv, decode.kv);
-  if (!plan.ok()) {
-    return Status::FailedPrecondition("KV layout differs: " + plan.status().message());
-  }
-  return Status::Ok();
+  if (!plan.ok()) problems.push_back("KV layout differs: " + plan.status().message());
+  if (problems.empty()) return Status::Ok();
+  std::string message = problems[0];
+  for (size_t i = 1; i < problems.size(); ++i) message += "; " + problems[i];
+  return Status::FailedPrecondition(message);
 }
 
 uint64_t NewIncarnation() {

@@ -18,7 +18,10 @@ namespace pdserve::messenger {
 Result<NodeInfo> MakeLocalNodeInfo(const KvLayout& cache, std::string memory,
                                    std::string model_fingerprint, std::string kernel_path);
 
-// Ok, or FailedPrecondition whose message names the first difference with both values.
+// Ok, or FailedPrecondition whose message names every difference with both values. A model
+// fingerprint made of `key=value` fields separated by ';' (`pdserve serve` sends
+// "config=…;files=…;weights=…") is compared field by field, so the message says whether the
+// config (architecture, shape) differs or only the weights (another checkpoint, same config).
 // `prefill` and `decode` are the two sides of the pair, whichever one is local.
 Status CheckPeerCompatible(const NodeInfo& prefill, const NodeInfo& decode);
 

@@ -252,9 +252,7 @@ void PrefillMessenger::OnEngineOutput(const std::string& engine_id, const Reques
   JobState& state = it->second;
   state.engine_finished = true;
   counters_.outstanding_prefill_tokens -= state.num_tokens;
-  if (out.finish_reason == FinishReason::kPrefilled) {
-    state.prefilled = true;
-  } else if (!state.cancelled) {
+  if (out.finish_reason != FinishReason::kPrefilled && !state.cancelled) {
     FailJob(state, out.status.ok() ? Status::Internal(fmt::format(
                                          "prefill ended: {}", FinishReasonName(out.finish_reason)))
                                    : out.status);
@@ -298,8 +296,10 @@ void PrefillMessenger::CheckJob(const std::string& engine_id) {
                          job->writes_completed.load() == progress.writes_posted;
   if (!quiescent) return;
   PD_LOG_DEBUG("prefill request {} done: {} writes", job->request_id, progress.writes_posted);
-  // Nothing of this request is in flight any more: its source pages may be reused.
-  if (state.prefilled) engine_->ReleaseHeldPages(engine_id);
+  // Nothing of this request is in flight any more: its source pages may be reused. The engine
+  // holds a prefill-only request's pages however it ended (cancelled or failed mid-prefill
+  // too), so this is the only place P's pages are freed (a no-op if none were allocated).
+  engine_->ReleaseHeldPages(engine_id);
   events_.Record(EventKind::kWritesComplete, 0, -1, job->request_id, progress.writes_posted);
   if (state.cancelled && !state.peer_gone) SendTo(job->peer, CancelAck{job->request_id});
   streamer_->Remove(job);

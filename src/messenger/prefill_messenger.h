@@ -73,7 +73,6 @@ class PrefillMessenger {
     std::shared_ptr<StreamJob> job;
     int64_t num_tokens = 0;
     bool engine_finished = false;
-    bool prefilled = false;  // finished with kPrefilled: the engine holds the pages
     bool cancelled = false;  // by D: acknowledge when quiescent
     bool peer_gone = false;  // nobody to talk to any more
     bool failure_reported = false;

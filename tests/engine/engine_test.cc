@@ -173,6 +173,44 @@ TEST(EngineTest, CancelFreesPagesAndEndsTheRequest) {
   EXPECT_EQ(fx.engine().page_pool().used(), 0);
 }
 
+// A prefill node's pages are the source of KV writes that may still be in flight when its
+// request is cancelled: the engine keeps them (and reports them) until ReleaseHeldPages.
+TEST(EngineTest, CancelledPrefillOnlyKeepsItsPagesUntilReleased) {
+  const std::string dir = testing::SyntheticModelDir("tiny", DType::kBF16);
+  EngineFixture fx(dir, {.page_tokens = 4, .max_batch_tokens = 8});
+  std::vector<RequestOutput> outputs;
+  EngineRequest req;
+  req.id = "p1";
+  req.prompt = std::vector<int32_t>(40, 5);
+  req.kind = RequestKind::kPrefillOnly;
+  req.on_output = [&](const RequestOutput& o) { outputs.push_back(o); };
+  ASSERT_TRUE(fx.engine().Submit(std::move(req)).ok());
+  for (int i = 0; i < 2; ++i) fx.engine().Step();  // 16 of 40 tokens prefilled
+  const int pinned = fx.engine().page_pool().used();
+  ASSERT_GT(pinned, 0);
+  fx.engine().Cancel("p1");
+  for (int i = 0; i < 3; ++i) fx.engine().Step();
+  ASSERT_FALSE(outputs.empty());
+  EXPECT_TRUE(outputs.back().finished);
+  EXPECT_EQ(outputs.back().finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(static_cast<int>(outputs.back().held_pages.size()), pinned);
+  EXPECT_EQ(fx.engine().page_pool().used(), pinned) << "freed while writes may read them";
+  fx.engine().ReleaseHeldPages("p1");
+  fx.engine().Step();
+  EXPECT_EQ(fx.engine().page_pool().used(), 0);
+  // Cancelled before its first step: it holds nothing, and the release is a no-op.
+  EngineRequest queued;
+  queued.id = "p2";
+  queued.prompt = std::vector<int32_t>(9, 5);
+  queued.kind = RequestKind::kPrefillOnly;
+  queued.on_output = [&](const RequestOutput& o) { outputs.push_back(o); };
+  ASSERT_TRUE(fx.engine().Submit(std::move(queued)).ok());
+  fx.engine().Cancel("p2");
+  fx.engine().Step();
+  EXPECT_TRUE(outputs.back().held_pages.empty());
+  EXPECT_EQ(fx.engine().page_pool().used(), 0);
+}
+
 TEST(EngineTest, RejectsBadRequestsWithClearErrors) {
   const std::string dir = testing::SyntheticModelDir("tiny", DType::kBF16);
   EngineFixture fx(dir, {});

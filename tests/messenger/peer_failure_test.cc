@@ -18,7 +18,11 @@ namespace {
 
 const std::vector<std::string> kFlags = {"--page-size",    "4",   "--threads",         "1",
                                          "--heartbeat-ms", "100", "--peer-timeout-ms", "1500"};
-constexpr int kLongPrompt = 2049;  // 128 prefill steps of 16 tokens: seconds, not milliseconds
+constexpr int kLongPrompt = kLongPromptTokens;  // prefill steps of 16 tokens: seconds
+// How long a decode node waits for a request's KV (retries included). It bounds a hang, it
+// does not measure speed: long enough for a long prompt on a loaded host in a TSan build. Only
+// the test that waits for a request to fail for want of a peer uses a short one.
+constexpr int kPrefillTimeoutMs = 60000;
 
 std::unique_ptr<NodeProcess> StartPrefill(const std::string& listen = "127.0.0.1:0") {
   auto args = PrefillArgs("tcp", {"--max-batch-tokens", "16"});
@@ -26,15 +30,21 @@ std::unique_ptr<NodeProcess> StartPrefill(const std::string& listen = "127.0.0.1
   return std::make_unique<NodeProcess>(TinyModelDir(), args, listen);
 }
 
-// prefill_timeout_ms bounds a request's whole wait for its KV, retries included.
+// A decode node whose prefill peers are all ready: a request's deadline starts when its pages
+// are allocated, and under TSan the handshake alone took over a second of a 4 s deadline.
 std::unique_ptr<NodeProcess> StartDecode(const std::vector<int>& prefill_ports,
-                                         int prefill_timeout_ms = 4000) {
-  return std::make_unique<NodeProcess>(
+                                         int prefill_timeout_ms = kPrefillTimeoutMs) {
+  auto decode = std::make_unique<NodeProcess>(
       TinyModelDir(), DecodeArgs("tcp", prefill_ports, [prefill_timeout_ms] {
         auto a = kFlags;
         a.insert(a.end(), {"--prefill-timeout-ms", std::to_string(prefill_timeout_ms)});
         return a;
       }()));
+  const double peers = static_cast<double>(prefill_ports.size());
+  if (decode->ok()) {
+    EXPECT_EQ(WaitForMetric(decode->port(), "pdserve:messenger_peers_ready", peers, 20000), peers);
+  }
+  return decode;
 }
 
 // Waits until the prefill node on `port` runs a prefill request (deadline 10 s).
@@ -50,7 +60,8 @@ TEST(MessengerPeerFailureTest, KilledPrefillFailsTheRequestWithAClearError) {
   auto prefill = StartPrefill();
   ASSERT_TRUE(prefill->ok()) << prefill->error();
   const int prefill_port = prefill->port();
-  auto decode = StartDecode({prefill_port});
+  // Short: a request with no prefill peer left fails at this deadline.
+  auto decode = StartDecode({prefill_port}, 4000);
   ASSERT_TRUE(decode->ok()) << decode->error();
   const std::vector<int32_t> prompt = RandomPrompt(kLongPrompt, 21);
   auto pending =
@@ -102,7 +113,7 @@ void ExpectRestartedPrefillUsed(bool mid_transfer) {
   EXPECT_EQ(WaitForMetric(decode->port(), "pdserve:messenger_peers_ready", 0, 10000), 0);
   prefill = StartPrefill("127.0.0.1:" + std::to_string(prefill_port));
   ASSERT_TRUE(prefill->ok()) << prefill->error();
-  EXPECT_EQ(WaitForMetric(decode->port(), "pdserve:messenger_peers_ready", 1, 10000), 1);
+  EXPECT_EQ(WaitForMetric(decode->port(), "pdserve:messenger_peers_ready", 1, 20000), 1);
   const Completion again = Complete(decode->port(), prompt, 4);
   ASSERT_EQ(again.status, 200) << again.body.dump();
   EXPECT_EQ(again.token_ids, want.token_ids);
@@ -128,9 +139,8 @@ void ExpectRetriedOnSecondPrefill(int fault) {
   auto p2 = StartPrefill();
   ASSERT_TRUE(p1->ok()) << p1->error();
   ASSERT_TRUE(p2->ok()) << p2->error();
-  auto decode = StartDecode({p1->port(), p2->port()}, 15000);
+  auto decode = StartDecode({p1->port(), p2->port()});
   ASSERT_TRUE(decode->ok()) << decode->error();
-  ASSERT_EQ(WaitForMetric(decode->port(), "pdserve:messenger_peers_ready", 2, 10000), 2);
   const std::vector<int32_t> prompt = RandomPrompt(kLongPrompt, 22);
   const Completion want = Complete(decode->port(), prompt, 4);
   ASSERT_EQ(want.status, 200) << want.body.dump();

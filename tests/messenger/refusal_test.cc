@@ -1,0 +1,146 @@
+// Refused handshakes end to end (DESIGN.md §3.1): a prefill node with the wrong cluster key, on
+// another checkpoint of the same model or on a model of another shape is refused by the decode
+// node with a message naming the cause (its /internal/messenger/peers and the errors of the
+// requests it cannot serve); the refused node never becomes ready nor gets a request (the
+// decode node's memory descriptor travels only in HelloFinish, sent after the peer proved the
+// secret and matched the model). The decode node keeps serving through a correct prefill node,
+// and fails at once, naming the reasons, requests that only refused nodes could take. Real
+// `pdserve serve` processes over tcp.
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "disagg_util.h"
+#include "model/synthetic.h"
+#include "testing/test_paths.h"
+
+namespace pdserve::testing {
+namespace {
+
+const std::vector<std::string> kFlags = {"--page-size",    "4",   "--threads",         "1",
+                                         "--heartbeat-ms", "100", "--peer-timeout-ms", "1500"};
+
+std::unique_ptr<NodeProcess> StartPrefill(const std::string& model_dir, const std::string& key) {
+  std::vector<std::string> args = {"--role",        "prefill", "--fabric-provider",  "tcp",
+                                   "--cluster-key", key,       "--max-batch-tokens", "16"};
+  args.insert(args.end(), kFlags.begin(), kFlags.end());
+  return std::make_unique<NodeProcess>(model_dir, args);
+}
+
+std::string Name(const NodeProcess& node) { return "127.0.0.1:" + std::to_string(node.port()); }
+
+// The tiny preset with weights of another seed: the same config, another checkpoint.
+std::string OtherCheckpointDir() {
+  namespace fs = std::filesystem;
+  const std::string dir = BinaryPath("test-models/tiny-seed2-BF16");
+  if (fs::exists(dir + "/config.json")) return dir;
+  fs::create_directories(BinaryPath("test-models"));
+  const std::string tmp = dir + ".tmp." + std::to_string(getpid());
+  fs::remove_all(tmp);
+  const Status s = WriteSyntheticModel("tiny", tmp, /*seed=*/2, DType::kBF16);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  std::error_code ec;
+  fs::rename(tmp, dir, ec);  // fails harmlessly if another process got there first
+  if (ec) fs::remove_all(tmp);
+  return dir;
+}
+
+// The decode node's view of prefill peer `name` once it was refused (polled up to 20 s); a
+// discarded value if it never was.
+nlohmann::json WaitUntilRefused(int decode_port, const std::string& name) {
+  for (int i = 0; i < 200; ++i) {
+    const nlohmann::json peers = GetJson(decode_port, "/internal/messenger/peers");
+    if (peers.is_array()) {
+      for (const nlohmann::json& p : peers) {
+        if (p.value("name", "") == name && p.value("refused", false)) return p;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return nlohmann::json::value_t::discarded;
+}
+
+std::string ErrorMessage(const Completion& c) {
+  return c.body.is_object() && c.body.contains("error") ? c.body["error"].dump() : c.body.dump();
+}
+
+TEST(MessengerRefusalTest, WrongClusterKeyIsRefusedAndTheGoodPeerServes) {
+  auto good = StartPrefill(TinyModelDir(), kClusterKey);
+  auto bad = StartPrefill(TinyModelDir(), "not-the-cluster-secret");
+  ASSERT_TRUE(good->ok()) << good->error();
+  ASSERT_TRUE(bad->ok()) << bad->error();
+  auto decode = std::make_unique<NodeProcess>(
+      TinyModelDir(), DecodeArgs("tcp", {bad->port(), good->port()}, kFlags));
+  ASSERT_TRUE(decode->ok()) << decode->error();
+
+  const nlohmann::json refused = WaitUntilRefused(decode->port(), Name(*bad));
+  ASSERT_FALSE(refused.is_discarded()) << GetJson(decode->port(), "/internal/messenger/peers");
+  EXPECT_NE(refused.value("last_error", "").find("did not prove the cluster secret"),
+            std::string::npos)
+      << refused.dump();
+  EXPECT_EQ(WaitForMetric(decode->port(), "pdserve:messenger_peers_ready", 1, 20000), 1);
+  // The wrong-key node never completed a handshake, so it never got D's memory descriptor.
+  EXPECT_EQ(NodeMetric(bad->port(), "pdserve:messenger_peers_ready"), 0);
+
+  for (int i = 0; i < 4; ++i) {
+    const Completion c = Complete(decode->port(), RandomPrompt(9 + 7 * i, 40 + i), 3);
+    EXPECT_EQ(c.status, 200) << c.body.dump();
+    EXPECT_EQ(c.token_ids.size(), 3u);
+  }
+  // A request pinned to the refused node fails at once with the reason, not at its deadline.
+  const auto start = std::chrono::steady_clock::now();
+  const Completion pinned =
+      Complete(decode->port(), RandomPrompt(9, 5), 3, {{"X-Prefill-Peer", Name(*bad)}});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  EXPECT_NE(pinned.status, 200);
+  EXPECT_NE(ErrorMessage(pinned).find("did not prove the cluster secret"), std::string::npos)
+      << ErrorMessage(pinned);
+
+  EXPECT_EQ(NodeMetric(bad->port(), "pdserve:messenger_requests_in_flight"), 0);
+  EXPECT_EQ(NodeMetric(bad->port(), "pdserve:messenger_peers_ready"), 0);
+  ExpectNodeDrained(decode->port());
+  ExpectNodeDrained(good->port());
+}
+
+TEST(MessengerRefusalTest, IncompatibleModelsAreRefusedNamingTheDifference) {
+  auto checkpoint = StartPrefill(OtherCheckpointDir(), kClusterKey);
+  auto shape = StartPrefill(SyntheticModelDir("tiny-llama3"), kClusterKey);
+  ASSERT_TRUE(checkpoint->ok()) << checkpoint->error();
+  ASSERT_TRUE(shape->ok()) << shape->error();
+  auto decode = std::make_unique<NodeProcess>(
+      TinyModelDir(), DecodeArgs("tcp", {checkpoint->port(), shape->port()}, kFlags));
+  ASSERT_TRUE(decode->ok()) << decode->error();
+
+  const nlohmann::json other_weights = WaitUntilRefused(decode->port(), Name(*checkpoint));
+  ASSERT_FALSE(other_weights.is_discarded())
+      << GetJson(decode->port(), "/internal/messenger/peers");
+  const std::string weights_error = other_weights.value("last_error", "");
+  EXPECT_NE(weights_error.find("model weights differ"), std::string::npos) << weights_error;
+  EXPECT_EQ(weights_error.find("config differs"), std::string::npos) << weights_error;
+
+  const nlohmann::json other_shape = WaitUntilRefused(decode->port(), Name(*shape));
+  ASSERT_FALSE(other_shape.is_discarded()) << GetJson(decode->port(), "/internal/messenger/peers");
+  const std::string shape_error = other_shape.value("last_error", "");
+  EXPECT_NE(shape_error.find("model config differs"), std::string::npos) << shape_error;
+  EXPECT_NE(shape_error.find("KV layout differs"), std::string::npos) << shape_error;
+
+  // No usable prefill node: a request fails at once, naming both reasons.
+  const auto start = std::chrono::steady_clock::now();
+  const Completion c = Complete(decode->port(), RandomPrompt(13, 6), 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  EXPECT_NE(c.status, 200);
+  const std::string message = ErrorMessage(c);
+  EXPECT_NE(message.find("no usable prefill peer"), std::string::npos) << message;
+  EXPECT_NE(message.find("model weights differ"), std::string::npos) << message;
+  EXPECT_NE(message.find("model config differs"), std::string::npos) << message;
+  EXPECT_EQ(NodeMetric(checkpoint->port(), "pdserve:messenger_peers_ready"), 0);
+  EXPECT_EQ(NodeMetric(shape->port(), "pdserve:messenger_peers_ready"), 0);
+  ExpectNodeDrained(decode->port());
+}
+
+}  // namespace
+}  // namespace pdserve::testing
