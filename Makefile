@@ -38,10 +38,13 @@ thread-safety: $(BUILD)/compile_commands.json
 test: build format-check check-includes thread-safety fuzz
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
 
+# Debug + ASan/UBSan over the whole suite (UBSan is built -fno-sanitize-recover, so a report
+# fails its test; halt_on_error says so again for any runtime). Test timeouts are scaled by
+# PDSERVE_TEST_TIME_SCALE (tests/CMakeLists.txt); too slow for every CI run on 2 cores.
 test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Debug -DPDSERVE_SANITIZE=address
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
-	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure -j $(JOBS) --timeout 1200
 
 test-tsan: deps
