@@ -30,6 +30,12 @@ Result<fabric::TransferEngineAddress> ResolvePeer(const std::string& peer,
   // /internal/ routes answer only to a proof of the cluster secret (http/cluster_auth.h).
   auto res = client.Get(kAddressRoute, http::ClusterAuthHeaders(cluster_key, "GET", kAddressRoute));
   if (!res) return Status::Unavailable(fmt::format("prefill peer {} unreachable", peer));
+  if (res->status == 401) {
+    // Its /internal/ routes refused our proof: it holds another cluster secret. A refusal,
+    // as a failed handshake would be (the messenger never sends it a memory descriptor).
+    return Status::PermissionDenied(fmt::format(
+        "prefill peer {} did not prove the cluster secret (HTTP 401 on {})", peer, kAddressRoute));
+  }
   if (res->status != 200) {
     return Status::Unavailable(fmt::format("prefill peer {}: HTTP {}", peer, res->status));
   }

@@ -36,6 +36,8 @@ std::string_view StatusCodeName(StatusCode code) {
       return "PROTOCOL_ERROR";
     case StatusCode::kUnimplemented:
       return "UNIMPLEMENTED";
+    case StatusCode::kPermissionDenied:
+      return "PERMISSION_DENIED";
     case StatusCode::kInternal:
       return "INTERNAL";
   }

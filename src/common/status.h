@@ -29,7 +29,8 @@ enum class StatusCode : uint8_t {
   kIoError,        // operating-system error
   kProtocolError,  // malformed or unexpected protocol message
   kUnimplemented,
-  kInternal,  // a bug: an invariant did not hold
+  kPermissionDenied,  // the peer does not share our secret (or we lack its)
+  kInternal,          // a bug: an invariant did not hold
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -64,6 +65,9 @@ class [[nodiscard]] Status {
   static Status FromErrno(std::string context, int err);
   static Status ProtocolError(std::string m) { return {StatusCode::kProtocolError, std::move(m)}; }
   static Status Unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
+  static Status PermissionDenied(std::string m) {
+    return {StatusCode::kPermissionDenied, std::move(m)};
+  }
   static Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 
   bool ok() const { return code_ == StatusCode::kOk; }

@@ -228,6 +228,11 @@ void DecodeMessenger::Connect(Peer& peer, Result<fabric::TransferEngineAddress> 
   if (s.ok() && address->instance == peer.removed_instance) {
     s = Status::Unavailable("still the removed instance; waiting for a restart");
   }
+  if (s.code() == StatusCode::kPermissionDenied) {
+    PeerRefused(peer, s);  // told before any handshake: it does not share the cluster secret
+    peer.retry_at = Clock::now() + options_.handshake_timeout / 3;
+    return;
+  }
   Result<fabric::PeerId> id = s.ok() ? fabric_->AddPeer(*address) : Result<fabric::PeerId>(s);
   Result<Nonce> nonce = MakeNonce();
   if (!id.ok() || !nonce.ok()) {
@@ -285,10 +290,12 @@ Result<NodeInfo> DecodeMessenger::RegisterFor(Peer& peer) {
 }
 
 void DecodeMessenger::PeerRefused(Peer& peer, const Status& why) {
-  if (peer.state == Peer::State::kDisconnected) return;
+  const bool connected = peer.state != Peer::State::kDisconnected;
+  if (!connected && !peer.refusal.ok()) return;  // refused already: nothing new to say
   PD_LOG_ERROR("{}; not used until it restarts", why.ToString());
   peer.refusal = why;
-  PeerDead(peer, why);
+  peer.last_error = why.ToString();
+  if (connected) PeerDead(peer, why);
   // Requests waiting for a peer that none left can take: fail them now, naming the reasons.
   std::vector<Request*> queued;
   for (auto& [id, req] : requests_) {

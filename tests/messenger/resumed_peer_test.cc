@@ -59,14 +59,18 @@ TEST_P(MessengerResumedPeerTest, ResumedHungPrefillCannotWriteIntoReusedPages) {
   EXPECT_NE(lost.body.dump().find("lost"), std::string::npos) << lost.body.dump();
   ExpectNodeDrained(d);
 
-  // B decodes in the pages A had when P1 resumes and streams the rest of A.
+  // B decodes in the pages A had when P1 resumes and streams the rest of A. On a fast run B
+  // may finish before it is seen running (the tiny model decodes 100 tokens in tens of ms), so
+  // a second B follows the resume at once: P1's late writes meet one of them in A's pages.
   auto b_pending = std::async(std::launch::async, [&] { return Complete(d, b, 100, via_p2); });
-  EXPECT_EQ(WaitForMetric(d, "pdserve:num_requests_running", 1, 60000), 1);
+  WaitForMetric(d, "pdserve:num_requests_running", 1, 20000);
   ASSERT_EQ(kill(p1->pid(), SIGCONT), 0);
-  const Completion got = b_pending.get();
-  ASSERT_EQ(got.status, 200) << got.body.dump();
-  EXPECT_EQ(got.token_ids, want.token_ids)
-      << "writes of the removed prefill node landed in pages the decode node reused";
+  const Completion after_resume = Complete(d, b, 100, via_p2);
+  for (const Completion& got : {b_pending.get(), after_resume}) {
+    ASSERT_EQ(got.status, 200) << got.body.dump();
+    EXPECT_EQ(got.token_ids, want.token_ids)
+        << "writes of the removed prefill node landed in pages the decode node reused";
+  }
   ExpectNodeDrained(d);
   ExpectNodeDrained(p2->port());
 }
