@@ -645,8 +645,13 @@ void DecodeMessenger::Tick() {
     if (req->state == Request::State::kQueued && !req->engine_finished && req->deadline.Passed()) {
       late_queued.push_back(req.get());
     }
+    // A peer that answers heartbeats is alive: it acknowledges a cancel at the end of its
+    // current step, which on a loaded prefill node may take seconds (a 512-token chunk on one
+    // core). Only a peer silent past peer_timeout (above) or one that never acknowledges within
+    // a whole prefill deadline is removed: removing a live peer for a slow ack would take it
+    // out of service until it restarts.
     if (req->state == Request::State::kCancelling && req->peer != nullptr &&
-        now - req->cancel_sent > options_.peer_timeout) {
+        now - req->cancel_sent > std::max(options_.peer_timeout, options_.prefill_timeout)) {
       late_cancel.push_back(req.get());
     }
   }

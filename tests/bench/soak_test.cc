@@ -1,8 +1,7 @@
 // `pdserve bench soak`'s machinery on a short run (the real soak is `make soak`, minutes long):
 // the router and both nodes start, node B is killed and comes back, the load runs through the
-// router, every request is classified, and both nodes are read back idle. Violations are not
-// asserted here: a stream cut when its node dies is a known router defect
-// (docs/reliability.md), and this test must not depend on the router's fixes.
+// router, every request is classified, none is a violation (a stream cut when its node dies
+// must end with an error event and [DONE], never silently), and both nodes are read back idle.
 #include <gtest/gtest.h>
 
 #include "bench/soak.h"
@@ -31,6 +30,7 @@ TEST(BenchSoakTest, ShortSoakKillsAndRestartsNodeBAndClassifiesEveryRequest) {
   for (const auto& [what, n] : report->well_formed) classified += n;
   for (const auto& [what, n] : report->violations) classified += n;
   EXPECT_EQ(classified, report->requests);
+  EXPECT_TRUE(report->violations.empty()) << FormatSoakReport(*report);
   ASSERT_EQ(report->nodes.size(), 2u);
   for (const SoakNodeState& node : report->nodes) {
     EXPECT_TRUE(node.idle()) << node.name << " running " << node.running << " waiting "
