@@ -201,7 +201,9 @@ Status RunGnuplot(const SweepPlotOptions& options, const fs::path& plots) {
   std::string dir = plots.string();
   std::string quoted;
   for (char c : dir) quoted += c == '\'' ? std::string("''") : std::string(1, c);
-  sp.argv = {options.gnuplot, "-e", "cd '" + quoted + "'", (plots / "sweep.gp").string()};
+  // The script is named after the cd: a relative result directory would otherwise be
+  // resolved twice.
+  sp.argv = {options.gnuplot, "-e", "cd '" + quoted + "'", "sweep.gp"};
   sp.stdin_mode = StdStream::kNull;
   sp.stdout_mode = StdStream::kPipe;
   sp.stderr_mode = StdStream::kPipe;
