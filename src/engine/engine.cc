@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "common/check.h"
 #include "common/logging.h"
 #include "engine/stop_checker.h"
 
@@ -276,6 +277,11 @@ bool Engine::Step() {
   ProcessLogits(plan, logits_);
   PublishStats();
   return true;
+}
+
+KvCache& Engine::kv_cache(int rank) {
+  PD_CHECK(rank >= 0 && rank < tp_size());
+  return *cache_;
 }
 
 void Engine::PublishStats() {

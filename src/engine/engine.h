@@ -106,8 +106,13 @@ class Engine {
   uint64_t layer_progress() const { return layer_progress_.load(std::memory_order_acquire); }
   EngineStats stats() const EXCLUDES(mu_);
   const Transformer& model() const { return *model_; }
+  // Rank 0's cache layout (every rank has the same pages; each holds its own KV heads).
   const KvLayout& kv_layout() const { return cache_->layout(); }
   KvCache& kv_cache() { return *cache_; }
+  // Tensor parallelism: one KV cache per rank, all mapped in this process (rank r holds the
+  // heads KvShardLayout::ForTensorParallel(kv_heads, tp_size()) gives it). 1 without TP.
+  int tp_size() const { return 1; }
+  KvCache& kv_cache(int rank);  // precondition: 0 <= rank < tp_size()
   const PagePool& page_pool() const { return pool_; }
 
  private:
