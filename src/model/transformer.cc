@@ -13,6 +13,7 @@
 
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
+#include "kv/shard_layout.h"
 
 namespace pdserve {
 
@@ -28,32 +29,77 @@ struct Transformer::LayerMatrices {
 
 namespace {
 
-// Concatenates row-major matrices of equal column count (and dtype) along rows.
-template <typename TensorPtr>
-Tensor ConcatRows(std::initializer_list<TensorPtr> parts) {
-  int64_t rows = 0;
-  const Tensor& first = **parts.begin();
-  std::vector<int64_t> shape = first.shape();
-  for (const Tensor* p : parts) rows += p->shape()[0];
-  shape[0] = rows;
-  Tensor out(first.dtype(), shape);
+// Rows [rows.begin, rows.end) of a tensor (its first dimension), to be joined with others.
+struct RowSlice {
+  Tensor* tensor;
+  DimRange rows;
+  bool keep = false;  // the tensor lives on after (a tied embedding sliced for a TP rank)
+};
+
+// The given rows of tensors of equal column count (and dtype), concatenated; the tensors are
+// released unless kept. A single whole tensor is moved, not copied.
+Tensor TakeRows(std::initializer_list<RowSlice> parts) {
+  const RowSlice& first = *parts.begin();
+  if (parts.size() == 1 && !first.keep && first.rows.begin == 0 &&
+      first.rows.end == first.tensor->dim(0)) {
+    return std::exchange(*first.tensor, Tensor());
+  }
+  std::vector<int64_t> shape = first.tensor->shape();
+  shape[0] = 0;
+  for (const RowSlice& p : parts) shape[0] += p.rows.size();
+  Tensor out(first.tensor->dtype(), shape);
   auto* dst = static_cast<uint8_t*>(out.data());
-  for (const Tensor* p : parts) {
-    std::memcpy(dst, p->data(), p->nbytes());
-    dst += p->nbytes();
+  for (const RowSlice& p : parts) {
+    const size_t row_bytes = p.tensor->nbytes() / static_cast<size_t>(p.tensor->dim(0));
+    std::memcpy(dst, static_cast<const uint8_t*>(p.tensor->data()) + p.rows.begin * row_bytes,
+                p.rows.size() * row_bytes);
+    dst += p.rows.size() * row_bytes;
+  }
+  for (const RowSlice& p : parts) {
+    if (!p.keep) *p.tensor = Tensor();
   }
   return out;
 }
 
-// The rows of `parts` as one tensor; the parts are released (a single part is moved).
-Tensor TakeRows(std::initializer_list<Tensor*> parts) {
-  if (parts.size() == 1) return std::exchange(**parts.begin(), Tensor());
-  Tensor out = ConcatRows(parts);
-  for (Tensor* p : parts) *p = Tensor();
-  return out;
+// Rank `rank`'s contiguous share of `n` output columns, in whole 64-column blocks of the
+// packed BF16 layout (the last ranks' shares may be shorter, or empty for a small n).
+DimRange ColumnShare(int n, int rank, int size) {
+  constexpr int kBlock = 64;
+  const int per_rank = (n + size - 1) / size;
+  const int share = (per_rank + kBlock - 1) / kBlock * kBlock;
+  const int begin = std::min(n, rank * share);
+  return {begin, std::min(n, begin + share)};
 }
 
 }  // namespace
+
+Result<TpSlices> TpSlices::Create(const ModelConfig& config, int rank, int size) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return Status::InvalidArgument(fmt::format("tensor-parallel rank {} of {}", rank, size));
+  }
+  PD_ASSIGN_OR_RETURN(KvShardLayout shards,
+                      KvShardLayout::ForTensorParallel(config.num_kv_heads, size));
+  TpSlices t;
+  t.rank = rank;
+  t.size = size;
+  const HeadRange kv = shards.heads(rank);
+  t.kv_heads = {kv.begin, kv.end};
+  // Query heads: those of this rank's KV heads; the replicas of a KV head split them.
+  const int group = config.num_heads / config.num_kv_heads;
+  const int replicas = static_cast<int>(shards.group_ranks(shards.group_of(rank)).size());
+  if (group % replicas != 0) {
+    return Status::InvalidArgument(fmt::format(
+        "TP {}: the {} query heads of a KV head cannot be split between its {} replica ranks", size,
+        group, replicas));
+  }
+  const int per_replica = group / replicas;
+  t.q_heads.begin = kv.begin * group + shards.replica_index(rank) * per_replica;
+  t.q_heads.end = t.q_heads.begin + kv.size() * group / replicas;
+  t.hidden = ColumnShare(config.hidden_size, rank, size);
+  t.intermediate = ColumnShare(config.intermediate_size, rank, size);
+  t.vocab = ColumnShare(config.vocab_size, rank, size);
+  return t;
+}
 
 std::vector<double> RopeInverseFrequencies(const ModelConfig& config) {
   const int half = config.head_dim / 2;
@@ -96,8 +142,9 @@ Result<std::unique_ptr<Transformer>> Transformer::Create(ModelConfig config, Mod
   const DType kv =
       options.kv_dtype.value_or(weights.matrix_dtype == DType::kF32 ? DType::kF32 : DType::kBF16);
   PD_RETURN_IF_ERROR(CheckKvCacheDType(kv));
+  PD_ASSIGN_OR_RETURN(TpSlices tp, TpSlices::Create(config, options.tp_rank, options.tp_size));
   return std::unique_ptr<Transformer>(
-      new Transformer(std::move(config), std::move(weights), kv, options.threads));
+      new Transformer(std::move(config), std::move(weights), kv, options.threads, tp));
 }
 
 namespace {
@@ -130,37 +177,45 @@ size_t Transformer::MatrixBytes(const Matrix& m) {
                            : kernels::PackedBF16Elements(m.n, m.k) * sizeof(uint16_t);
 }
 
-Transformer::Transformer(ModelConfig config, ModelWeights weights, DType kv_dtype, int threads)
+Transformer::Transformer(ModelConfig config, ModelWeights weights, DType kv_dtype, int threads,
+                         TpSlices tp)
     : config_(std::move(config)),
       weights_(std::move(weights)),
       kv_dtype_(kv_dtype),
       kernel_path_(kernels::ActivePath()),
-      threads_(threads) {
+      threads_(threads),
+      tp_(tp) {
   inv_freq_ = RopeInverseFrequencies(config_);
   layers_.resize(weights_.layers.size());
-  // A tied embedding lives on only inside the output matrix (EmbedRow reads it from there).
-  Tensor& output = weights_.lm_head.empty() ? weights_.embed : weights_.lm_head;
-  // Every weight matrix: the tensors whose rows it joins, and where it goes. Walked once to
-  // size the arena and once to pack into it, so the two walks cannot disagree.
+  // A tied embedding lives on only inside the output matrix (EmbedRow reads it from there) —
+  // unless this is one TP rank, whose output matrix holds only its slice of the vocabulary.
+  const bool tied = weights_.lm_head.empty();
+  Tensor& output = tied ? weights_.embed : weights_.lm_head;
+  const bool keep_embed = tied && tp_.size > 1;
+  const int hd = config_.head_dim;
+  const DimRange q_rows{tp_.q_heads.begin * hd, tp_.q_heads.end * hd};
+  const DimRange kv_rows{tp_.kv_heads.begin * hd, tp_.kv_heads.end * hd};
+  // Every weight matrix: the rows of the tensors it joins (this rank's share), and where it
+  // goes. Walked once to size the arena and once to pack into it, so the walks cannot disagree.
   auto for_each_matrix = [&](auto&& fn) {
     for (size_t i = 0; i < layers_.size(); ++i) {
       LayerWeights& w = weights_.layers[i];
       LayerMatrices& f = layers_[i];
-      fn({&w.q_proj, &w.k_proj, &w.v_proj}, f.qkv);
-      fn({&w.o_proj}, f.o_proj);
-      fn({&w.gate_proj, &w.up_proj}, f.gate_up);
-      fn({&w.down_proj}, f.down);
+      fn({{&w.q_proj, q_rows}, {&w.k_proj, kv_rows}, {&w.v_proj, kv_rows}}, f.qkv);
+      fn({{&w.o_proj, tp_.hidden}}, f.o_proj);
+      fn({{&w.gate_proj, tp_.intermediate}, {&w.up_proj, tp_.intermediate}}, f.gate_up);
+      fn({{&w.down_proj, tp_.hidden}}, f.down);
     }
-    fn({&output}, lm_head_);
+    fn({{&output, tp_.vocab, keep_embed}}, lm_head_);
   };
   // The arena's pages are touched only as each matrix is packed into it, while the unpacked
   // originals are freed one by one, so loading still holds about one copy of the weights.
   size_t arena = 0;
-  for_each_matrix([&arena](std::initializer_list<Tensor*> parts, Matrix&) {
-    const Tensor& first = **parts.begin();
+  for_each_matrix([&arena](std::initializer_list<RowSlice> parts, Matrix&) {
+    const Tensor& first = *parts.begin()->tensor;
     if (first.dtype() == DType::kF32) return;
     int64_t rows = 0;
-    for (const Tensor* t : parts) rows += t->dim(0);
+    for (const RowSlice& p : parts) rows += p.rows.size();
     arena += ArenaElements(rows, first.dim(1));
   });
   constexpr size_t kPageElements = (size_t{2} << 20) / sizeof(uint16_t);
@@ -169,12 +224,15 @@ Transformer::Transformer(ModelConfig config, ModelWeights weights, DType kv_dtyp
     packed_arena_ = Tensor::Uninitialized(DType::kBF16, {static_cast<int64_t>(arena)});
   }
   uint16_t* cursor = packed_arena_.empty() ? nullptr : packed_arena_.as<uint16_t>();
-  for_each_matrix([&cursor](std::initializer_list<Tensor*> parts, Matrix& m) {
+  for_each_matrix([&cursor](std::initializer_list<RowSlice> parts, Matrix& m) {
     m = ToMatrix(TakeRows(parts), &cursor);
   });
   for (size_t i = 0; i < layers_.size(); ++i) {
-    const LayerWeights& w = weights_.layers[i];
-    if (!w.q_bias.empty()) layers_[i].qkv_bias = ConcatRows({&w.q_bias, &w.k_bias, &w.v_bias});
+    LayerWeights& w = weights_.layers[i];
+    if (!w.q_bias.empty()) {
+      layers_[i].qkv_bias =
+          TakeRows({{&w.q_bias, q_rows}, {&w.k_bias, kv_rows}, {&w.v_bias, kv_rows}});
+    }
   }
 }
 
@@ -182,7 +240,7 @@ Transformer::~Transformer() = default;
 
 KvLayout Transformer::MakeKvLayout(int num_pages, int page_tokens) const {
   return KvLayout{.num_layers = config_.num_layers,
-                  .num_kv_heads = config_.num_kv_heads,
+                  .num_kv_heads = tp_.kv_heads.size(),
                   .head_dim = config_.head_dim,
                   .page_tokens = page_tokens,
                   .dtype = kv_dtype_,
@@ -241,7 +299,12 @@ Status Transformer::Validate(std::span<const SequenceChunk> chunks, const KvCach
         kernel_path_, kernels::ActivePath(), kernel_path_));
   }
   const KvLayout& l = cache.layout();
-  if (l.num_layers != config_.num_layers || l.num_kv_heads != config_.num_kv_heads ||
+  if (tp_.size > 1 &&
+      (group_ == nullptr || group_->size() != tp_.size || group_->rank() != tp_.rank)) {
+    return Status::FailedPrecondition(
+        fmt::format("tensor-parallel rank {} of {} has no matching group", tp_.rank, tp_.size));
+  }
+  if (l.num_layers != config_.num_layers || l.num_kv_heads != tp_.kv_heads.size() ||
       l.head_dim != config_.head_dim || l.dtype != kv_dtype_) {
     return Status::InvalidArgument("KV cache layout does not match the model: " + l.ToString());
   }
@@ -303,12 +366,14 @@ Status Transformer::Forward(std::span<const SequenceChunk> chunks, KvCache& cach
   }
 
   for (int layer = 0; layer < config_.num_layers; ++layer) {
-    AttentionBlock(layer, chunks, cache);
+    PD_RETURN_IF_ERROR(AttentionBlock(layer, chunks, cache));
     if (observer != nullptr) observer->OnLayerDone(layer);
-    MlpBlock(layer);
+    PD_RETURN_IF_ERROR(MlpBlock(layer));
   }
 
-  // Logits only for the rows that want them.
+  // Logits only for the rows that want them (on every rank of a TP group: they gather them).
+  std::vector<float> rank_logits;
+  if (logits == nullptr && tp_.size > 1) logits = &rank_logits;
   if (logits != nullptr) {
     std::vector<int> rows;
     row = 0;
@@ -325,20 +390,45 @@ Status Transformer::Forward(std::span<const SequenceChunk> chunks, KvCache& cach
     kernels::RmsNorm(h_.data(), weights_.final_norm.as<float>(), h_.data(), m, hidden,
                      static_cast<float>(config_.rms_norm_eps));
     logits->resize(static_cast<size_t>(m) * config_.vocab_size);
-    if (m > 0) Linear(h_.data(), m, lm_head_, logits->data());
+    if (m > 0) {
+      PD_RETURN_IF_ERROR(ColumnParallelLinear(h_.data(), m, lm_head_, tp_.vocab, config_.vocab_size,
+                                              logits->data()));
+    }
   }
   return Status::Ok();
 }
 
-void Transformer::AttentionBlock(int layer, std::span<const SequenceChunk> chunks, KvCache& cache) {
+Status Transformer::ColumnParallelLinear(const float* x, int m, const Matrix& w, DimRange cols,
+                                         int width, float* y) {
+  if (tp_.size == 1) {
+    Linear(x, m, w, y);
+    return Status::Ok();
+  }
+  if (cols.size() > 0) {
+    slice_.resize(static_cast<size_t>(m) * cols.size());
+    Linear(x, m, w, slice_.data());
+    for (int r = 0; r < m; ++r) {
+      std::memcpy(y + static_cast<size_t>(r) * width + cols.begin,
+                  &slice_[static_cast<size_t>(r) * cols.size()], cols.size() * sizeof(float));
+    }
+  }
+  return group_->AllGatherColumns(y, m, width, cols.begin, cols.end);
+}
+
+Status Transformer::AttentionBlock(int layer, std::span<const SequenceChunk> chunks,
+                                   KvCache& cache) {
   const LayerWeights& w = weights_.layers[layer];
   const LayerMatrices& f = layers_[layer];
   const int total = static_cast<int>(positions_.size());
   const int hidden = config_.hidden_size;
   const int hd = config_.head_dim;
-  const int q_width = config_.num_heads * hd;
-  const int kv_width = config_.num_kv_heads * hd;
+  // This rank's heads (all of them without TP): q | k | v of its heads per token row.
+  const int q_heads = tp_.q_heads.size();
+  const int kv_heads = tp_.kv_heads.size();
+  const int q_width = q_heads * hd;
+  const int kv_width = kv_heads * hd;
   const int qkv_width = q_width + 2 * kv_width;
+  const int attn_width = config_.num_heads * hd;  // the attention output of every head
   const int half = hd / 2;
   const float eps = static_cast<float>(config_.rms_norm_eps);
 
@@ -357,54 +447,68 @@ void Transformer::AttentionBlock(int layer, std::span<const SequenceChunk> chunk
       for (int i = 0; i < qkv_width; ++i) q[i] += b[i];
     }
     if (config_.qk_norm) {
-      kernels::RmsNorm(q, w.q_norm.as<float>(), q, config_.num_heads, hd, eps);
-      kernels::RmsNorm(k, w.k_norm.as<float>(), k, config_.num_kv_heads, hd, eps);
+      kernels::RmsNorm(q, w.q_norm.as<float>(), q, q_heads, hd, eps);
+      kernels::RmsNorm(k, w.k_norm.as<float>(), k, kv_heads, hd, eps);
     }
     const float* c = &cos_[static_cast<size_t>(t) * half];
     const float* s = &sin_[static_cast<size_t>(t) * half];
-    kernels::ApplyRope(q, config_.num_heads, hd, c, s);
-    kernels::ApplyRope(k, config_.num_kv_heads, hd, c, s);
+    kernels::ApplyRope(q, q_heads, hd, c, s);
+    kernels::ApplyRope(k, kv_heads, hd, c, s);
     const SequenceChunk& chunk = chunks[token_chunk_[t]];
     const int64_t pos = positions_[t];
     kernels::StoreKv(cache, layer, chunk.pages[pos / cache.layout().page_tokens],
                      static_cast<int>(pos % cache.layout().page_tokens), k, v);
   }
 
-  attn_.resize(static_cast<size_t>(total) * q_width);
+  // Each rank writes its heads' outputs into their columns of the whole attention output.
+  attn_.resize(static_cast<size_t>(total) * attn_width);
   std::vector<kernels::AttentionQuery> queries(total);
   for (int t = 0; t < total; ++t) {
     queries[t] = {.q = &qkv_[static_cast<size_t>(t) * qkv_width],
-                  .out = &attn_[static_cast<size_t>(t) * q_width],
+                  .out = &attn_[static_cast<size_t>(t) * attn_width + tp_.q_heads.begin * hd],
                   .pages = chunks[token_chunk_[t]].pages.data(),
                   .context_len = positions_[t] + 1};
   }
-  kernels::PagedAttention(queries, cache, layer, config_.num_heads,
-                          1.0f / std::sqrt(static_cast<float>(hd)));
+  kernels::PagedAttention(queries, cache, layer, q_heads, 1.0f / std::sqrt(static_cast<float>(hd)));
+  if (tp_.size > 1) {
+    PD_RETURN_IF_ERROR(group_->AllGatherColumns(attn_.data(), total, attn_width,
+                                                tp_.q_heads.begin * hd, tp_.q_heads.end * hd));
+  }
 
   tmp_.resize(x_.size());
-  Linear(attn_.data(), total, f.o_proj, tmp_.data());
+  PD_RETURN_IF_ERROR(
+      ColumnParallelLinear(attn_.data(), total, f.o_proj, tp_.hidden, hidden, tmp_.data()));
   for (size_t i = 0; i < x_.size(); ++i) x_[i] += tmp_[i];
+  return Status::Ok();
 }
 
-void Transformer::MlpBlock(int layer) {
+Status Transformer::MlpBlock(int layer) {
   const LayerWeights& w = weights_.layers[layer];
   const LayerMatrices& f = layers_[layer];
   const int total = static_cast<int>(positions_.size());
   const int hidden = config_.hidden_size;
   const int inter = config_.intermediate_size;
+  const int local = tp_.intermediate.size();  // this rank's gate and up columns
 
   kernels::RmsNorm(x_.data(), w.post_norm.as<float>(), h_.data(), total, hidden,
                    static_cast<float>(config_.rms_norm_eps));
-  gate_up_.resize(static_cast<size_t>(total) * 2 * inter);
-  Linear(h_.data(), total, f.gate_up, gate_up_.data());
+  gate_up_.resize(static_cast<size_t>(total) * 2 * local);
+  if (local > 0) Linear(h_.data(), total, f.gate_up, gate_up_.data());
   act_.resize(static_cast<size_t>(total) * inter);
-#pragma omp parallel for schedule(static) if (static_cast <int64_t>(total) * inter >= 65536)
+#pragma omp parallel for schedule(static) if (static_cast <int64_t>(total) * local >= 65536)
   for (int t = 0; t < total; ++t) {
-    const float* g = &gate_up_[static_cast<size_t>(t) * 2 * inter];
-    kernels::SiluMul(g, g + inter, &act_[static_cast<size_t>(t) * inter], inter);
+    const float* g = &gate_up_[static_cast<size_t>(t) * 2 * local];
+    kernels::SiluMul(g, g + local, &act_[static_cast<size_t>(t) * inter + tp_.intermediate.begin],
+                     local);
   }
-  Linear(act_.data(), total, f.down, tmp_.data());
+  if (tp_.size > 1) {
+    PD_RETURN_IF_ERROR(group_->AllGatherColumns(act_.data(), total, inter, tp_.intermediate.begin,
+                                                tp_.intermediate.end));
+  }
+  PD_RETURN_IF_ERROR(
+      ColumnParallelLinear(act_.data(), total, f.down, tp_.hidden, hidden, tmp_.data()));
   for (size_t i = 0; i < x_.size(); ++i) x_[i] += tmp_[i];
+  return Status::Ok();
 }
 
 }  // namespace pdserve

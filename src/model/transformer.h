@@ -17,6 +17,7 @@
 #include "kv/kv_cache.h"
 #include "kv/layout.h"
 #include "model/config.h"
+#include "model/tp_group.h"
 #include "model/weights.h"
 
 namespace pdserve {
@@ -45,6 +46,35 @@ struct TransformerOptions {
   // KV cache element type, F32 or BF16 (Create refuses others); nullopt: F32 for F32 weights,
   // BF16 otherwise.
   std::optional<DType> kv_dtype;
+  // Tensor parallelism (DESIGN.md §1): this model is rank `tp_rank` of `tp_size`. It holds
+  // only its share of each matrix — the query heads of its KV heads
+  // (KvShardLayout::ForTensorParallel), and a contiguous slice of the output columns of the
+  // attention output projection, the MLP and the lm_head — and its cache holds only its KV
+  // heads. Each product's slices are all-gathered (TpGroup, set with SetTpGroup) rather than
+  // partial sums all-reduced, so every output element is reduced in the one-rank order and
+  // the ranks' logits equal one rank's bit for bit.
+  int tp_rank = 0;
+  int tp_size = 1;
+};
+
+// [begin, end) of a dimension: a rank's heads or output columns.
+struct DimRange {
+  int begin = 0;
+  int end = 0;
+  int size() const { return end - begin; }
+};
+
+// One rank's share of a model under tensor parallelism (the whole model when size is 1).
+struct TpSlices {
+  int rank = 0;
+  int size = 1;
+  DimRange q_heads, kv_heads;  // attention heads of this rank
+  DimRange hidden;             // output columns of o_proj and down_proj
+  DimRange intermediate;       // output columns of gate_proj and up_proj
+  DimRange vocab;              // output columns of the lm_head
+  // Errors: rank outside [0, size), a query-head group that the replicas of a KV head cannot
+  // split evenly (kv_heads < size).
+  static Result<TpSlices> Create(const ModelConfig& config, int rank, int size);
 };
 
 class Transformer {
@@ -57,7 +87,10 @@ class Transformer {
 
   const ModelConfig& config() const { return config_; }
   DType kv_dtype() const { return kv_dtype_; }
-  // The KV layout of this model for a cache of `num_pages` pages.
+  const TpSlices& tp() const { return tp_; }
+  // The group this rank gathers with; required before Forward when tp().size > 1. Not owned.
+  void SetTpGroup(TpGroup* group) { group_ = group; }
+  // The KV layout of this rank's cache of `num_pages` pages (its KV heads only).
   KvLayout MakeKvLayout(int num_pages, int page_tokens) const;
   // Bytes of weights read per decode step (every matrix once).
   size_t WeightBytes() const;
@@ -72,7 +105,8 @@ class Transformer {
   // Runs the chunks on the calling thread with a team of `threads` (TransformerOptions). logits
   // receives one row of vocab_size floats per chunk with want_logits, in chunk order. Errors: empty
   // chunk, pages not covering the tokens, position beyond the model's context, token id out of
-  // range, cache layout not matching this model.
+  // range, cache layout not matching this model. With TP, every rank runs Forward with the same
+  // chunks on its own cache (and gets the same logits); a failed group fails the pass.
   Status Forward(std::span<const SequenceChunk> chunks, KvCache& cache, std::vector<float>* logits,
                  LayerObserver* observer = nullptr);
 
@@ -89,14 +123,18 @@ class Transformer {
   // Packs a BF16 matrix at *cursor in the arena (and advances it), or keeps an F32 one.
   static Matrix ToMatrix(Tensor w, uint16_t** cursor);
   static size_t MatrixBytes(const Matrix& m);  // bytes a product reads
-  Transformer(ModelConfig config, ModelWeights weights, DType kv_dtype, int threads);
+  Transformer(ModelConfig config, ModelWeights weights, DType kv_dtype, int threads, TpSlices tp);
   Status Validate(std::span<const SequenceChunk> chunks, const KvCache& cache) const;
   // y[m][n] = x[m][k] * w^T, in the weight's dtype.
   void Linear(const float* x, int m, const Matrix& w, float* y);
+  // y[m][width] = x * W^T where this rank holds W's rows `cols` (as w): computes its columns
+  // and gathers the others' (with one rank, a plain Linear into y).
+  Status ColumnParallelLinear(const float* x, int m, const Matrix& w, DimRange cols, int width,
+                              float* y);
   // The embedding of `token` as floats (from the output matrix when the two are tied).
   void EmbedRow(int32_t token, float* out) const;
-  void AttentionBlock(int layer, std::span<const SequenceChunk> chunks, KvCache& cache);
-  void MlpBlock(int layer);
+  Status AttentionBlock(int layer, std::span<const SequenceChunk> chunks, KvCache& cache);
+  Status MlpBlock(int layer);
 
   ModelConfig config_;
   ModelWeights weights_;
@@ -110,10 +148,12 @@ class Transformer {
   DType kv_dtype_;                // F32 or BF16
   std::string_view kernel_path_;  // a name with static storage (kernels::ActivePath)
   int threads_;                   // 0: the runtime's default
+  TpSlices tp_;
+  TpGroup* group_ = nullptr;      // with tp_.size > 1
   std::vector<double> inv_freq_;  // RoPE inverse frequencies (with rope scaling applied)
 
   // Workspace, reused across calls (sized for the largest batch seen).
-  std::vector<float> x_, h_, qkv_, attn_, tmp_, gate_up_, act_, cos_, sin_;
+  std::vector<float> x_, h_, qkv_, attn_, tmp_, gate_up_, act_, cos_, sin_, slice_;
   std::vector<uint16_t> x_bf16_;
   std::vector<int64_t> positions_;
   std::vector<int> token_chunk_;
