@@ -192,6 +192,7 @@ Result<Subprocess> Subprocess::Spawn(const SubprocessOptions& options) {
     MoveFd(child_in.get(), STDIN_FILENO);
     MoveFd(child_out.get(), STDOUT_FILENO);
     MoveFd(child_err.get(), STDERR_FILENO);
+    for (int fd : options.inherit_fds) fcntl(fd, F_SETFD, 0);
     execve(program.c_str(), argv.data(), envp.data());
     _exit(127);
   }

@@ -47,6 +47,9 @@ struct SubprocessOptions {
   bool kill_with_parent = false;
   // Pin the child to these CPUs (empty: inherit this process's affinity).
   std::vector<int> cpus;
+  // Descriptors of this process the child keeps across exec under the same numbers (their
+  // close-on-exec flag is cleared in the child only), e.g. shared-memory regions.
+  std::vector<int> inherit_fds;
   // Start the child with no signal blocked (a parent that blocks SIGTERM to sigwait for it
   // would otherwise pass the mask on).
   bool unblock_signals = true;

@@ -50,6 +50,19 @@ Sequence::Sequence(EngineRequest req, int page_tokens, Sampler s)
 }
 Sequence::~Sequence() = default;
 
+namespace {
+
+// Rank r's cache layout: rank 0's (the model's) with r's KV heads.
+KvLayout RankKvLayout(const Transformer& model, int rank, int num_pages, int page_tokens) {
+  KvLayout layout = model.MakeKvLayout(num_pages, page_tokens);
+  auto slices = TpSlices::Create(model.config(), rank, model.tp().size);
+  PD_CHECK(slices.ok());  // the model was created with this TP size
+  layout.num_kv_heads = slices->kv_heads.size();
+  return layout;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Transformer> model,
                                                const Tokenizer* tokenizer,
                                                const EngineOptions& options) {
@@ -61,15 +74,50 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Transformer> mode
   if (options.scheduler.max_batch_tokens <= 0 || options.scheduler.max_running <= 0) {
     return Status::InvalidArgument("max_batch_tokens and max_running must be positive");
   }
+  const int tp = options.tensor_parallel.size;
+  if (model->tp().size != tp || model->tp().rank != 0) {
+    return Status::InvalidArgument(
+        fmt::format("the engine runs TP {} but the model is rank {} of {}", tp, model->tp().rank,
+                    model->tp().size));
+  }
   int pages = options.num_pages;
   if (pages <= 0) {
-    const size_t page_bytes = model->MakeKvLayout(1, options.page_tokens).total_bytes();
+    // One page of every rank (each holds its KV heads; replicas hold copies).
+    size_t page_bytes = 0;
+    for (int r = 0; r < tp; ++r)
+      page_bytes += RankKvLayout(*model, r, 1, options.page_tokens).total_bytes();
     pages = static_cast<int>(options.kv_cache_bytes / page_bytes);
   }
   if (pages <= 0) return Status::InvalidArgument("KV cache too small for one page");
   PD_ASSIGN_OR_RETURN(auto cache, KvCache::Create(model->MakeKvLayout(pages, options.page_tokens)));
-  return std::unique_ptr<Engine>(
+  std::unique_ptr<Engine> engine(
       new Engine(std::move(model), tokenizer, std::move(cache), options));
+  PD_RETURN_IF_ERROR(engine->StartRankWorkers(pages));
+  return engine;
+}
+
+Status Engine::StartRankWorkers(int num_pages) {
+  const int tp = options_.tensor_parallel.size;
+  if (tp == 1) return Status::Ok();
+  std::vector<KvCache*> caches;
+  for (int r = 1; r < tp; ++r) {
+    PD_ASSIGN_OR_RETURN(auto cache,
+                        KvCache::Create(RankKvLayout(*model_, r, num_pages, options_.page_tokens)));
+    caches.push_back(cache.get());
+    rank_caches_.push_back(std::move(cache));
+  }
+  PD_ASSIGN_OR_RETURN(workers_,
+                      RankWorkers::Start(options_.tensor_parallel, caches, model_->Fingerprint()));
+  model_->SetTpGroup(workers_->group());
+  return Status::Ok();
+}
+
+Status Engine::RunForward(std::span<const SequenceChunk> chunks) {
+  if (workers_ != nullptr) {
+    PD_RETURN_IF_ERROR(model_->Validate(chunks, *cache_));
+    PD_RETURN_IF_ERROR(workers_->Publish(chunks));
+  }
+  return model_->Forward(chunks, *cache_, &logits_, layer_counter_.get());
 }
 
 Engine::Engine(std::unique_ptr<Transformer> model, const Tokenizer* tokenizer,
@@ -257,7 +305,7 @@ bool Engine::Step() {
     }
     observer_->OnStepScheduled(step, announced);
   }
-  Status s = model_->Forward(chunks, *cache_, &logits_, layer_counter_.get());
+  Status s = RunForward(chunks);
   if (!s.ok()) {
     // Validation failed for the batch: fail every request in it rather than loop forever.
     PD_LOG_ERROR("forward pass failed: {}", s.ToString());
@@ -281,7 +329,7 @@ bool Engine::Step() {
 
 KvCache& Engine::kv_cache(int rank) {
   PD_CHECK(rank >= 0 && rank < tp_size());
-  return *cache_;
+  return rank == 0 ? *cache_ : *rank_caches_[rank - 1];
 }
 
 void Engine::PublishStats() {

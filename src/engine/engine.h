@@ -23,6 +23,7 @@
 
 #include "common/mutex.h"
 #include "common/status.h"
+#include "engine/rank_workers.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
@@ -39,6 +40,9 @@ struct EngineOptions {
   int page_tokens = 16;
   SchedulerOptions scheduler;
   uint64_t seed = 0;  // process-wide seed source for requests without a seed
+  // TP > 1: the model is rank 0 of tensor_parallel.size and the engine starts the other ranks
+  // (engine/rank_workers.h). The KV budget (kv_cache_bytes) is the node's, over all ranks.
+  TensorParallelOptions tensor_parallel;
 };
 
 // A chunk as announced to observers: which request, which tokens, which pages hold them.
@@ -111,7 +115,7 @@ class Engine {
   KvCache& kv_cache() { return *cache_; }
   // Tensor parallelism: one KV cache per rank, all mapped in this process (rank r holds the
   // heads KvShardLayout::ForTensorParallel(kv_heads, tp_size()) gives it). 1 without TP.
-  int tp_size() const { return 1; }
+  int tp_size() const { return 1 + static_cast<int>(rank_caches_.size()); }
   KvCache& kv_cache(int rank);  // precondition: 0 <= rank < tp_size()
   const PagePool& page_pool() const { return pool_; }
 
@@ -124,6 +128,11 @@ class Engine {
   };
   Engine(std::unique_ptr<Transformer> model, const Tokenizer* tokenizer,
          std::unique_ptr<KvCache> cache, const EngineOptions& options);
+  // TP > 1: creates ranks 1.. caches and starts their workers.
+  Status StartRankWorkers(int num_pages);
+  // Validates the step and hands it to the rank workers (a no-op without TP), then runs rank
+  // 0's forward pass.
+  Status RunForward(std::span<const SequenceChunk> chunks);
   void DrainInbox() EXCLUDES(mu_);
   void Apply(Command& cmd);
   void TryAllocateRemote();
@@ -138,7 +147,9 @@ class Engine {
 
   std::unique_ptr<Transformer> model_;
   const Tokenizer* tokenizer_;
-  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<KvCache> cache_;                     // rank 0's
+  std::vector<std::unique_ptr<KvCache>> rank_caches_;  // ranks 1.. (TP > 1)
+  std::unique_ptr<RankWorkers> workers_;               // after the caches: stops first
   PagePool pool_;
   Scheduler scheduler_;
   SeedSource seeds_;

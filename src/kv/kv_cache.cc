@@ -1,11 +1,24 @@
 #include "kv/kv_cache.h"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 
+#include <fmt/format.h>
+
 namespace pdserve {
+
+Result<std::unique_ptr<KvCache>> KvCache::MapFd(const KvLayout& layout, int fd, size_t size) {
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    Status s = Status::FromErrno("mmap(kv cache)", errno);
+    close(fd);
+    return s;
+  }
+  return std::unique_ptr<KvCache>(new KvCache(layout, fd, static_cast<uint8_t*>(p), size));
+}
 
 Result<std::unique_ptr<KvCache>> KvCache::Create(const KvLayout& layout) {
   // Validate first: it refuses element types the kernels cannot read (F16) and sizes that overflow.
@@ -19,13 +32,19 @@ Result<std::unique_ptr<KvCache>> KvCache::Create(const KvLayout& layout) {
     close(fd);
     return s;
   }
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    Status s = Status::FromErrno("mmap(kv cache)", errno);
-    close(fd);
-    return s;
+  return MapFd(layout, fd, size);
+}
+
+Result<std::unique_ptr<KvCache>> KvCache::Map(const KvLayout& layout, int fd) {
+  PD_RETURN_IF_ERROR(layout.Validate());
+  struct stat st;
+  if (fstat(fd, &st) != 0) return Status::FromErrno("fstat(kv cache fd)", errno);
+  if (static_cast<uint64_t>(st.st_size) != layout.total_bytes()) {
+    return Status::InvalidArgument(
+        fmt::format("KV cache fd {} holds {} bytes, the layout {} needs {}", fd, st.st_size,
+                    layout.ToString(), layout.total_bytes()));
   }
-  return std::unique_ptr<KvCache>(new KvCache(layout, fd, static_cast<uint8_t*>(p), size));
+  return MapFd(layout, fd, layout.total_bytes());
 }
 
 KvCache::~KvCache() {

@@ -19,6 +19,11 @@ class KvCache {
   // Creates a zeroed cache of layout.total_bytes(). Errors: an invalid layout (KvLayout::Validate,
   // e.g. an F16 dtype), no memory.
   static Result<std::unique_ptr<KvCache>> Create(const KvLayout& layout);
+  // Maps another process's cache (a tensor-parallel rank worker maps the one its node created
+  // for it) and takes ownership of `fd`. Errors: an invalid layout, an fd whose size is not the
+  // layout's, a failed mmap (fd is closed on a failed mmap; on the other errors it stays the
+  // caller's).
+  static Result<std::unique_ptr<KvCache>> Map(const KvLayout& layout, int fd);
   ~KvCache();
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
@@ -38,6 +43,8 @@ class KvCache {
   }
 
  private:
+  // Maps `size` bytes of `fd` and owns both; closes fd on failure.
+  static Result<std::unique_ptr<KvCache>> MapFd(const KvLayout& layout, int fd, size_t size);
   KvCache(const KvLayout& layout, int fd, uint8_t* base, size_t size)
       : layout_(layout), fd_(fd), base_(base), size_(size) {}
   KvLayout layout_;

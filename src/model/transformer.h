@@ -109,6 +109,9 @@ class Transformer {
   // chunks on its own cache (and gets the same logits); a failed group fails the pass.
   Status Forward(std::span<const SequenceChunk> chunks, KvCache& cache, std::vector<float>* logits,
                  LayerObserver* observer = nullptr);
+  // The checks Forward makes first (a TP leader makes them before handing a step to its
+  // ranks, so that a bad batch fails alone rather than failing the group).
+  Status Validate(std::span<const SequenceChunk> chunks, const KvCache& cache) const;
 
  private:
   // A weight matrix [n][k] as the kernels take it: BF16 packed by kernels::PackBF16 (inside
@@ -124,7 +127,6 @@ class Transformer {
   static Matrix ToMatrix(Tensor w, uint16_t** cursor);
   static size_t MatrixBytes(const Matrix& m);  // bytes a product reads
   Transformer(ModelConfig config, ModelWeights weights, DType kv_dtype, int threads, TpSlices tp);
-  Status Validate(std::span<const SequenceChunk> chunks, const KvCache& cache) const;
   // y[m][n] = x[m][k] * w^T, in the weight's dtype.
   void Linear(const float* x, int m, const Matrix& w, float* y);
   // y[m][width] = x * W^T where this rank holds W's rows `cols` (as w): computes its columns

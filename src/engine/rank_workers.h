@@ -1,0 +1,88 @@
+// Tensor-parallel rank workers (DESIGN.md §1). With TP N a node computes rank 0 in its own
+// process (the engine's Transformer, on the loop thread) and ranks 1..N-1 in worker processes
+// (`pdserve rank-worker`, exec'd: OpenMP is not fork-safe). The node creates every rank's KV
+// cache (memfd) and one shared-memory group (engine/shm_tp_group.h); a worker inherits its
+// cache and the group by fd, so the node's main process maps all ranks' caches and one
+// messenger registers them all with the fabric. Before each forward pass the leader publishes
+// the step's chunks; then all ranks run Forward together, gathering through the group.
+//
+// RankWorkers is the leader's side: Start/Publish/group on the engine's loop thread (Start on
+// a thread that outlives the workers: they die with it, PR_SET_PDEATHSIG); a watcher thread of
+// its own reaps the workers and reports one that exits. RunRankWorker is the worker's loop.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "common/subprocess.h"
+#include "engine/shm_tp_group.h"
+#include "kv/kv_cache.h"
+#include "model/transformer.h"
+
+namespace pdserve {
+
+struct TensorParallelOptions {
+  int size = 1;  // ranks; 1 = no workers
+  // argv of rank `rank`'s worker, which inherits the group's region as `group_fd` and its KV
+  // cache as `kv_fd` (numbers valid in the worker).
+  std::function<std::vector<std::string>(int rank, int group_fd, int kv_fd)> worker_argv;
+  std::vector<std::pair<std::string, std::string>> worker_env;
+  Duration start_timeout = std::chrono::seconds(300);       // a worker loads its weights
+  Duration collective_timeout = std::chrono::seconds(120);  // longest wait inside a forward pass
+  // Called once, from the watcher thread, when a worker exits or the group fails: from then on
+  // the node computes nothing (every forward pass fails at once).
+  std::function<void(const Status&)> on_failure;
+};
+
+class RankWorkers {
+ public:
+  // Starts ranks 1..size-1; caches[r - 1] is rank r's cache. Returns once every worker has
+  // loaded with `fingerprint` (Transformer::Fingerprint); a worker that exits or disagrees
+  // first is an error naming it.
+  static Result<std::unique_ptr<RankWorkers>> Start(const TensorParallelOptions& options,
+                                                    std::span<KvCache* const> caches,
+                                                    uint64_t fingerprint);
+  ~RankWorkers();  // asks the workers to exit, waits up to 5 s, then kills them
+  RankWorkers(const RankWorkers&) = delete;
+  RankWorkers& operator=(const RankWorkers&) = delete;
+
+  TpGroup* group() { return group_.get(); }
+  // Hands a step's chunks to every worker, before the leader's own Forward of them.
+  Status Publish(std::span<const SequenceChunk> chunks);
+
+ private:
+  RankWorkers(const TensorParallelOptions& options, std::unique_ptr<ShmTpGroup> group);
+  void Watch();
+
+  TensorParallelOptions options_;
+  std::unique_ptr<ShmTpGroup> group_;
+  std::vector<Subprocess> workers_;  // rank r at r - 1; the watcher thread's once it runs
+  std::atomic<bool> stop_{false};
+  std::thread watcher_;
+};
+
+// A step's chunks as bytes, and back. The decoded chunks point into the DecodedStep.
+std::string EncodeStep(std::span<const SequenceChunk> chunks);
+struct DecodedStep {
+  std::vector<int32_t> tokens;
+  std::vector<PageId> pages;
+  std::vector<SequenceChunk> chunks;
+};
+// Errors: truncated or inconsistent bytes.
+Result<DecodedStep> DecodeStep(std::string_view bytes);
+
+// A worker's life after loading: MarkReady(fingerprint), then the leader's steps, each run
+// through model.Forward on `cache`, until the leader shuts the group down (Ok) or the group
+// fails (its status). A step this rank cannot run fails the group, so no rank waits for it.
+Status RunRankWorker(Transformer& model, KvCache& cache, ShmTpGroup& group);
+
+}  // namespace pdserve
