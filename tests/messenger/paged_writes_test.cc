@@ -4,6 +4,7 @@
 // their total is the count the decode side expects.
 #include "messenger/paged_writes.h"
 
+#include <ostream>
 #include <set>
 #include <utility>
 #include <vector>
@@ -57,6 +58,9 @@ std::vector<KvWrite> Expand(const std::vector<PagedColumn>& columns,
 struct TpCase {
   int kv_heads, p_tp, d_tp;
 };
+void PrintTo(const TpCase& c, std::ostream* os) {
+  *os << c.kv_heads << " heads, P tp " << c.p_tp << ", D tp " << c.d_tp;
+}
 
 class MessengerPagedWritesTest : public ::testing::TestWithParam<TpCase> {};
 
