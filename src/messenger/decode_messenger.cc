@@ -21,7 +21,8 @@ struct DecodeMessenger::Peer {
   uint64_t instance = 0;
   uint64_t removed_instance = 0;  // the last instance removed (never re-added)
   Status refusal;                 // why its current instance's handshake was refused
-  fabric::RegionId region = 0;    // the cache, registered for this instance only (0: none)
+  // Every rank's cache, registered for this instance only (rank order; empty: none).
+  std::vector<fabric::RegionId> regions;
   std::string last_error;
   uint64_t incarnation = 0;
   Nonce own_nonce{};
@@ -99,8 +100,11 @@ Status DecodeMessenger::Init() {
     });
   };
   PD_ASSIGN_OR_RETURN(fabric_, fabric::TransferEngine::Create(options_.fabric, handlers));
-  // The cache is registered once per prefill peer (RegisterFor), not here.
-  PD_ASSIGN_OR_RETURN(local_, MakeLocalNodeInfo(engine_->kv_cache().layout(), "",
+  // The caches are registered once per prefill peer (RegisterFor), not here.
+  std::vector<KvLayout> layouts;
+  for (int r = 0; r < engine_->tp_size(); ++r) layouts.push_back(engine_->kv_cache(r).layout());
+  PD_ASSIGN_OR_RETURN(local_, MakeLocalNodeInfo(engine_->model().config().num_kv_heads, layouts,
+                                                std::vector<std::string>(layouts.size()),
                                                 options_.model_fingerprint, options_.kernel_path));
   reply_address_ = fabric_->address().Serialize();
   loop_->Start();
@@ -278,14 +282,20 @@ void DecodeMessenger::HandleHelloAck(Peer& peer, const HelloAck& ack) {
 }
 
 Result<NodeInfo> DecodeMessenger::RegisterFor(Peer& peer) {
-  // A registration (a key) of its own per peer instance: removing the peer closes it, and a
-  // late write of the removed instance — a hung node that resumes — then fails here instead
-  // of landing in pages reused since (the connection itself may outlive RemovePeer).
-  KvCache& cache = engine_->kv_cache();
-  PD_ASSIGN_OR_RETURN(peer.region, fabric_->RegisterMemory(cache.base(), cache.size_bytes()));
-  PD_ASSIGN_OR_RETURN(fabric::MemoryDescriptor descriptor, fabric_->Describe(peer.region));
+  // A registration (a key) of its own per peer instance and rank: removing the peer closes
+  // them, and a late write of the removed instance — a hung node that resumes — then fails
+  // here instead of landing in pages reused since (the connection itself may outlive
+  // RemovePeer). Whatever was registered stays in peer.regions, which PeerDead closes, even
+  // if a later rank fails.
   NodeInfo node = local_;
-  node.rank_memory = {descriptor.Serialize()};
+  for (int r = 0; r < engine_->tp_size(); ++r) {
+    KvCache& cache = engine_->kv_cache(r);
+    PD_ASSIGN_OR_RETURN(fabric::RegionId region,
+                        fabric_->RegisterMemory(cache.base(), cache.size_bytes()));
+    peer.regions.push_back(region);
+    PD_ASSIGN_OR_RETURN(fabric::MemoryDescriptor descriptor, fabric_->Describe(region));
+    node.rank_memory[r] = descriptor.Serialize();
+  }
   return node;
 }
 
@@ -329,13 +339,13 @@ void DecodeMessenger::PeerDead(Peer& peer, const Status& why) {
   // can land: its key is gone (a write being applied finishes first: deregistration runs on
   // the progress threads that apply them). Only then may its requests' pages be released.
   if (Status s = fabric_->RemovePeer(peer.id); !s.ok()) PD_LOG_WARN("{}", s.ToString());
-  if (peer.region != 0) {
-    if (Status s = fabric_->DeregisterMemory(peer.region); !s.ok()) {
+  for (fabric::RegionId region : peer.regions) {
+    if (Status s = fabric_->DeregisterMemory(region); !s.ok()) {
       PD_LOG_ERROR("prefill peer {}: closing its memory registration: {}", peer.spec.name,
                    s.ToString());
     }
-    peer.region = 0;
   }
+  peer.regions.clear();
   peer.removed_instance = peer.instance;
   peer.state = Peer::State::kDisconnected;
   peer.plan.reset();
@@ -432,17 +442,22 @@ void DecodeMessenger::Dispatch(Request& req) {
   const uint64_t seed = req.request_id;
   const uint64_t expected = best->plan->ExpectedWrites(req.pages.size(), seed);
   std::weak_ptr<ControlLoop> weak_loop = loop_;
-  Status s = fabric_->Expect(
-      req.immediate, static_cast<uint32_t>(expected), req.deadline,
-      [this, weak_loop, id = req.id, imm = req.immediate, request_id = req.request_id](
-          const Status& st, uint32_t arrived) {
-        // Timed here, on the progress thread that counted the last write, not after the hop.
-        const TimePoint at = Clock::now();
-        if (st.ok()) events_.Record(EventKind::kKvLanded, 0, -1, request_id, arrived);
-        if (auto loop = weak_loop.lock()) {
-          loop->Post([this, id, imm, st, arrived, at] { OnLanded(id, imm, st, arrived, at); });
-        }
-      });
+  auto on_landed = [this, weak_loop, id = req.id, imm = req.immediate, request_id = req.request_id](
+                       const Status& st, uint32_t arrived) {
+    // Timed here, on the progress thread that counted the last write, not after the hop.
+    const TimePoint at = Clock::now();
+    if (st.ok()) events_.Record(EventKind::kKvLanded, 0, -1, request_id, arrived);
+    if (auto loop = weak_loop.lock()) {
+      loop->Post([this, id, imm, st, arrived, at] { OnLanded(id, imm, st, arrived, at); });
+    }
+  };
+  // The immediate counter is 32 bits: the writes (pages x layers x routes between the ranks)
+  // of a prompt past that cannot be counted.
+  Status s = expected <= std::numeric_limits<uint32_t>::max()
+                 ? fabric_->Expect(req.immediate, static_cast<uint32_t>(expected), req.deadline,
+                                   std::move(on_landed))
+                 : Status::InvalidArgument(fmt::format(
+                       "{} KV writes expected: more than the immediate counter holds", expected));
   if (!s.ok()) {  // nothing was sent: nothing can land
     by_request_id_.erase(req.request_id);
     FreeSlot(req);

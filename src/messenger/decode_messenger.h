@@ -2,14 +2,17 @@
 // every configured prefill peer, and for each request: submits it to the engine as
 // kRemotePrefill; once the engine has allocated its pages, picks a prefill peer (the request's
 // override, else the one with the fewest outstanding prefill tokens), registers the number of
-// writes it expects (TransferPlan, from P's layout) for the request's transfer slot BEFORE
+// writes it expects (TransferPlan::ExpectedWrites of P's and D's layouts for the request's pages
+// and replica seed: the writes of every route between P's and D's ranks, whatever their tensor
+// parallelism) for the request's transfer slot BEFORE
 // sending the PrefillRequest, and admits the request when that count has landed. A prompt of
 // one token has nothing to transfer and is admitted at once.
 //
 // Who frees D's pages: the engine, for admitted requests; this messenger (ReleaseHeldPages) for
 // requests that end before their KV landed, and only once no write can still land in them —
 // after P's CancelAck, or after P was removed (missed heartbeats, endpoint error) and the
-// memory registration that P's writes name was closed (one per prefill peer instance). Requests of
+// memory registrations that P's writes name were closed (one per prefill peer instance and
+// tensor-parallel rank: every rank's cache is a write target). Requests of
 // a removed peer are retried on another ready peer (MessengerOptions::max_retries) or fail with an
 // error naming the peer and the cause.
 //
@@ -108,7 +111,8 @@ class DecodeMessenger {
   void Handle(fabric::PeerId from, Message message);
   void Connect(Peer& peer, Result<fabric::TransferEngineAddress> address);
   void HandleHelloAck(Peer& peer, const HelloAck& ack);
-  // Registers the KV cache for `peer` alone; returns the NodeInfo to send it.
+  // Registers every rank's KV cache for `peer` alone; returns the NodeInfo (one descriptor per
+  // rank) to send it.
   Result<NodeInfo> RegisterFor(Peer& peer);
   void PeerDead(Peer& peer, const Status& why);
   // The handshake with `peer` was refused, by either side, for `why`.

@@ -2,15 +2,19 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "common/logging.h"
+#include "messenger/paged_writes.h"
 
 namespace pdserve::messenger {
 
-LayerStreamer::LayerStreamer(fabric::TransferEngine* fabric, fabric::RegionId source_region,
-                             int page_tokens, int num_layers, EventLog* events,
+LayerStreamer::LayerStreamer(fabric::TransferEngine* fabric,
+                             std::vector<fabric::RegionId> source_regions, int page_tokens,
+                             int num_layers, EventLog* events,
                              std::function<void(const std::shared_ptr<StreamJob>&)> on_job_changed)
     : fabric_(fabric),
-      source_region_(source_region),
+      source_regions_(std::move(source_regions)),
       page_tokens_(page_tokens),
       num_layers_(num_layers),
       events_(events),
@@ -166,54 +170,43 @@ void LayerStreamer::PostLayer(StepPlan& plan, int layer) {
 
 Status LayerStreamer::PostSegmentWrites(const Segment& seg, int64_t* posted) {
   const std::shared_ptr<StreamJob>& job = seg.job;
+  // One post and one completion per column for the layer's pages instead of one per page;
+  // the fabric still delivers the immediate with every page, which is what D counts.
+  PD_ASSIGN_OR_RETURN(std::vector<PagedColumn> columns,
+                      GroupPagedWrites(*job->plan, seg.pages, scratch_));
   const size_t n = seg.pages.size();
-  // AppendLayerWrites emits, page after page, the same routes: write k of every page moves
-  // the same length between the same ranks, at offsets one block stride apart per page id
-  // (the layout is layer-major). Such a column is one paged write: one post and one
-  // completion for the layer's pages instead of one per page, each page still carrying the
-  // immediate D counts.
-  const size_t per_page = n == 0 ? 0 : scratch_.size() / n;
-  if (per_page == 0 || per_page * n != scratch_.size()) {
-    return Status::Internal("transfer plan wrote an uneven number of writes per page");
+  src_pages_.clear();
+  dst_pages_.clear();
+  for (const PagePair& p : seg.pages) {
+    src_pages_.push_back(static_cast<uint32_t>(p.src));
+    dst_pages_.push_back(static_cast<uint32_t>(p.dst));
   }
-  for (size_t k = 0; k < per_page; ++k) {
-    const KvWrite& first = scratch_[k];
-    const uint64_t src_stride = job->plan->source().ranks[first.src_rank].block_bytes();
-    const uint64_t dst_stride = job->plan->destination().ranks[first.dst_rank].block_bytes();
-    const uint64_t src_base = first.src_offset - src_stride * seg.pages[0].src;
-    const uint64_t dst_base = first.dst_offset - dst_stride * seg.pages[0].dst;
-    src_pages_.clear();
-    dst_pages_.clear();
-    for (size_t i = 0; i < n; ++i) {
-      const KvWrite& w = scratch_[i * per_page + k];
-      const PagePair& p = seg.pages[i];
-      if (w.length != first.length || w.src_rank != first.src_rank ||
-          w.dst_rank != first.dst_rank || w.src_offset != src_base + src_stride * p.src ||
-          w.dst_offset != dst_base + dst_stride * p.dst) {
-        return Status::Internal("transfer plan's writes of one layer are not page-strided");
-      }
-      src_pages_.push_back(static_cast<uint32_t>(p.src));
-      dst_pages_.push_back(static_cast<uint32_t>(p.dst));
+  for (const PagedColumn& c : columns) {
+    // The plan's ranks index this node's regions and the peer's descriptors, both checked
+    // against the plan's sides at the handshake; a mismatch here is a bug, not a peer's fault.
+    if (static_cast<size_t>(c.src_rank) >= source_regions_.size() ||
+        static_cast<size_t>(c.dst_rank) >= job->dst->size()) {
+      return Status::Internal(fmt::format(
+          "write from rank {} to rank {}, but {} source regions and {} destination descriptors",
+          c.src_rank, c.dst_rank, source_regions_.size(), job->dst->size()));
     }
-    // TP 1: rank 0 on both sides is the one registered region; with rank workers each
-    // (src_rank, dst_rank) pair picks its region and descriptor here.
-    fabric::PagedWrite write{.src_region = source_region_,
-                             .src_offset = src_base,
-                             .src_stride = src_stride,
+    fabric::PagedWrite write{.src_region = source_regions_[c.src_rank],
+                             .src_offset = c.src_base,
+                             .src_stride = c.src_stride,
                              .src_pages = src_pages_,
                              .peer = job->peer,
-                             .dst = job->dst.get(),
-                             .dst_offset = dst_base,
-                             .dst_stride = dst_stride,
+                             .dst = &(*job->dst)[c.dst_rank],
+                             .dst_offset = c.dst_base,
+                             .dst_stride = c.dst_stride,
                              .dst_pages = dst_pages_,
-                             .length = first.length,
+                             .length = c.length,
                              .immediate = job->immediate,
                              .deadline = job->deadline};
     const auto writes = static_cast<int64_t>(n);
     job->writes_posted += writes;
     Status s = fabric_->PostPagedWrite(
         write, fabric::Completion{
-                   .callback = [this, job, writes, bytes = first.length * n](
+                   .callback = [this, job, writes, bytes = c.length * n](
                                    const Status& st) { OnWriteDone(job, writes, bytes, st); },
                    .counter = nullptr});
     if (!s.ok()) {

@@ -36,7 +36,8 @@ struct StreamJob {
   uint64_t request_id = 0;
   uint64_t peer_instance = 0;
   fabric::PeerId peer = fabric::kUnknownPeer;
-  std::shared_ptr<const fabric::MemoryDescriptor> dst;
+  // The decode node's cache regions, one per destination rank of `plan` (rank order).
+  std::shared_ptr<const std::vector<fabric::MemoryDescriptor>> dst;
   std::shared_ptr<const TransferPlan> plan;
   uint64_t seed = 0;
   uint32_t immediate = 0;
@@ -59,8 +60,10 @@ struct StreamJob {
 
 class LayerStreamer : public StepObserver {
  public:
-  LayerStreamer(fabric::TransferEngine* fabric, fabric::RegionId source_region, int page_tokens,
-                int num_layers, EventLog* events,
+  // `source_regions`: this node's registered cache region of each rank, in rank order (a
+  // plan's source rank r reads region source_regions[r]).
+  LayerStreamer(fabric::TransferEngine* fabric, std::vector<fabric::RegionId> source_regions,
+                int page_tokens, int num_layers, EventLog* events,
                 std::function<void(const std::shared_ptr<StreamJob>&)> on_job_changed);
   ~LayerStreamer() override;  // Stop()
   void Start();
@@ -108,15 +111,16 @@ class LayerStreamer : public StepObserver {
   int PostableLayer(const StepPlan& plan) const REQUIRES(mu_);
   // Posts layer `layer` of every segment of `plan`.
   void PostLayer(StepPlan& plan, int layer) REQUIRES(mu_);
-  // Posts scratch_ (the writes of one layer of `seg`'s pages) as paged writes; adds the
-  // writes posted to *posted.
+  // Posts scratch_ (the writes of one layer of `seg`'s pages) as paged writes, each column
+  // (GroupPagedWrites) from its source rank's region to its destination rank's descriptor;
+  // adds the writes posted to *posted.
   Status PostSegmentWrites(const Segment& seg, int64_t* posted) REQUIRES(mu_);
   // A paged write of `writes` pages (`bytes` in all) completed.
   void OnWriteDone(const std::shared_ptr<StreamJob>& job, int64_t writes, uint64_t bytes,
                    const Status& status);
 
   fabric::TransferEngine* const fabric_;
-  const fabric::RegionId source_region_;
+  const std::vector<fabric::RegionId> source_regions_;
   const int page_tokens_;
   const int num_layers_;
   EventLog* const events_;

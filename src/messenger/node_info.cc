@@ -13,15 +13,29 @@
 
 namespace pdserve::messenger {
 
-Result<NodeInfo> MakeLocalNodeInfo(const KvLayout& cache, std::string memory,
+Result<NodeInfo> MakeLocalNodeInfo(int total_kv_heads, std::span<const KvLayout> rank_layouts,
+                                   std::vector<std::string> rank_memory,
                                    std::string model_fingerprint, std::string kernel_path) {
+  const int ranks = static_cast<int>(rank_layouts.size());
+  if (rank_memory.size() != rank_layouts.size()) {
+    return Status::InvalidArgument(
+        fmt::format("{} rank layouts but {} memory descriptors", ranks, rank_memory.size()));
+  }
   NodeInfo info;
   info.kernel_path = std::move(kernel_path);
   info.model_fingerprint = std::move(model_fingerprint);
-  PD_ASSIGN_OR_RETURN(info.kv.shards,
-                      KvShardLayout::ForTensorParallel(cache.num_kv_heads, /*tp_size=*/1));
-  info.kv.ranks = {cache};
-  info.rank_memory = {std::move(memory)};
+  PD_ASSIGN_OR_RETURN(info.kv.shards, KvShardLayout::ForTensorParallel(total_kv_heads, ranks));
+  for (int r = 0; r < ranks; ++r) {
+    const KvLayout& layout = rank_layouts[r];
+    if (layout.num_kv_heads != info.kv.shards.heads(r).size()) {
+      return Status::InvalidArgument(fmt::format(
+          "rank {} cache holds {} KV heads but its shard of {} heads over {} ranks "
+          "is {}",
+          r, layout.num_kv_heads, total_kv_heads, ranks, info.kv.shards.heads(r).size()));
+    }
+  }
+  info.kv.ranks.assign(rank_layouts.begin(), rank_layouts.end());
+  info.rank_memory = std::move(rank_memory);
   return info;
 }
 

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "kv/layout.h"
@@ -12,10 +14,14 @@
 
 namespace pdserve::messenger {
 
-// TP 1 today: one rank holding every KV head with `cache` as its layout. `memory` is the
-// serialised fabric::MemoryDescriptor of the rank's cache region ("" where the cache is never
-// a write target, i.e. on a prefill node).
-Result<NodeInfo> MakeLocalNodeInfo(const KvLayout& cache, std::string memory,
+// A node of rank_layouts.size() tensor-parallel ranks over a model of `total_kv_heads` KV heads
+// (the model config's, not one rank's share): the shards are the usual split
+// (KvShardLayout::ForTensorParallel) and rank r's cache layout must hold exactly the heads its
+// shard gives it (InvalidArgument otherwise, naming the rank). `rank_memory[r]` is the
+// serialised fabric::MemoryDescriptor of rank r's cache region ("" where the cache is never a
+// write target, i.e. on a prefill node); one per rank.
+Result<NodeInfo> MakeLocalNodeInfo(int total_kv_heads, std::span<const KvLayout> rank_layouts,
+                                   std::vector<std::string> rank_memory,
                                    std::string model_fingerprint, std::string kernel_path);
 
 // Ok, or FailedPrecondition whose message names every difference with both values. A model

@@ -1,5 +1,8 @@
 #include "messenger/prefill_messenger.h"
 
+#include <algorithm>
+#include <limits>
+
 #include <fmt/format.h>
 
 #include "common/logging.h"
@@ -39,13 +42,22 @@ Status PrefillMessenger::Init() {
     loop_->Post([this, peer, error] { DropPeer(peer, error); });
   };
   PD_ASSIGN_OR_RETURN(fabric_, fabric::TransferEngine::Create(options_.fabric, handlers));
-  KvCache& cache = engine_->kv_cache();
-  PD_ASSIGN_OR_RETURN(region_, fabric_->RegisterMemory(cache.base(), cache.size_bytes()));
+  // Every rank's cache is mapped in this process (rank workers hand theirs over): one
+  // registration per rank, each the source of the writes the plan routes from that rank.
+  std::vector<KvLayout> layouts;
+  for (int r = 0; r < engine_->tp_size(); ++r) {
+    KvCache& cache = engine_->kv_cache(r);
+    PD_ASSIGN_OR_RETURN(fabric::RegionId region,
+                        fabric_->RegisterMemory(cache.base(), cache.size_bytes()));
+    regions_.push_back(region);
+    layouts.push_back(cache.layout());
+  }
   // P's memory is never a write target: no descriptor goes out.
-  PD_ASSIGN_OR_RETURN(local_, MakeLocalNodeInfo(cache.layout(), "", options_.model_fingerprint,
-                                                options_.kernel_path));
+  PD_ASSIGN_OR_RETURN(local_, MakeLocalNodeInfo(engine_->model().config().num_kv_heads, layouts,
+                                                std::vector<std::string>(layouts.size()),
+                                                options_.model_fingerprint, options_.kernel_path));
   streamer_ = std::make_unique<LayerStreamer>(
-      fabric_.get(), region_, cache.layout().page_tokens, cache.layout().num_layers, &events_,
+      fabric_.get(), regions_, layouts[0].page_tokens, layouts[0].num_layers, &events_,
       [weak_loop, this](const std::shared_ptr<StreamJob>& job) {
         if (auto loop = weak_loop.lock()) {
           loop->Post([this, id = job->engine_id] { CheckJob(id); });
@@ -143,9 +155,18 @@ void PrefillMessenger::HandleHelloFinish(fabric::PeerId from, const HelloFinish&
   Status s = VerifyClusterProof(options_.cluster_key, p.own_nonce, p.peer_nonce, incarnation_,
                                 p.incarnation, finish.proof);
   if (s.ok()) s = CheckPeerCompatible(local_, finish.node);
-  Result<fabric::MemoryDescriptor> dst =
-      fabric::MemoryDescriptor::Parse(finish.node.rank_memory[0]);
-  if (s.ok() && !dst.ok()) s = dst.status().WithContext("decode memory descriptor");
+  // One descriptor per decode rank (DecodeMessage guarantees the count): each rank's region
+  // is the target of the writes the plan routes to that rank.
+  auto dst = std::make_shared<std::vector<fabric::MemoryDescriptor>>();
+  for (size_t r = 0; s.ok() && r < finish.node.rank_memory.size(); ++r) {
+    Result<fabric::MemoryDescriptor> d =
+        fabric::MemoryDescriptor::Parse(finish.node.rank_memory[r]);
+    if (!d.ok()) {
+      s = d.status().WithContext(fmt::format("decode rank {} memory descriptor", r));
+    } else {
+      dst->push_back(std::move(d).value());
+    }
+  }
   Result<TransferPlan> plan = TransferPlan::Create(local_.kv, finish.node.kv);
   if (s.ok() && !plan.ok()) s = plan.status();
   if (!s.ok()) {
@@ -154,7 +175,7 @@ void PrefillMessenger::HandleHelloFinish(fabric::PeerId from, const HelloFinish&
     DropPeer(from, s);
     return;
   }
-  p.dst = std::make_shared<const fabric::MemoryDescriptor>(std::move(dst).value());
+  p.dst = std::move(dst);
   p.plan = std::make_shared<const TransferPlan>(std::move(plan).value());
   p.ready = true;
   PD_LOG_INFO("decode peer {:x} (incarnation {:x}) connected", p.instance, p.incarnation);
@@ -176,15 +197,22 @@ void PrefillMessenger::HandlePrefill(fabric::PeerId from, PrefillRequest request
   };
   if (!p.ready) return refuse("prefill request before the handshake finished");
   if (jobs_.count(engine_id) != 0) return refuse("request id already in flight");
+  // Every rank of both sides has the same page size (TransferPlan::Create checked), but each
+  // may have its own page count: a destination page must exist in every decode rank's cache.
   const KvLayout& layout = p.plan->source().ranks[0];
   const int64_t tokens = static_cast<int64_t>(request.token_ids.size());
   if (static_cast<size_t>(layout.PagesForTokens(tokens)) != request.destination_pages.size()) {
     return refuse(fmt::format("{} tokens need {} destination pages, got {}", tokens,
                               layout.PagesForTokens(tokens), request.destination_pages.size()));
   }
+  PageId dst_pages = std::numeric_limits<PageId>::max();
+  for (const KvLayout& rank : p.plan->destination().ranks) {
+    dst_pages = std::min(dst_pages, rank.num_pages);
+  }
   for (PageId page : request.destination_pages) {
-    if (page >= p.plan->destination().ranks[0].num_pages) {
-      return refuse(fmt::format("destination page {} outside the decode cache", page));
+    if (page >= dst_pages) {
+      return refuse(
+          fmt::format("destination page {} outside the decode cache ({} pages)", page, dst_pages));
     }
   }
   auto job = std::make_shared<StreamJob>();

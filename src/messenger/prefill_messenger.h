@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/mutex.h"
 #include "common/status.h"
@@ -65,7 +66,8 @@ class PrefillMessenger {
     Nonce own_nonce{};
     Nonce peer_nonce{};
     bool ready = false;
-    std::shared_ptr<const fabric::MemoryDescriptor> dst;
+    // Its cache regions, one per decode rank (rank order).
+    std::shared_ptr<const std::vector<fabric::MemoryDescriptor>> dst;
     std::shared_ptr<const TransferPlan> plan;
     TimePoint last_heard;
   };
@@ -104,7 +106,7 @@ class PrefillMessenger {
   NodeInfo local_;
   std::shared_ptr<ControlLoop> loop_;
   std::unique_ptr<fabric::TransferEngine> fabric_;
-  fabric::RegionId region_ = 0;
+  std::vector<fabric::RegionId> regions_;  // this node's cache, one region per rank
   std::unique_ptr<LayerStreamer> streamer_;
   std::atomic<bool> kv_streaming_;
 
