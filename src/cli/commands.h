@@ -13,6 +13,8 @@ void AddMakeModelCommand(CLI::App& app, int* exit_code);
 void AddRouterCommand(CLI::App& app, int* exit_code);
 void AddUpCommand(CLI::App& app, int* exit_code);
 void AddServeCommand(CLI::App& app, int* exit_code);
+// Hidden: a node starts its tensor-parallel ranks with it.
+void AddRankWorkerCommand(CLI::App& app, int* exit_code);
 // `pdserve bench ...` has sub-subcommands; `bench` is the group they attach to.
 void AddBenchEngineCommand(CLI::App& bench, int* exit_code);
 void AddBenchFabricCommand(CLI::App& bench, int* exit_code);

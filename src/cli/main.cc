@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   pdserve::cli::AddRouterCommand(app, &exit_code);
   pdserve::cli::AddUpCommand(app, &exit_code);
   pdserve::cli::AddServeCommand(app, &exit_code);
+  pdserve::cli::AddRankWorkerCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

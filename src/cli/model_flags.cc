@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "common/dtype.h"
+#include "kernels/dispatch.h"
 
 namespace pdserve::cli {
 namespace {
@@ -46,6 +47,11 @@ void AddModelFlags(CLI::App* cmd, ModelFlags* flags) {
   cmd->add_option("--max-running", flags->max_running, "Sequences per step")
       ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();
+  cmd->add_option("--tp", flags->tp,
+                  "Tensor-parallel ranks (rank 0 here, the others in `pdserve rank-worker` "
+                  "processes; --threads is per rank)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
 }
 
 Result<ModelDirOptions> LoadOptionsFromFlags(const ModelFlags& flags) {
@@ -53,6 +59,7 @@ Result<ModelDirOptions> LoadOptionsFromFlags(const ModelFlags& flags) {
   PD_ASSIGN_OR_RETURN(options.weight_dtype, ParseAutoDType("--dtype", flags.dtype));
   PD_ASSIGN_OR_RETURN(options.transformer.kv_dtype, ParseAutoDType("--kv-dtype", flags.kv_dtype));
   options.transformer.threads = flags.threads;
+  options.transformer.tp_size = flags.tp;
   return options;
 }
 
@@ -67,6 +74,21 @@ EngineOptions EngineOptionsFromFlags(const ModelFlags& flags) {
   options.kv_cache_bytes = static_cast<size_t>(flags.kv_cache_mb) << 20;
   options.scheduler.max_batch_tokens = flags.max_batch_tokens;
   options.scheduler.max_running = flags.max_running;
+  options.tensor_parallel.size = flags.tp;
+  // Each worker loads the model as this process did, as its own rank, on the same kernel path.
+  options.tensor_parallel.worker_env = {{"PDSERVE_KERNELS", std::string(kernels::ActivePath())}};
+  options.tensor_parallel.worker_argv = [flags](int rank, int group_fd, int kv_fd) {
+    return std::vector<std::string>{"/proc/self/exe", "rank-worker",
+                                    "--model",        flags.model,
+                                    "--threads",      std::to_string(flags.threads),
+                                    "--dtype",        flags.dtype,
+                                    "--kv-dtype",     flags.kv_dtype,
+                                    "--page-size",    std::to_string(flags.page_size),
+                                    "--tp",           std::to_string(flags.tp),
+                                    "--tp-rank",      std::to_string(rank),
+                                    "--group-fd",     std::to_string(group_fd),
+                                    "--kv-fd",        std::to_string(kv_fd)};
+  };
   return options;
 }
 

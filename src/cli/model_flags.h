@@ -21,6 +21,7 @@ struct ModelFlags {
   int kv_cache_mb = 256;
   int max_batch_tokens = 512;
   int max_running = 64;
+  int tp = 1;  // tensor-parallel ranks: this process is rank 0, the others `rank-worker`s
 };
 
 void AddModelFlags(CLI::App* cmd, ModelFlags* flags);

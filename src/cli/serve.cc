@@ -3,6 +3,9 @@
 // decode: disaggregated, joined by the KV messenger (cli/serve_messenger.h, docs/messenger.md).
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
 
 #include <cstdio>
 #include <filesystem>
@@ -88,6 +91,9 @@ int RunServe(const ServeFlags& f) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  // A tensor-parallel rank that dies leaves the node unable to compute: it stops, with exit
+  // code 1, so that whatever runs it (pdserve up, systemd, Kubernetes) sees it and restarts it.
+  std::atomic<bool> rank_failed{false};
   server::NodeServer node(options);
   if (Status s = node.Bind(); !s.ok()) return Fail(s.ToString());
   node.Start();  // /health answers 503 while the model loads
@@ -99,6 +105,11 @@ int RunServe(const ServeFlags& f) {
   PD_ASSIGN_OR_RETURN_CLI(ModelDir dir, LoadFromFlags(f.model));
   EngineOptions engine_options = EngineOptionsFromFlags(f.model);
   engine_options.seed = f.seed;
+  engine_options.tensor_parallel.on_failure = [&rank_failed](const Status& s) {
+    PD_LOG_ERROR("{}: the node stops", s.ToString());
+    rank_failed.store(true);
+    kill(getpid(), SIGTERM);
+  };
   server::ServedModel served;
   served.max_model_len = dir.config.MaxContext();
   served.tokenizer = std::move(dir.tokenizer);
@@ -130,10 +141,12 @@ int RunServe(const ServeFlags& f) {
   sigwait(&signals, &sig);
   PD_LOG_INFO("signal {}: stopping", sig);
   registration.reset();
-  node.Drain(std::chrono::seconds(f.shutdown_grace_s));
+  // Nothing can finish once a rank is gone: no grace.
+  node.Drain(rank_failed.load() ? std::chrono::seconds(0)
+                                : std::chrono::seconds(f.shutdown_grace_s));
   node.Stop();
   messenger = NodeMessenger{};
-  return 0;
+  return rank_failed.load() ? 1 : 0;
 }
 
 }  // namespace
