@@ -148,20 +148,56 @@ int WorkerProcess(int fd, int gathers) {
   }
 }
 
-// Waits for the child, killing it after `limit`. Returns the wait status, or -1.
-int WaitChild(pid_t pid, Duration limit) {
-  const Deadline deadline = Deadline::After(limit);
-  int status = 0;
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (deadline.Passed()) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(milliseconds(5));
+// Reaps a forked worker on a thread, as the node's supervisor will. A worker that ends before
+// Finish() fails `group` (if given) at once, so the leader's waits end instead of running to the
+// deadline. Destroying the watch kills a worker still running.
+class ChildWatch {
+ public:
+  ChildWatch(pid_t pid, ShmTpGroup* group) : pid_(pid), thread_([this, group] { Watch(group); }) {}
+  ~ChildWatch() {
+    ExpectExit(Duration::zero());
+    Join();
   }
-  return status;
-}
+
+  // From now on the worker may end (it is killed after `limit`) without failing the group.
+  void ExpectExit(Duration limit) {
+    finish_at_ns_ = (Clock::now() + limit).time_since_epoch().count();
+    finishing_ = true;
+  }
+  // Waits for the worker's end (call ExpectExit first). Returns its wait status; -1 if it had
+  // to be killed here.
+  int Join() {
+    if (thread_.joinable()) thread_.join();
+    return status_;
+  }
+
+ private:
+  void Watch(ShmTpGroup* group) {
+    for (;;) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        status_ = status;
+        if (!finishing_ && group != nullptr) {
+          group->Fail("rank 1 (pid " + std::to_string(pid_) + ") ended, wait status " +
+                      std::to_string(status));
+        }
+        return;
+      }
+      if (finishing_ && Clock::now().time_since_epoch().count() > finish_at_ns_) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &status, 0);
+        return;
+      }
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+  }
+
+  const pid_t pid_;
+  std::atomic<bool> finishing_{false};
+  std::atomic<int64_t> finish_at_ns_{0};
+  int status_ = -1;     // written by the thread before it ends
+  std::thread thread_;  // last: it uses the members above
+};
 
 TEST(ShmTpGroupTest, ForkedWorkerGathersAndReceivesUntilShutdown) {
   ShmTpGroupOptions options;
@@ -176,6 +212,7 @@ TEST(ShmTpGroupTest, ForkedWorkerGathersAndReceivesUntilShutdown) {
   ASSERT_GE(pid, 0);
   if (pid == 0) _exit(WorkerProcess((*leader)->fd(), kGathers));
   ShmTpGroup& group = **leader;
+  ChildWatch watch(pid, &group);
   ASSERT_TRUE(group.WaitReady(Deadline::After(seconds(60)), kFingerprint).ok());
   EXPECT_EQ(RunGathers(group, kGathers), 0);
   const std::vector<std::string> messages = {"step 1", std::string(1000, 'x'), "",
@@ -188,8 +225,9 @@ TEST(ShmTpGroupTest, ForkedWorkerGathersAndReceivesUntilShutdown) {
     EXPECT_EQ(row[2], size) << "message " << i;
     EXPECT_EQ(row[3], sum) << "message " << i;
   }
+  watch.ExpectExit(seconds(60));
   group.Shutdown();
-  const int status = WaitChild(pid, seconds(60));
+  const int status = watch.Join();
   ASSERT_TRUE(WIFEXITED(status)) << "child wait status " << status;
   EXPECT_EQ(WEXITSTATUS(status), 0);
   EXPECT_FALSE(group.failed());
@@ -266,6 +304,7 @@ TEST(ShmTpGroupTest, KilledWorkerProcessEndsTheLeadersWaitByTheDeadline) {
     pause();  // until killed
     _exit(2);
   }
+  ChildWatch watch(pid, nullptr);  // reaps it; the group learns of the death only by the deadline
   ASSERT_TRUE((*leader)->WaitReady(Deadline::After(seconds(60)), kFingerprint).ok());
   std::thread killer([pid] {
     std::this_thread::sleep_for(milliseconds(100));  // the leader is in the barrier by now
@@ -276,7 +315,8 @@ TEST(ShmTpGroupTest, KilledWorkerProcessEndsTheLeadersWaitByTheDeadline) {
   Status st = (*leader)->AllGatherColumns(m, 1, 2, 0, 1);
   const double waited = SecondsSince(start);
   killer.join();
-  const int status = WaitChild(pid, seconds(10));
+  watch.ExpectExit(seconds(10));
+  const int status = watch.Join();
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
   EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.ToString();
   EXPECT_NE(st.message().find("rank 1 (pid " + std::to_string(pid) + ")"), std::string::npos)
