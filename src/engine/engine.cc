@@ -109,6 +109,8 @@ Status Engine::StartRankWorkers(int num_pages) {
   PD_ASSIGN_OR_RETURN(workers_,
                       RankWorkers::Start(options_.tensor_parallel, caches, model_->Fingerprint()));
   model_->SetTpGroup(workers_->group());
+  MutexLock lock(&mu_);
+  stats_.tp_size = tp;
   return Status::Ok();
 }
 

@@ -70,6 +70,7 @@ struct EngineStats {
   int pages_total = 0;
   int64_t preemptions = 0;
   int64_t steps = 0;
+  int tp_size = 1;  // tensor-parallel ranks computing each step
 };
 
 class Engine {
@@ -129,7 +130,7 @@ class Engine {
   Engine(std::unique_ptr<Transformer> model, const Tokenizer* tokenizer,
          std::unique_ptr<KvCache> cache, const EngineOptions& options);
   // TP > 1: creates ranks 1.. caches and starts their workers.
-  Status StartRankWorkers(int num_pages);
+  Status StartRankWorkers(int num_pages) EXCLUDES(mu_);
   // Validates the step and hands it to the rank workers (a no-op without TP), then runs rank
   // 0's forward pass.
   Status RunForward(std::span<const SequenceChunk> chunks);

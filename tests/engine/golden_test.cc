@@ -111,6 +111,37 @@ INSTANTIATE_TEST_SUITE_P(Paths, GoldenTest,
                            return ::pdserve::testing::KernelPathTestName(info.param);
                          });
 
+// Tensor parallelism through the real rank-worker processes (`generate --tp N`): the golden
+// tokens again, for TP 2 (two KV heads a rank), 3 (uneven: 2, 1, 1) and 4. The node's log must
+// show every worker rank holding its heads, so a --tp that did nothing could not pass.
+TEST(GoldenTpTest, RankWorkersGenerateTheGoldenTokens) {
+  PD_REQUIRE_SHARED(kModel);
+  const std::string bin = ::pdserve::testing::BinaryPath("src/cli/pdserve");
+  const std::string dir = ::pdserve::testing::SharedPath(kModel);
+  const nlohmann::json golden = ReadGolden();
+  const std::string log = ::testing::TempDir() + "golden_tp.log";
+  for (int tp : {2, 3, 4}) {
+    for (const auto& c : golden["cases"]) {
+      const auto want = c["greedy_ids"].get<std::vector<int32_t>>();
+      const std::string cmd = bin + " generate --model " + dir + " --prompt '" +
+                              c["prompt"].get<std::string>() + "' --max-tokens " +
+                              std::to_string(want.size()) + " --threads 1 --tp " +
+                              std::to_string(tp) + " --ignore-eos --json 2>" + log;
+      auto out = nlohmann::json::parse(RunCommand(cmd), nullptr, false);
+      ASSERT_TRUE(out.is_object()) << cmd;
+      EXPECT_EQ(out["token_ids"].get<std::vector<int32_t>>(), want) << cmd;
+      const std::string stderr_text = RunCommand("cat " + log);
+      for (int rank = 1; rank < tp; ++rank) {
+        EXPECT_NE(
+            stderr_text.find("rank " + std::to_string(rank) + " of " + std::to_string(tp) + ": "),
+            std::string::npos)
+            << "no rank worker " << rank << " in the log of: " << cmd << "\n"
+            << stderr_text;
+      }
+    }
+  }
+}
+
 // The model's fingerprint names the kernel path it was loaded on, and it refuses to run on
 // another: a KV cache is reproduced bit for bit only by the path that wrote it.
 TEST(GoldenFingerprintTest, TransformerIsPinnedToItsKernelPath) {
