@@ -68,8 +68,8 @@ std::string ServerMetrics::Render(const EngineStats& stats) const {
   Gauge("pdserve:kv_pages_used", "KV cache pages in use (allocated, held or pinned).",
         stats.pages_used, &out);
   Gauge("pdserve:kv_pages_total", "KV cache pages in the pool.", stats.pages_total, &out);
-  Gauge("pdserve:tensor_parallel_size", "Tensor-parallel ranks computing each step.",
-        stats.tp_size, &out);
+  Gauge("pdserve:tensor_parallel_size", "Tensor-parallel ranks computing each step.", stats.tp_size,
+        &out);
   out += fmt::format(
       "# HELP pdserve:num_preemptions_total Sequences preempted for lack of KV pages.\n"
       "# TYPE pdserve:num_preemptions_total counter\npdserve:num_preemptions_total {}\n",
