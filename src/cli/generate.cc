@@ -99,7 +99,7 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
   flags->params.temperature = 0.0f;
   flags->params.max_tokens = 64;
   CLI::App* cmd = app.add_subcommand("generate", "Generate a completion for one prompt");
-  AddModelFlags(cmd, &flags->model);
+  AddModelFlags(cmd, &flags->model, /*tensor_parallel=*/true);
   auto* prompt = cmd->add_option("--prompt", flags->prompt, "Prompt text");
   auto* ids = cmd->add_option("--prompt-ids", flags->prompt_ids,
                               "Prompt as a JSON array of token ids (instead of --prompt)");

@@ -25,7 +25,7 @@ Result<std::optional<DType>> ParseAutoDType(std::string_view flag, const std::st
 
 }  // namespace
 
-void AddModelFlags(CLI::App* cmd, ModelFlags* flags) {
+void AddModelFlags(CLI::App* cmd, ModelFlags* flags, bool tensor_parallel) {
   cmd->add_option("--model", flags->model, "Hugging Face model directory")->required();
   cmd->add_option("--threads", flags->threads, "Compute threads (0 = all cores)")
       ->check(CLI::Range(0, 1024));
@@ -47,6 +47,7 @@ void AddModelFlags(CLI::App* cmd, ModelFlags* flags) {
   cmd->add_option("--max-running", flags->max_running, "Sequences per step")
       ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();
+  if (!tensor_parallel) return;
   cmd->add_option("--tp", flags->tp,
                   "Tensor-parallel ranks (rank 0 here, the others in `pdserve rank-worker` "
                   "processes; --threads is per rank)")

@@ -24,7 +24,9 @@ struct ModelFlags {
   int tp = 1;  // tensor-parallel ranks: this process is rank 0, the others `rank-worker`s
 };
 
-void AddModelFlags(CLI::App* cmd, ModelFlags* flags);
+// `tensor_parallel`: also --tp, for the commands that run an Engine (generate, serve); the
+// benchmarks that drive one rank's Transformer or plan TP-1 transfers themselves do not offer it.
+void AddModelFlags(CLI::App* cmd, ModelFlags* flags, bool tensor_parallel = false);
 Result<ModelDir> LoadFromFlags(const ModelFlags& flags);
 // What LoadFromFlags passes to LoadModelDir (for commands that load the model themselves).
 Result<ModelDirOptions> LoadOptionsFromFlags(const ModelFlags& flags);

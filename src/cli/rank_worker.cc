@@ -66,7 +66,7 @@ void AddRankWorkerCommand(CLI::App& app, int* exit_code) {
   auto flags = std::make_shared<RankWorkerFlags>();
   CLI::App* cmd = app.add_subcommand("rank-worker", "");  // no description: hidden from --help
   cmd->group("");
-  AddModelFlags(cmd, &flags->model);
+  AddModelFlags(cmd, &flags->model, /*tensor_parallel=*/true);
   cmd->add_option("--tp-rank", flags->rank, "This worker's rank")
       ->required()
       ->check(CLI::Range(1, 63));

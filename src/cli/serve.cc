@@ -154,7 +154,7 @@ int RunServe(const ServeFlags& f) {
 void AddServeCommand(CLI::App& app, int* exit_code) {
   auto flags = std::make_shared<ServeFlags>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve a model over the OpenAI-compatible HTTP API");
-  AddModelFlags(cmd, &flags->model);
+  AddModelFlags(cmd, &flags->model, /*tensor_parallel=*/true);
   AddMessengerFlags(cmd, &flags->messenger);
   cmd->add_option("--role", flags->role, "colocated | prefill | decode")
       ->check(CLI::IsMember({"colocated", "prefill", "decode"}))
