@@ -1,0 +1,319 @@
+// Tensor-parallel rank failures with real processes (docs/architecture.md, "Rank failures"):
+// `pdserve serve --tp N` nodes whose `pdserve rank-worker` processes are killed (-9) or stopped
+// (SIGSTOP), a node killed under its workers, Ctrl-C on a node's whole process group, SIGTERM,
+// a prefill node that loses a rank mid-prefill (its decode node retries on another), and bad
+// invocations. Each test checks the node's exit status and error text and that no rank worker
+// is left (the workers' pids come from the node's log, and are its children).
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <future>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/clock.h"
+#include "disagg_util.h"
+#include "testing/processes.h"
+#include "testing/test_models.h"
+#include "testing/test_paths.h"
+
+namespace pdserve::testing {
+namespace {
+
+// Small steps, so that a prefill or a long decode takes many forward passes and a fault lands
+// inside one.
+const std::vector<std::string> kNodeFlags = {"--threads",          "1", "--page-size", "4",
+                                             "--max-batch-tokens", "16"};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+double SecondsSince(TimePoint start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// A `pdserve serve --tp N` node with its log in a file, and its rank workers' pids as that log
+// names them ("tensor parallel: rank R of N is pid P"). Any worker still alive at destruction
+// is killed, so that a test that fails leaves nothing behind either.
+class TpNode {
+ public:
+  TpNode(int tp, const std::vector<std::string>& extra, bool own_process_group = false)
+      : log_path_(MakeTempDir("tp-fault") + "/node.log") {
+    std::vector<std::string> args = kNodeFlags;
+    args.insert(args.end(), {"--tp", std::to_string(tp)});
+    args.insert(args.end(), extra.begin(), extra.end());
+    NodeLaunch launch;
+    launch.log_path = log_path_;
+    launch.own_process_group = own_process_group;
+    node_ = std::make_unique<NodeProcess>(TinyModelDir(), args, launch);
+    if (!node_->ok()) {
+      error_ = node_->error() + "\nlog:\n" + Log();
+      return;
+    }
+    const std::string log = Log();
+    const std::regex started(R"(tensor parallel: rank (\d+) of \d+ is pid (\d+))");
+    for (std::sregex_iterator m(log.begin(), log.end(), started), end; m != end; ++m) {
+      workers_[std::stoi((*m)[1])] = static_cast<pid_t>(std::stoi((*m)[2]));
+    }
+    // Each is the node's child and runs rank-worker.
+    const std::vector<pid_t> children = ChildrenOf(node_->pid());
+    for (const auto& [rank, pid] : workers_) {
+      if (std::find(children.begin(), children.end(), pid) == children.end() ||
+          ProcFile(pid, "cmdline").find("rank-worker") == std::string::npos) {
+        error_ = "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) +
+                 ") is not a rank-worker child of the node";
+      }
+    }
+    if (static_cast<int>(workers_.size()) != tp - 1 || children.size() != workers_.size()) {
+      error_ = "expected " + std::to_string(tp - 1) + " rank workers; the log names " +
+               std::to_string(workers_.size()) + ", the node has " +
+               std::to_string(children.size()) + " children\nlog:\n" + log;
+    }
+  }
+  ~TpNode() {
+    for (pid_t pid : workers()) {
+      if (ProcessAlive(pid) && ProcFile(pid, "cmdline").find("rank-worker") != std::string::npos) {
+        kill(pid, SIGKILL);
+      }
+    }
+  }
+  TpNode(const TpNode&) = delete;
+  TpNode& operator=(const TpNode&) = delete;
+
+  bool ok() const { return error_.empty(); }
+  const std::string& error() const { return error_; }
+  NodeProcess& node() { return *node_; }
+  int port() const { return node_->port(); }
+  pid_t worker(int rank) const {
+    auto it = workers_.find(rank);
+    return it == workers_.end() ? -1 : it->second;
+  }
+  std::vector<pid_t> workers() const {
+    std::vector<pid_t> pids;
+    for (const auto& [rank, pid] : workers_) pids.push_back(pid);
+    return pids;
+  }
+  std::string Log() const { return ReadFile(log_path_); }
+
+ private:
+  const std::string log_path_;
+  std::unique_ptr<NodeProcess> node_;
+  std::map<int, pid_t> workers_;
+  std::string error_;
+};
+
+std::string Pid(pid_t pid) { return std::to_string(pid); }
+
+bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// (a) A rank worker killed with -9: the node stops with exit 1, naming the rank, and the other
+// worker leaves too.
+TEST(TpFaultTest, KilledRankWorkerStopsTheNodeNamingTheRank) {
+  TpNode n(3, {});
+  ASSERT_TRUE(n.ok()) << n.error();
+  const Completion served = Complete(n.port(), RandomPrompt(9, 1), 4);
+  ASSERT_EQ(served.status, 200) << served.body.dump();
+  const pid_t victim = n.worker(2);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  EXPECT_EQ(n.node().Wait(15000), 1) << n.Log();
+  const std::string log = n.Log();
+  EXPECT_TRUE(Contains(log, "tensor-parallel group failed: rank 2 (pid " + Pid(victim) +
+                                ") killed by signal 9: the node stops"))
+      << log;
+  EXPECT_TRUE(WaitAllGone(n.workers(), Deadline::AfterMs(5000)));
+}
+
+// (b) The node killed with -9: its workers die with it (PR_SET_PDEATHSIG); nothing else would
+// end them, since an idle worker waits for its next step without a deadline.
+TEST(TpFaultTest, KilledNodeTakesItsRankWorkersAlong) {
+  TpNode n(2, {});
+  ASSERT_TRUE(n.ok()) << n.error();
+  ASSERT_TRUE(ProcessAlive(n.worker(1)));
+  ASSERT_TRUE(n.node().Signal(SIGKILL).ok());
+  EXPECT_EQ(n.node().Wait(10000), 128 + SIGKILL);
+  EXPECT_TRUE(WaitAllGone(n.workers(), Deadline::AfterMs(5000)))
+      << "a rank worker outlived its node";
+}
+
+// (c) A rank worker stopped (SIGSTOP) during a request: the leader gives up at --tp-timeout-s,
+// the request fails with an error naming the stopped rank, the node stops at once, and the
+// stopped worker (which cannot leave by itself) is killed after the short grace.
+TEST(TpFaultTest, StoppedRankWorkerFailsTheRequestAtTheTimeoutAndStopsTheNode) {
+  TpNode n(2, {"--tp-timeout-s", "2"});
+  ASSERT_TRUE(n.ok()) << n.error();
+  auto pending =
+      std::async(std::launch::async, [&] { return Complete(n.port(), RandomPrompt(8, 2), 3000); });
+  ASSERT_EQ(WaitForMetric(n.port(), "pdserve:num_requests_running", 1, 10000), 1);
+  const pid_t victim = n.worker(1);
+  ASSERT_EQ(kill(victim, SIGSTOP), 0);
+  const TimePoint stopped = Clock::now();
+  const Completion failed = pending.get();
+  const double failed_after = SecondsSince(stopped);
+  EXPECT_EQ(failed.status, 504) << failed.body.dump();
+  EXPECT_TRUE(Contains(ErrorMessage(failed),
+                       "timed out after 2.0 s in a collective, waiting for "
+                       "rank 1 (pid " +
+                           Pid(victim) + ")"))
+      << ErrorMessage(failed);
+  EXPECT_GE(failed_after, 1.5);
+  EXPECT_LT(failed_after, 10.0);
+  // 0.5 s of grace for the stopped worker, then the node's own shutdown: well under the 5 s an
+  // orderly shutdown would grant it.
+  const TimePoint responded = Clock::now();
+  EXPECT_EQ(n.node().Wait(10000), 1) << n.Log();
+  EXPECT_LT(SecondsSince(responded), 3.0) << n.Log();
+  const std::string log = n.Log();
+  // The first failure is reported, not its consequence (the worker killed afterwards).
+  EXPECT_TRUE(std::regex_search(log, std::regex("group failed: rank 0 \\(pid \\d+\\) timed out "
+                                                "[^\n]*rank 1 \\(pid " +
+                                                Pid(victim) + "\\): the node stops")))
+      << log;
+  EXPECT_TRUE(Contains(log, "rank 1 (pid " + Pid(victim) +
+                                ") still running 0.5 s after the group failed: killing it"))
+      << log;
+  EXPECT_TRUE(WaitAllGone(n.workers(), Deadline::AfterMs(2000)));
+}
+
+// (d) 1 D + 2 P, both P with --tp 2: the rank worker of the P that runs a long prompt's prefill
+// is killed mid-prefill. That P stops (exit 1); D retries on the other P and returns the tokens
+// of a colocated node.
+TEST(TpFaultTest, PrefillNodeLosingARankIsRetriedOnTheOther) {
+  const std::vector<std::string> messenger = {"--heartbeat-ms", "100", "--peer-timeout-ms", "1500"};
+  TpNode p1(2, PrefillArgs("tcp", messenger));
+  ASSERT_TRUE(p1.ok()) << p1.error();
+  TpNode p2(2, PrefillArgs("tcp", messenger));
+  ASSERT_TRUE(p2.ok()) << p2.error();
+  std::vector<std::string> decode_flags = {
+      "--threads", "1", "--page-size", "4", "--prefill-timeout-ms", "60000"};
+  decode_flags.insert(decode_flags.end(), messenger.begin(), messenger.end());
+  NodeProcess decode(TinyModelDir(), DecodeArgs("tcp", {p1.port(), p2.port()}, decode_flags));
+  ASSERT_TRUE(decode.ok()) << decode.error();
+  ASSERT_EQ(WaitForMetric(decode.port(), "pdserve:messenger_peers_ready", 2, 20000), 2);
+  NodeProcess colocated(TinyModelDir(), {"--threads", "1", "--page-size", "4"});
+  ASSERT_TRUE(colocated.ok()) << colocated.error();
+
+  const std::vector<int32_t> prompt = RandomPrompt(kLongPromptTokens, 31);
+  const Completion want = Complete(colocated.port(), prompt, 4);
+  ASSERT_EQ(want.status, 200) << want.body.dump();
+  auto pending = std::async(std::launch::async, [&] { return Complete(decode.port(), prompt, 4); });
+  TpNode* victim = nullptr;
+  TpNode* survivor = nullptr;
+  for (const Deadline deadline = Deadline::AfterMs(10000); victim == nullptr;) {
+    if (NodeMetric(p1.port(), "pdserve:messenger_requests_in_flight") == 1) {
+      victim = &p1, survivor = &p2;
+    } else if (NodeMetric(p2.port(), "pdserve:messenger_requests_in_flight") == 1) {
+      victim = &p2, survivor = &p1;
+    } else if (deadline.Passed()) {
+      break;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  ASSERT_NE(victim, nullptr) << "no prefill node took the request";
+  const pid_t rank1 = victim->worker(1);
+  ASSERT_EQ(kill(rank1, SIGKILL), 0);
+  const Completion got = pending.get();
+  ASSERT_EQ(got.status, 200) << got.body.dump() << "\nvictim's log:\n" << victim->Log();
+  EXPECT_EQ(got.token_ids, want.token_ids);
+  EXPECT_EQ(NodeMetric(decode.port(), "pdserve:messenger_requests_retried"), 1);
+  EXPECT_EQ(victim->node().Wait(15000), 1) << victim->Log();
+  EXPECT_TRUE(Contains(victim->Log(), "group failed: rank 1 (pid " + Pid(rank1) +
+                                          ") killed by signal 9: the node stops"))
+      << victim->Log();
+  EXPECT_TRUE(WaitAllGone(victim->workers(), Deadline::AfterMs(5000)));
+  ExpectNodeDrained(decode.port());
+  ExpectNodeDrained(survivor->port());
+}
+
+// (e) Bad invocations end at once with a clear error and a nonzero status.
+TEST(TpFaultTest, BadInvocationsAreClearErrors) {
+  const std::string pdserve = BinaryPath("src/cli/pdserve");
+  const std::string model = TinyModelDir();
+  struct Case {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {{"serve", "--model", model, "--tp", "0"}, "--tp: Value 0 not in range 1 to 64"},
+      {{"generate", "--model", model, "--tp", "0", "--prompt", "x"}, "--tp: Value 0 not in range"},
+      {{"serve", "--model", model, "--tp", "2", "--tp-timeout-s", "0"},
+       "--tp-timeout-s: Value 0 not in range 1 to 3600"},
+      {{"generate", "--model", model, "--tp", "2", "--tp-timeout-s", "-1", "--prompt", "x"},
+       "--tp-timeout-s: Value -1 not in range"},
+      {{"serve", "--model", model, "--tp", "2", "--tp-timeout-s", "99999999999"},
+       "--tp-timeout-s: Value 99999999999 not in range"},
+      // tiny: 8 query heads on 4 KV heads; 16 ranks would split 2 query heads 4 ways.
+      {{"generate", "--model", model, "--tp", "16", "--prompt", "x"},
+       "TP 16: the 2 query heads of a KV head cannot be split between its 4 replica ranks"},
+      {{"serve", "--model", model, "--listen", "127.0.0.1:0", "--tp", "16"},
+       "TP 16: the 2 query heads of a KV head cannot be split"},
+      // rank-worker is started by its node with inherited fds; by hand it has none.
+      {{"rank-worker", "--model", model, "--tp", "2", "--tp-rank", "1"}, "--group-fd is required"},
+      {{"rank-worker", "--model", model, "--tp", "2", "--tp-rank", "1", "--group-fd", "0",
+        "--kv-fd", "0"},
+       "not by hand) --group-fd: fd 0 is not a memfd"},
+      {{"rank-worker", "--model", model, "--tp", "2", "--tp-rank", "1", "--group-fd", "77",
+        "--kv-fd", "78"},
+       "fd 77 is not a memfd: Bad file descriptor"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {pdserve};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    const TimePoint start = Clock::now();
+    const CommandRun run = RunToCompletion(argv, Deadline::AfterMs(30000));
+    const std::string what = c.args[0] + " " + c.args.back();
+    ASSERT_TRUE(run.finished) << what << " did not end: " << run.output;
+    EXPECT_FALSE(run.exit.success()) << what << ": " << run.output;
+    EXPECT_TRUE(run.exit.exited()) << what << ": " << run.exit.ToString();
+    EXPECT_TRUE(Contains(run.output, c.says)) << what << ": " << run.output;
+    EXPECT_LT(SecondsSince(start), 10.0) << what;
+  }
+}
+
+// (f) Ctrl-C on a terminal signals the node's whole process group: the workers ignore it, the
+// node drains (the running request completes), then shuts its workers down in order and exits 0.
+TEST(TpFaultTest, CtrlCOnTheProcessGroupDrainsThenStopsTheWorkers) {
+  TpNode n(2, {}, /*own_process_group=*/true);
+  ASSERT_TRUE(n.ok()) << n.error();
+  auto pending =
+      std::async(std::launch::async, [&] { return Complete(n.port(), RandomPrompt(8, 3), 300); });
+  ASSERT_EQ(WaitForMetric(n.port(), "pdserve:num_requests_running", 1, 10000), 1);
+  ASSERT_TRUE(n.node().Signal(SIGINT, /*group=*/true).ok());
+  const Completion done = pending.get();
+  EXPECT_EQ(done.status, 200) << done.body.dump();
+  EXPECT_EQ(done.token_ids.size(), 300u);
+  EXPECT_EQ(n.node().Wait(30000), 0) << n.Log();
+  EXPECT_TRUE(WaitAllGone(n.workers(), Deadline::AfterMs(2000)));
+  const std::string log = n.Log();
+  EXPECT_FALSE(Contains(log, "the node stops")) << log;
+  EXPECT_FALSE(Contains(log, "killing it")) << log;  // each worker left by itself
+}
+
+// (f) SIGTERM to the node alone: a graceful exit (0) with its workers gone.
+TEST(TpFaultTest, SigtermStopsTheNodeAndItsWorkers) {
+  TpNode n(2, {});
+  ASSERT_TRUE(n.ok()) << n.error();
+  const Completion served = Complete(n.port(), RandomPrompt(5, 4), 3);
+  ASSERT_EQ(served.status, 200) << served.body.dump();
+  const TimePoint start = Clock::now();
+  EXPECT_EQ(n.node().Terminate(30000), 0) << n.Log();
+  EXPECT_LT(SecondsSince(start), 5.0);
+  EXPECT_TRUE(WaitAllGone(n.workers(), Deadline::AfterMs(2000)));
+  EXPECT_FALSE(Contains(n.Log(), "killing it")) << n.Log();
+}
+
+}  // namespace
+}  // namespace pdserve::testing
