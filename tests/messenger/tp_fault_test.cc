@@ -265,6 +265,10 @@ TEST(TpFaultTest, BadInvocationsAreClearErrors) {
       {{"rank-worker", "--model", model, "--tp", "2", "--tp-rank", "1", "--group-fd", "0",
         "--kv-fd", "0"},
        "not by hand) --group-fd: fd 0 is not a memfd"},
+      // The group is checked before the model is read.
+      {{"rank-worker", "--model", "/nonexistent-model", "--tp", "2", "--tp-rank", "1", "--group-fd",
+        "0", "--kv-fd", "0"},
+       "--group-fd: fd 0 is not a memfd"},
       {{"rank-worker", "--model", model, "--tp", "2", "--tp-rank", "1", "--group-fd", "77",
         "--kv-fd", "78"},
        "fd 77 is not a memfd: Bad file descriptor"},
