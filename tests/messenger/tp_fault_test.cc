@@ -128,15 +128,22 @@ bool Contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-// (a) A rank worker killed with -9: the node stops with exit 1, naming the rank, and the other
-// worker leaves too.
+// (a) A rank worker killed with -9 during a request: the request fails with an error naming
+// the rank, the node stops with exit 1, naming it too, and the other worker leaves as well.
 TEST(TpFaultTest, KilledRankWorkerStopsTheNodeNamingTheRank) {
   TpNode n(3, {});
   ASSERT_TRUE(n.ok()) << n.error();
   const Completion served = Complete(n.port(), RandomPrompt(9, 1), 4);
   ASSERT_EQ(served.status, 200) << served.body.dump();
+  auto pending =
+      std::async(std::launch::async, [&] { return Complete(n.port(), RandomPrompt(8, 5), 3000); });
+  ASSERT_EQ(WaitForMetric(n.port(), "pdserve:num_requests_running", 1, 10000), 1);
   const pid_t victim = n.worker(2);
   ASSERT_EQ(kill(victim, SIGKILL), 0);
+  const Completion failed = pending.get();
+  EXPECT_EQ(failed.status, 503) << failed.body.dump();
+  EXPECT_TRUE(Contains(ErrorMessage(failed), "rank 2 (pid " + Pid(victim) + ") killed by signal 9"))
+      << ErrorMessage(failed);
   EXPECT_EQ(n.node().Wait(15000), 1) << n.Log();
   const std::string log = n.Log();
   EXPECT_TRUE(Contains(log, "tensor-parallel group failed: rank 2 (pid " + Pid(victim) +
