@@ -7,11 +7,11 @@
 // engine/rank_workers.h themselves, with real rank-worker processes, to see what the node's
 // own teardown would otherwise hide: the watcher kills a worker that cannot leave 0.5 s after
 // the group failed while its owner lives on, and a failed start kills the others as fast.
-
 #include <signal.h>
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <future>
@@ -54,11 +54,11 @@ double SecondsSince(TimePoint start) {
 
 // A `pdserve serve --tp N` node with its log in a file, and its rank workers' pids as that log
 // names them ("tensor parallel: rank R of N is pid P"). Any worker still alive at destruction
-// is killed, so that a test that fails leaves nothing behind either.
+// is killed, so that a test that fails leaves nothing behind either; the log goes too.
 class TpNode {
  public:
   TpNode(int tp, const std::vector<std::string>& extra, bool own_process_group = false)
-      : log_path_(MakeTempDir("tp-fault") + "/node.log") {
+      : log_dir_(MakeTempDir("tp-fault")), log_path_(log_dir_ + "/node.log") {
     std::vector<std::string> args = kNodeFlags;
     args.insert(args.end(), {"--tp", std::to_string(tp)});
     args.insert(args.end(), extra.begin(), extra.end());
@@ -96,6 +96,9 @@ class TpNode {
         kill(pid, SIGKILL);
       }
     }
+    node_.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(log_dir_, ec);
   }
   TpNode(const TpNode&) = delete;
   TpNode& operator=(const TpNode&) = delete;
@@ -116,6 +119,7 @@ class TpNode {
   std::string Log() const { return ReadFile(log_path_); }
 
  private:
+  const std::string log_dir_;
   const std::string log_path_;
   std::unique_ptr<NodeProcess> node_;
   std::map<int, pid_t> workers_;
