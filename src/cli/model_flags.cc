@@ -53,6 +53,11 @@ void AddModelFlags(CLI::App* cmd, ModelFlags* flags, bool tensor_parallel) {
                   "processes; --threads is per rank)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  cmd->add_option("--tp-timeout-s", flags->tp_timeout_s,
+                  "With --tp > 1: seconds a rank may wait for another inside a forward pass "
+                  "(a stopped or hung rank) before the node gives up on the ranks")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
 }
 
 Result<ModelDirOptions> LoadOptionsFromFlags(const ModelFlags& flags) {
@@ -76,6 +81,7 @@ EngineOptions EngineOptionsFromFlags(const ModelFlags& flags) {
   options.scheduler.max_batch_tokens = flags.max_batch_tokens;
   options.scheduler.max_running = flags.max_running;
   options.tensor_parallel.size = flags.tp;
+  options.tensor_parallel.collective_timeout = std::chrono::seconds(flags.tp_timeout_s);
   // Each worker loads the model as this process did, as its own rank, on the same kernel path.
   options.tensor_parallel.worker_env = {{"PDSERVE_KERNELS", std::string(kernels::ActivePath())}};
   options.tensor_parallel.worker_argv = [flags](int rank, int group_fd, int kv_fd) {
@@ -86,6 +92,7 @@ EngineOptions EngineOptionsFromFlags(const ModelFlags& flags) {
                                     "--kv-dtype",     flags.kv_dtype,
                                     "--page-size",    std::to_string(flags.page_size),
                                     "--tp",           std::to_string(flags.tp),
+                                    "--tp-timeout-s", std::to_string(flags.tp_timeout_s),
                                     "--tp-rank",      std::to_string(rank),
                                     "--group-fd",     std::to_string(group_fd),
                                     "--kv-fd",        std::to_string(kv_fd)};

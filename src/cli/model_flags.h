@@ -22,10 +22,13 @@ struct ModelFlags {
   int max_batch_tokens = 512;
   int max_running = 64;
   int tp = 1;  // tensor-parallel ranks: this process is rank 0, the others `rank-worker`s
+  // Longest wait of a rank for another inside a forward pass before the group fails.
+  int tp_timeout_s = 120;
 };
 
-// `tensor_parallel`: also --tp, for the commands that run an Engine (generate, serve); the
-// benchmarks that drive one rank's Transformer or plan TP-1 transfers themselves do not offer it.
+// `tensor_parallel`: also --tp and --tp-timeout-s, for the commands that run an Engine
+// (generate, serve) and for rank-worker; the benchmarks that drive one rank's Transformer or
+// plan TP-1 transfers themselves do not offer them.
 void AddModelFlags(CLI::App* cmd, ModelFlags* flags, bool tensor_parallel = false);
 Result<ModelDir> LoadFromFlags(const ModelFlags& flags);
 // What LoadFromFlags passes to LoadModelDir (for commands that load the model themselves).

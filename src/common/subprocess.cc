@@ -135,6 +135,9 @@ Result<Subprocess> Subprocess::Spawn(const SubprocessOptions& options) {
   const bool pin = !options.cpus.empty();
   sigset_t no_signals;
   sigemptyset(&no_signals);
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
   const pid_t parent = getpid();
 
   // Child ends of the streams (closed here after fork) and the parent's ends.
@@ -188,6 +191,8 @@ Result<Subprocess> Subprocess::Spawn(const SubprocessOptions& options) {
       if (getppid() != parent) _exit(127);  // the parent died before prctl took effect
     }
     if (pin) sched_setaffinity(0, sizeof(cpus), &cpus);
+    // Before unblocking: a signal pending since before fork is then discarded, not delivered.
+    for (int sig : options.ignored_signals) sigaction(sig, &ignore, nullptr);
     if (options.unblock_signals) sigprocmask(SIG_SETMASK, &no_signals, nullptr);
     MoveFd(child_in.get(), STDIN_FILENO);
     MoveFd(child_out.get(), STDOUT_FILENO);

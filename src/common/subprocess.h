@@ -53,6 +53,9 @@ struct SubprocessOptions {
   // Start the child with no signal blocked (a parent that blocks SIGTERM to sigwait for it
   // would otherwise pass the mask on).
   bool unblock_signals = true;
+  // Signals the child starts with ignored (SIG_IGN survives exec), from before its first
+  // instruction: e.g. a helper that its parent, not a terminal's Ctrl-C, should stop.
+  std::vector<int> ignored_signals;
 };
 
 // How a child ended: an exit code, or the signal that killed it. code -1 with signal 0 means

@@ -1,5 +1,7 @@
 #include "engine/rank_workers.h"
 
+#include <signal.h>
+
 #include <cstring>
 
 #include <fmt/format.h>
@@ -110,6 +112,8 @@ Result<std::unique_ptr<RankWorkers>> RankWorkers::Start(const TensorParallelOpti
   group_options.size = options.size;
   group_options.deadline = options.collective_timeout;
   PD_ASSIGN_OR_RETURN(auto group, ShmTpGroup::Create(group_options));
+  // From here an error fails the group, so that the destructor of `w` kills the workers
+  // already started after the short grace.
   std::unique_ptr<RankWorkers> w(new RankWorkers(options, std::move(group)));
   for (int rank = 1; rank < options.size; ++rank) {
     KvCache* cache = caches[rank - 1];
@@ -118,27 +122,20 @@ Result<std::unique_ptr<RankWorkers>> RankWorkers::Start(const TensorParallelOpti
     spawn.env = options.worker_env;
     spawn.inherit_fds = {w->group_->fd(), cache->fd()};
     spawn.kill_with_parent = true;
-    PD_ASSIGN_OR_RETURN(Subprocess child, Subprocess::Spawn(spawn));
-    PD_LOG_INFO("tensor parallel: rank {} of {} is pid {}", rank, options.size, child.pid());
-    w->workers_.push_back(std::move(child));
-  }
-  // Wait for the workers to load, in slices, so that one that dies loading is reported at once.
-  const Deadline deadline = Deadline::After(options.start_timeout);
-  for (;;) {
-    Status ready = w->group_->WaitReady(
-        Deadline(std::min(deadline.at(), Clock::now() + std::chrono::milliseconds(200))),
-        fingerprint);
-    if (ready.ok()) break;
-    for (size_t i = 0; i < w->workers_.size(); ++i) {
-      if (auto exit = w->workers_[i].TryWait(); exit.has_value()) {
-        return Status::Unavailable(
-            fmt::format("tensor-parallel rank {} {} while loading", i + 1, exit->ToString()));
-      }
+    // Ctrl-C on a terminal signals the whole process group: the node stops, then shuts its
+    // workers down in order; workers that died first would look like rank failures. From the
+    // first instruction; rank-worker ignores them again itself (cli/rank_worker.cc says why).
+    spawn.ignored_signals = {SIGINT, SIGTERM};
+    Result<Subprocess> child = Subprocess::Spawn(spawn);
+    if (!child.ok()) {
+      Status s = child.status().WithContext(fmt::format("starting tensor-parallel rank {}", rank));
+      w->group_->Fail(s.message());
+      return s;
     }
-    if (ready.code() != StatusCode::kDeadlineExceeded || deadline.Passed()) {
-      return ready.WithContext("tensor-parallel workers");
-    }
+    PD_LOG_INFO("tensor parallel: rank {} of {} is pid {}", rank, options.size, child->pid());
+    w->workers_.push_back(std::move(*child));
   }
+  PD_RETURN_IF_ERROR(w->AwaitLoaded(fingerprint));
   w->watcher_ = std::thread([raw = w.get()] { raw->Watch(); });
   return w;
 }
@@ -150,35 +147,71 @@ RankWorkers::~RankWorkers() {
   stop_.store(true);
   if (watcher_.joinable()) watcher_.join();
   group_->Shutdown();
-  const Deadline deadline = Deadline::After(std::chrono::seconds(5));
-  for (Subprocess& worker : workers_) {
-    if (worker.running() && !worker.WaitFor(deadline).ok()) worker.Kill();
-  }
+  StopWorkers(group_->failed() ? kFailureGrace : kShutdownGrace);
 }
 
 Status RankWorkers::Publish(std::span<const SequenceChunk> chunks) {
   return group_->Publish(EncodeStep(chunks));
 }
 
-void RankWorkers::Watch() {
-  bool reported = false;
-  while (!stop_.load() && !reported) {
-    for (size_t i = 0; i < workers_.size() && !reported; ++i) {
-      if (auto exit = workers_[i].TryWait(); exit.has_value()) {
-        const std::string why = fmt::format("tensor-parallel rank {} (pid {}) {}", i + 1,
-                                            workers_[i].pid(), exit->ToString());
-        group_->Fail(why);
-        if (options_.on_failure) options_.on_failure(Status::Unavailable(why));
-        reported = true;
-      }
+Status RankWorkers::AwaitLoaded(uint64_t fingerprint) {
+  // In slices, so that a worker that dies loading is reported at once.
+  const Deadline deadline = Deadline::After(options_.start_timeout);
+  for (;;) {
+    Status ready = group_->WaitReady(
+        Deadline(std::min(deadline.at(), Clock::now() + std::chrono::milliseconds(200))),
+        fingerprint);
+    if (ready.ok()) return Status::Ok();
+    FailOnWorkerExit(" while loading");
+    if (Status failed = group_->FailedStatus(); !failed.ok()) return failed;
+    if (ready.code() != StatusCode::kDeadlineExceeded) {  // a rank loaded another model
+      group_->Fail(ready.message());
+      return ready;
     }
-    if (!reported && group_->failed()) {
-      if (options_.on_failure) {
-        options_.on_failure(Status::Unavailable("tensor-parallel group failed"));
-      }
-      reported = true;
+    if (deadline.Passed()) {
+      Status late = Status::DeadlineExceeded(fmt::format(
+          "tensor-parallel workers did not load within {:.0f} s: {}",
+          std::chrono::duration<double>(options_.start_timeout).count(), ready.message()));
+      group_->Fail(late.message());
+      return late;
+    }
+  }
+}
+
+void RankWorkers::FailOnWorkerExit(std::string_view when) {
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    if (auto exit = workers_[i].TryWait(); exit.has_value()) {
+      group_->Fail(
+          fmt::format("rank {} (pid {}) {}{}", i + 1, workers_[i].pid(), exit->ToString(), when));
+    }
+  }
+}
+
+void RankWorkers::Watch() {
+  while (!stop_.load()) {
+    FailOnWorkerExit("");
+    if (group_->failed()) {
+      // The first reason, whoever gave it: a worker's exit is often a consequence (a rank
+      // that timed out in a collective fails the group; the others then leave).
+      if (options_.on_failure) options_.on_failure(group_->FailedStatus());
+      StopWorkers(kFailureGrace);
+      return;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+void RankWorkers::StopWorkers(Duration grace) {
+  const Deadline deadline = Deadline::After(grace);
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    Subprocess& worker = workers_[i];
+    if (!worker.running() || worker.WaitFor(deadline).ok()) continue;
+    PD_LOG_WARN(
+        "tensor-parallel rank {} (pid {}) still running {:.1f} s after the group {}: "
+        "killing it",
+        i + 1, worker.pid(), std::chrono::duration<double>(grace).count(),
+        group_->failed() ? "failed" : "shut down");
+    worker.Kill();
   }
 }
 

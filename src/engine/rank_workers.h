@@ -9,6 +9,12 @@
 // RankWorkers is the leader's side: Start/Publish/group on the engine's loop thread (Start on
 // a thread that outlives the workers: they die with it, PR_SET_PDEATHSIG); a watcher thread of
 // its own reaps the workers and reports one that exits. RunRankWorker is the worker's loop.
+//
+// Failures (docs/architecture.md, "Rank failures"): a worker that exits, or a rank that waits
+// in a collective longer than collective_timeout, fails the group. The watcher then reports the
+// group's first failure reason through on_failure, once, and kills the workers still running
+// after kFailureGrace. Workers start with SIGINT and SIGTERM ignored: a Ctrl-C reaching the whole
+// process group stops the node, which then shuts its workers down in order.
 #pragma once
 
 #include <atomic>
@@ -38,20 +44,29 @@ struct TensorParallelOptions {
   std::vector<std::pair<std::string, std::string>> worker_env;
   Duration start_timeout = std::chrono::seconds(300);       // a worker loads its weights
   Duration collective_timeout = std::chrono::seconds(120);  // longest wait inside a forward pass
-  // Called once, from the watcher thread, when a worker exits or the group fails: from then on
-  // the node computes nothing (every forward pass fails at once).
+  // Called once, from the watcher thread, when a worker exits or the group fails, with the
+  // group's first failure reason (e.g. "rank 1 (pid 123) killed by signal 9", or which rank
+  // timed out waiting for which): from then on the node computes nothing (every forward pass
+  // fails at once).
   std::function<void(const Status&)> on_failure;
 };
 
 class RankWorkers {
  public:
+  // How long workers may take to leave on their own once the group failed (each sees the
+  // failure at its next wait) before they are killed; and after an orderly Shutdown.
+  static constexpr Duration kFailureGrace = std::chrono::milliseconds(500);
+  static constexpr Duration kShutdownGrace = std::chrono::seconds(5);
+
   // Starts ranks 1..size-1; caches[r - 1] is rank r's cache. Returns once every worker has
   // loaded with `fingerprint` (Transformer::Fingerprint); a worker that exits or disagrees
-  // first is an error naming it.
+  // first, or start_timeout, is an error naming it (the workers are then gone too).
   static Result<std::unique_ptr<RankWorkers>> Start(const TensorParallelOptions& options,
                                                     std::span<KvCache* const> caches,
                                                     uint64_t fingerprint);
-  ~RankWorkers();  // asks the workers to exit, waits up to 5 s, then kills them
+  // Asks the workers to exit (Shutdown), waits kShutdownGrace (kFailureGrace once the group
+  // failed), then kills those still running.
+  ~RankWorkers();
   RankWorkers(const RankWorkers&) = delete;
   RankWorkers& operator=(const RankWorkers&) = delete;
 
@@ -61,7 +76,14 @@ class RankWorkers {
 
  private:
   RankWorkers(const TensorParallelOptions& options, std::unique_ptr<ShmTpGroup> group);
+  // Start's wait for every worker to load; on an error the group has failed with it.
+  Status AwaitLoaded(uint64_t fingerprint);
   void Watch();
+  // Fails the group if a worker has exited, naming it and how, then `when` (the group keeps
+  // its first reason).
+  void FailOnWorkerExit(std::string_view when);
+  // Waits up to `grace` for the workers to exit, then kills (and reaps) those still running.
+  void StopWorkers(Duration grace);
 
   TensorParallelOptions options_;
   std::unique_ptr<ShmTpGroup> group_;

@@ -294,8 +294,8 @@ Status ShmTpGroup::Barrier() {
       missing += (missing.empty() ? "" : ", ") + RankName(r);
     }
   }
-  std::string why = fmt::format("{} waited {:.1f} s at a collective for {}", RankName(rank_),
-                                SecondsOf(Clock::now() - start), missing);
+  std::string why = fmt::format("{} timed out after {:.1f} s in a collective, waiting for {}",
+                                RankName(rank_), SecondsOf(Clock::now() - start), missing);
   Fail(why);
   return Status::DeadlineExceeded(why);
 }
@@ -355,7 +355,11 @@ Status ShmTpGroup::WaitReady(Deadline deadline, uint64_t fingerprint) {
   std::string missing;
   for (int r = 1; r < size_; ++r) {
     if (!c.ranks[r].ready.load(std::memory_order_acquire)) {
-      missing += fmt::format("{}rank {}", missing.empty() ? "" : ", ", r);
+      // A rank that attached is loading; one that did not never got as far as the group.
+      missing += fmt::format("{}{}", missing.empty() ? "" : ", ",
+                             c.ranks[r].attached.load(std::memory_order_acquire)
+                                 ? RankName(r)
+                                 : fmt::format("rank {} (not attached)", r));
     }
   }
   return Status::DeadlineExceeded(fmt::format("tensor-parallel {} not ready after {:.1f} s",
@@ -384,8 +388,9 @@ Status ShmTpGroup::Publish(std::string_view bytes) {
     for (int r = 1; r < size_; ++r) {
       if (!taken(r)) missing += (missing.empty() ? "" : ", ") + RankName(r);
     }
-    std::string why = fmt::format("rank 0 waited {:.1f} s for {} to take the previous message",
-                                  SecondsOf(Clock::now() - start), missing);
+    std::string why =
+        fmt::format("{} timed out after {:.1f} s waiting for {} to take the previous step",
+                    RankName(0), SecondsOf(Clock::now() - start), missing);
     Fail(why);
     return Status::DeadlineExceeded(why);
   }
@@ -443,6 +448,7 @@ bool ShmTpGroup::failed() const {
 
 Status ShmTpGroup::FailedStatus() const {
   const Control& c = control();
+  if (c.fail_state.load(std::memory_order_acquire) == kHealthy) return Status::Ok();
   // The first Fail() copies its reason in nanoseconds; wait a little unless it died mid-copy.
   for (int i = 0; i < 1000 && c.fail_state.load(std::memory_order_acquire) == kWritingReason; ++i) {
     std::this_thread::yield();

@@ -80,6 +80,9 @@ class ShmTpGroup : public TpGroup {
   // current and later waits return Unavailable with the first reason given. Any rank, any thread.
   void Fail(std::string_view why);
   bool failed() const;
+  // Ok while the group is healthy; once failed, Unavailable with the first reason given (what
+  // every rank's calls return). Any rank, any thread.
+  Status FailedStatus() const;
   // Leader: workers' Receive returns Cancelled from now on. Any thread.
   void Shutdown();
 
@@ -97,7 +100,6 @@ class ShmTpGroup : public TpGroup {
   // `done()` may have become true. Returns Ok, the group's failure, or InProgress at `deadline`.
   template <typename Done>
   Status WaitFor(const std::atomic<uint32_t>& word, Deadline deadline, Done done) const;
-  Status FailedStatus() const;
   std::string RankName(int rank) const;  // "rank 2 (pid 1234)"
 
   const int fd_;

@@ -5,11 +5,12 @@
 
 #include <cstdio>
 #include <fstream>
-#include <iterator>
 #include <sstream>
 #include <string>
 
 #include <gtest/gtest.h>
+
+#include "testing/processes.h"
 
 namespace pdserve {
 namespace {
@@ -29,13 +30,7 @@ std::string Text(const Result<std::string>& result) {
 // The status, or ExitStatus{} (code -1) if waiting failed.
 ExitStatus Exit(const Result<ExitStatus>& result) { return result.ok() ? *result : ExitStatus{}; }
 
-// True if `pid` runs (a zombie, dead but not yet reaped, counts as gone).
-bool Alive(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  const size_t paren = text.rfind(')');
-  return paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] != 'Z';
-}
+using testing::ProcessAlive;
 
 TEST(SubprocessTest, ReportsTheExitCode) {
   auto process = Subprocess::Spawn(Shell("exit 7"));
@@ -76,7 +71,7 @@ TEST(SubprocessTest, ExpiredDeadlineLeavesTheChildRunningAndDestructionKillsIt) 
     EXPECT_GE(SecondsSince(start), 0.09);
     EXPECT_LT(SecondsSince(start), 5.0);
     EXPECT_TRUE(process->running());
-    EXPECT_TRUE(Alive(pid));
+    EXPECT_TRUE(ProcessAlive(pid));
   }
   // Destroyed: killed and reaped (not even a zombie is left).
   EXPECT_NE(kill(pid, 0), 0);
@@ -154,13 +149,32 @@ TEST(SubprocessTest, GroupSignalReachesGrandchildren) {
   auto line = process->ReadLine(Deadline::AfterMs(10000));
   ASSERT_TRUE(line.ok()) << line.status().ToString();
   const pid_t grandchild = std::stoi(*line);
-  ASSERT_TRUE(Alive(grandchild));
+  ASSERT_TRUE(ProcessAlive(grandchild));
   ASSERT_TRUE(process->Signal(SIGKILL, /*group=*/true).ok());
   ASSERT_TRUE(process->WaitFor(Deadline::AfterMs(10000)).ok());
   // The grandchild is reparented and reaped by init; give that a moment.
   const Deadline deadline = Deadline::AfterMs(10000);
-  while (Alive(grandchild) && !deadline.Passed()) usleep(10000);
-  EXPECT_FALSE(Alive(grandchild));
+  while (ProcessAlive(grandchild) && !deadline.Passed()) usleep(10000);
+  EXPECT_FALSE(ProcessAlive(grandchild));
+}
+
+// A child started with SIGINT/SIGTERM ignored outlives both (sent to itself, as a terminal's
+// Ctrl-C would reach it); without the option the same script dies of the first.
+TEST(SubprocessTest, IgnoredSignalsStayIgnoredAcrossExec) {
+  const std::string script = "kill -INT $$; kill -TERM $$; echo survived";
+  SubprocessOptions options = Shell(script);
+  options.stdout_mode = StdStream::kPipe;
+  options.ignored_signals = {SIGINT, SIGTERM};
+  auto ignoring = Subprocess::Spawn(options);
+  ASSERT_TRUE(ignoring.ok());
+  EXPECT_EQ(Text(ignoring->ReadAll(Deadline::AfterMs(10000))), "survived\n");
+  EXPECT_TRUE(Exit(ignoring->WaitFor(Deadline::AfterMs(10000))).success());
+
+  options.ignored_signals.clear();
+  auto plain = Subprocess::Spawn(options);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(Text(plain->ReadAll(Deadline::AfterMs(10000))), "");
+  EXPECT_EQ(Exit(plain->WaitFor(Deadline::AfterMs(10000))).signal, SIGINT);
 }
 
 TEST(SubprocessTest, BadArgumentsAreErrors) {

@@ -275,6 +275,7 @@ TEST(ShmTpGroupTest, FailWakesRanksInACollectiveAndInReceive) {
     received_at = now_ns();
   });
   std::this_thread::sleep_for(milliseconds(200));  // both are asleep by now (or see the flag)
+  EXPECT_TRUE(ranks[0]->FailedStatus().ok());
   const int64_t failed_at = now_ns();
   ranks[0]->Fail("rank 9 (pid 42) killed by signal 9");
   gatherer.join();
@@ -286,9 +287,10 @@ TEST(ShmTpGroupTest, FailWakesRanksInACollectiveAndInReceive) {
   EXPECT_NE(received->status().message().find("killed by signal 9"), std::string::npos);
   EXPECT_LT((gathered_at - failed_at) / 1e9, 1.0);
   EXPECT_LT((received_at - failed_at) / 1e9, 1.0);
-  // A later Fail keeps the first reason.
+  // A later Fail keeps the first reason, which every rank reads (what a watcher reports).
   ranks[1]->Fail("second");
   EXPECT_EQ(ranks[2]->AllGatherColumns(nullptr, 0, 0, 0, 0).message(), gathered->message());
+  for (const auto& rank : ranks) EXPECT_EQ(rank->FailedStatus(), *gathered);
 }
 
 TEST(ShmTpGroupTest, KilledWorkerProcessEndsTheLeadersWaitByTheDeadline) {

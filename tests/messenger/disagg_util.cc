@@ -35,6 +35,10 @@ Completion Complete(int port, const std::vector<int32_t>& prompt, int max_tokens
   return c;
 }
 
+std::string ErrorMessage(const Completion& c) {
+  return c.body.is_object() && c.body.contains("error") ? c.body["error"].dump() : c.body.dump();
+}
+
 double NodeMetric(int port, const std::string& name) {
   httplib::Client client("127.0.0.1", port);
   client.set_read_timeout(5, 0);

@@ -36,6 +36,8 @@ struct Completion {
 // POST /v1/completions with prompt ids, greedy, ignore_eos, max_tokens.
 Completion Complete(int port, const std::vector<int32_t>& prompt, int max_tokens,
                     const httplib::Headers& headers = {});
+// A failed completion's "error" object as JSON text (the whole body if it has none).
+std::string ErrorMessage(const Completion& c);
 
 // A metric of a node (-1 if absent or the node does not answer).
 double NodeMetric(int port, const std::string& name);

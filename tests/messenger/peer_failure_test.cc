@@ -52,10 +52,6 @@ bool WaitUntilPrefilling(int port) {
   return WaitForMetric(port, "pdserve:messenger_requests_in_flight", 1, 10000) == 1;
 }
 
-std::string ErrorMessage(const Completion& c) {
-  return c.body.is_object() && c.body.contains("error") ? c.body["error"].dump() : c.body.dump();
-}
-
 TEST(MessengerPeerFailureTest, KilledPrefillFailsTheRequestWithAClearError) {
   auto prefill = StartPrefill();
   ASSERT_TRUE(prefill->ok()) << prefill->error();

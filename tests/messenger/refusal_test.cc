@@ -64,10 +64,6 @@ nlohmann::json WaitUntilRefused(int decode_port, const std::string& name) {
   return nlohmann::json::value_t::discarded;
 }
 
-std::string ErrorMessage(const Completion& c) {
-  return c.body.is_object() && c.body.contains("error") ? c.body["error"].dump() : c.body.dump();
-}
-
 TEST(MessengerRefusalTest, WrongClusterKeyIsRefusedAndTheGoodPeerServes) {
   auto good = StartPrefill(TinyModelDir(), kClusterKey);
   auto bad = StartPrefill(TinyModelDir(), "not-the-cluster-secret");

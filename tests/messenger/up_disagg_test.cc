@@ -6,18 +6,16 @@
 #include <sched.h>
 #include <signal.h>
 
-#include <fstream>
-#include <iterator>
 #include <optional>
 #include <regex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "common/subprocess.h"
 #include "disagg_util.h"
+#include "testing/processes.h"
 #include "testing/test_paths.h"
 
 namespace pdserve::testing {
@@ -65,20 +63,6 @@ void StartUp(const std::vector<std::string>& args, RunningUp* up) {
   ASSERT_GT(up->router_port, 0) << up->output;
 }
 
-// Alive and not a zombie.
-bool ProcessAlive(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string pid_field, comm, state;
-  if (!(stat >> pid_field >> comm >> state)) return false;
-  return state != "Z";
-}
-
-// A file of /proc/PID as a string ("" if unreadable).
-std::string ProcFile(pid_t pid, const std::string& name) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/" + name, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 // The CPUs a process may run on, from /proc/PID/status ("0-1,4").
 std::string CpusAllowed(pid_t pid) {
   const std::string status = ProcFile(pid, "status");
@@ -91,14 +75,11 @@ std::string CpusAllowed(pid_t pid) {
   return list;
 }
 
-bool AllGone(const std::vector<UpNode>& nodes, Deadline deadline) {
-  for (;;) {
-    bool any = false;
-    for (const UpNode& n : nodes) any = any || ProcessAlive(n.pid);
-    if (!any) return true;
-    if (deadline.Passed()) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+// The nodes' pids.
+std::vector<pid_t> PidsOf(const std::vector<UpNode>& nodes) {
+  std::vector<pid_t> pids;
+  for (const UpNode& n : nodes) pids.push_back(n.pid);
+  return pids;
 }
 
 TEST(UpDisaggTest, OnePrefillOneDecodeMatchColocatedAndStopOnSigterm) {
@@ -147,7 +128,7 @@ TEST(UpDisaggTest, OnePrefillOneDecodeMatchColocatedAndStopOnSigterm) {
   auto status = up.process->WaitFor(Deadline::AfterMs(60000));
   ASSERT_TRUE(status.ok()) << "pdserve up did not exit after SIGTERM";
   EXPECT_TRUE(status->success()) << status->ToString();
-  EXPECT_TRUE(AllGone(up.nodes, Deadline::AfterMs(10000))) << "a node outlived `up`";
+  EXPECT_TRUE(WaitAllGone(PidsOf(up.nodes), Deadline::AfterMs(10000))) << "a node outlived `up`";
 }
 
 TEST(UpDisaggTest, MixingColocatedAndDisaggregatedFlagsIsRefused) {

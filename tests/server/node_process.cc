@@ -9,14 +9,19 @@
 namespace pdserve::testing {
 namespace {
 
-// The pdserve binary with `args` and `env`, stdout on a pipe (stderr stays the test's).
-Result<Subprocess> Spawn(const std::vector<std::string>& args,
-                         const std::vector<std::pair<std::string, std::string>>& env = {}) {
+// The pdserve binary with `args`, stdout on a pipe (stderr the test's unless launched with a
+// log path).
+Result<Subprocess> Spawn(const std::vector<std::string>& args, const NodeLaunch& launch = {}) {
   SubprocessOptions options;
-  options.env = env;
+  options.env = launch.env;
   options.argv = {BinaryPath("src/cli/pdserve")};
   options.argv.insert(options.argv.end(), args.begin(), args.end());
   options.stdout_mode = StdStream::kPipe;
+  if (!launch.log_path.empty()) {
+    options.stderr_mode = StdStream::kFile;
+    options.stderr_path = launch.log_path;
+  }
+  options.new_process_group = launch.own_process_group;
   return Subprocess::Spawn(options);
 }
 
@@ -40,10 +45,19 @@ std::string RunPdserve(const std::vector<std::string>& args, int* exit_code) {
 
 NodeProcess::NodeProcess(const std::string& model_dir, const std::vector<std::string>& extra_args,
                          const std::string& listen,
-                         const std::vector<std::pair<std::string, std::string>>& env) {
-  std::vector<std::string> args = {"serve", "--listen", listen, "--model", model_dir};
+                         const std::vector<std::pair<std::string, std::string>>& env)
+    : NodeProcess(model_dir, extra_args, [&] {
+        NodeLaunch launch;
+        launch.listen = listen;
+        launch.env = env;
+        return launch;
+      }()) {}
+
+NodeProcess::NodeProcess(const std::string& model_dir, const std::vector<std::string>& extra_args,
+                         const NodeLaunch& launch) {
+  std::vector<std::string> args = {"serve", "--listen", launch.listen, "--model", model_dir};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
-  auto process = Spawn(args, env);
+  auto process = Spawn(args, launch);
   if (!process.ok()) {
     error_ = "cannot spawn pdserve: " + process.status().ToString();
     return;
@@ -74,7 +88,17 @@ httplib::Client NodeProcess::Client() const {
 }
 
 int NodeProcess::Terminate(int timeout_ms) {
-  if (!process_ || !process_->Signal(SIGTERM).ok()) return -1;
+  if (!Signal(SIGTERM).ok()) return -1;
+  return Wait(timeout_ms);
+}
+
+Status NodeProcess::Signal(int sig, bool group) {
+  if (!process_) return Status::FailedPrecondition("the node was never started");
+  return process_->Signal(sig, group);
+}
+
+int NodeProcess::Wait(int timeout_ms) {
+  if (!process_) return -1;
   auto status = process_->WaitFor(Deadline::AfterMs(timeout_ms));
   return status.ok() ? ExitCode(*status) : -1;
 }

@@ -24,12 +24,23 @@ namespace pdserve::testing {
 // goes to *exit_code.
 std::string RunPdserve(const std::vector<std::string>& args, int* exit_code);
 
+// How a NodeProcess is started beyond its flags.
+struct NodeLaunch {
+  std::string listen = "127.0.0.1:0";                    // any free port unless given
+  std::vector<std::pair<std::string, std::string>> env;  // on top of this process's environment
+  std::string log_path;  // stderr (the log) to this file; empty: this process's stderr
+  // Its own process group (pgid = its pid), which its children (rank workers) share: Signal
+  // with group reaches them all, as a terminal's Ctrl-C would; destruction kills the group.
+  bool own_process_group = false;
+};
+
 class NodeProcess {
  public:
-  // Starts `pdserve serve --listen LISTEN --model DIR <extra>` (with `env` set on top of this
-  // process's environment) and waits (30 s) for its "ready on" line. On failure, ok() is false
-  // and error() says why. LISTEN is any free port unless given (a restarted node reuses its
-  // predecessor's address).
+  // Starts `pdserve serve --listen LISTEN --model DIR <extra>` and waits (30 s) for its "ready
+  // on" line. On failure, ok() is false and error() says why.
+  NodeProcess(const std::string& model_dir, const std::vector<std::string>& extra_args,
+              const NodeLaunch& launch);
+  // The same with `listen` (a restarted node reuses its predecessor's address) and `env`.
   NodeProcess(const std::string& model_dir, const std::vector<std::string>& extra_args,
               const std::string& listen = "127.0.0.1:0",
               const std::vector<std::pair<std::string, std::string>>& env = {});
@@ -43,6 +54,11 @@ class NodeProcess {
   httplib::Client Client() const;
   // Sends SIGTERM and waits up to timeout_ms; returns the exit status, or -1 on timeout.
   int Terminate(int timeout_ms);
+  // Sends `sig` to the node, or to its process group (needs own_process_group).
+  Status Signal(int sig, bool group = false);
+  // Waits up to timeout_ms for the node to end by itself; its exit code (128 + signal if a
+  // signal ended it), or -1 on timeout.
+  int Wait(int timeout_ms);
 
  private:
   std::optional<Subprocess> process_;  // killed and reaped on destruction

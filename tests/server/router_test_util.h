@@ -11,6 +11,7 @@
 
 #include "common/clock.h"
 #include "common/subprocess.h"
+#include "testing/processes.h"  // ProcessAlive, ChildrenOf for the users of this header
 #include "testing/test_models.h"
 
 namespace pdserve::testing {
@@ -37,9 +38,5 @@ class Subprocess {
 int FreePort();
 // True once GET http://127.0.0.1:port/health answers 200 before the deadline.
 bool WaitHealthy(int port, Deadline deadline);
-// True if `pid` names a live process (a zombie counts as gone).
-bool ProcessAlive(pid_t pid);
-// Direct children of `pid`, read from /proc/<pid>/task/*/children.
-std::vector<pid_t> ChildrenOf(pid_t pid);
 
 }  // namespace pdserve::testing

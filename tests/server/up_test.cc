@@ -42,16 +42,6 @@ void StartUp(RunningUp* up) {
   EXPECT_EQ(up->children.size(), 2u) << "one child per node";
 }
 
-bool AllGone(const std::vector<pid_t>& pids, Deadline deadline) {
-  for (;;) {
-    bool any = false;
-    for (pid_t pid : pids) any = any || ProcessAlive(pid);
-    if (!any) return true;
-    if (deadline.Passed()) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
-
 TEST(UpTest, ServesThroughTheRouterAndStopsEverythingOnSigterm) {
   RunningUp up;
   ASSERT_NO_FATAL_FAILURE(StartUp(&up));
@@ -68,7 +58,7 @@ TEST(UpTest, ServesThroughTheRouterAndStopsEverythingOnSigterm) {
   std::optional<ExitStatus> status = up.process->Wait(Deadline::AfterMs(30000));
   ASSERT_TRUE(status.has_value()) << "pdserve up did not exit after SIGTERM";
   EXPECT_TRUE(status->success()) << status->ToString();
-  EXPECT_TRUE(AllGone(up.children, Deadline::AfterMs(5000)));
+  EXPECT_TRUE(WaitAllGone(up.children, Deadline::AfterMs(5000)));
 }
 
 TEST(UpTest, ChildrenDieWhenUpIsKilled) {
@@ -76,7 +66,7 @@ TEST(UpTest, ChildrenDieWhenUpIsKilled) {
   ASSERT_NO_FATAL_FAILURE(StartUp(&up));
   up.process->Signal(SIGKILL);
   ASSERT_TRUE(up.process->Wait(Deadline::AfterMs(10000)).has_value());
-  EXPECT_TRUE(AllGone(up.children, Deadline::AfterMs(10000)))
+  EXPECT_TRUE(WaitAllGone(up.children, Deadline::AfterMs(10000)))
       << "nodes outlived `up` killed with -9 (PR_SET_PDEATHSIG)";
 }
 

@@ -1,0 +1,67 @@
+#include "testing/processes.h"
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <thread>
+
+namespace pdserve::testing {
+
+bool ProcessAlive(pid_t pid) {
+  // The state follows the command name in parentheses, which may itself hold ") ".
+  const std::string stat = ProcFile(pid, "stat");
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
+}
+
+std::vector<pid_t> ChildrenOf(pid_t pid) {
+  std::vector<pid_t> out;
+  const std::filesystem::path tasks = "/proc/" + std::to_string(pid) + "/task";
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
+    std::ifstream children(task.path() / "children");
+    pid_t child;
+    while (children >> child) out.push_back(child);
+  }
+  return out;
+}
+
+std::string ProcFile(pid_t pid, const std::string& name) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/" + name, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+bool WaitAllGone(const std::vector<pid_t>& pids, Deadline deadline) {
+  for (;;) {
+    bool any = false;
+    for (pid_t pid : pids) any = any || ProcessAlive(pid);
+    if (!any) return true;
+    if (deadline.Passed()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+CommandRun RunToCompletion(const std::vector<std::string>& argv, Deadline deadline) {
+  CommandRun run;
+  SubprocessOptions options;
+  options.argv = argv;
+  options.stdin_mode = StdStream::kNull;
+  options.stdout_mode = StdStream::kPipe;
+  options.stderr_mode = StdStream::kPipe;
+  auto process = Subprocess::Spawn(options);
+  if (!process.ok()) {
+    run.output = process.status().ToString();
+    return run;
+  }
+  // Reading to EOF first: a child blocked on a full pipe would never exit.
+  auto output = process->ReadAll(deadline);
+  if (output.ok()) run.output = *output;
+  auto exit = process->WaitFor(deadline);
+  if (!exit.ok()) return run;  // the destructor kills it
+  run.finished = true;
+  run.exit = *exit;
+  return run;
+}
+
+}  // namespace pdserve::testing

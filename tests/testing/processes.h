@@ -1,0 +1,35 @@
+// What tests learn about processes from /proc, and a bounded run of a command: is a pid alive,
+// its children, a /proc file, waiting until a set of pids is gone, a command's exit status and
+// combined output. For tests only; every function may be called from any thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/subprocess.h"
+
+namespace pdserve::testing {
+
+// True if `pid` names a live process (a zombie, dead but not yet reaped, counts as gone).
+bool ProcessAlive(pid_t pid);
+// Direct children of `pid`, read from /proc/<pid>/task/*/children (empty if `pid` is gone).
+std::vector<pid_t> ChildrenOf(pid_t pid);
+// The file /proc/<pid>/<name> as a string ("" if unreadable), e.g. "cmdline" (NUL-separated).
+std::string ProcFile(pid_t pid, const std::string& name);
+// Polls until none of `pids` is alive; false if one still is at the deadline.
+bool WaitAllGone(const std::vector<pid_t>& pids, Deadline deadline);
+
+// How a command run by RunToCompletion ended.
+struct CommandRun {
+  bool finished = false;  // false: it did not end by the deadline (it was killed) or never started
+  ExitStatus exit;
+  std::string output;  // stdout and stderr together
+};
+// Runs `argv` (argv[0] a path or a name in PATH) with stdin from /dev/null until it exits or
+// `deadline` passes (then kills it).
+CommandRun RunToCompletion(const std::vector<std::string>& argv, Deadline deadline);
+
+}  // namespace pdserve::testing
