@@ -121,8 +121,9 @@ ApiError ApiError::FromStatus(const Status& status) {
     case StatusCode::kOutOfRange:
       return ContextLengthExceeded(status.message());
     case StatusCode::kResourceExhausted:
-    case StatusCode::kUnavailable:
       return Overloaded(status.message());
+    case StatusCode::kUnavailable:
+      return Unavailable(status.message(), "service_unavailable");
     case StatusCode::kDeadlineExceeded:
       return Timeout(status.message());
     case StatusCode::kCancelled:

@@ -64,7 +64,8 @@ struct ApiError {
   // Another 4xx/5xx status with no more specific constructor (httplib's own parse errors).
   static ApiError ForHttpStatus(int http_status);
   // Maps an engine/model Status to what a client should see: InvalidArgument -> 400,
-  // OutOfRange -> 400 context_length_exceeded, ResourceExhausted/Unavailable -> 503,
+  // OutOfRange -> 400 context_length_exceeded, ResourceExhausted -> 503 server_overloaded,
+  // Unavailable -> 503 service_unavailable (e.g. a lost prefill peer or tensor-parallel rank),
   // DeadlineExceeded -> 504, Cancelled -> 503 "cancelled", anything else -> 500.
   static ApiError FromStatus(const Status& status);
 

@@ -146,6 +146,7 @@ TEST(TpFaultTest, KilledRankWorkerStopsTheNodeNamingTheRank) {
   ASSERT_EQ(kill(victim, SIGKILL), 0);
   const Completion failed = pending.get();
   EXPECT_EQ(failed.status, 503) << failed.body.dump();
+  EXPECT_EQ(failed.body["error"]["code"], "service_unavailable") << failed.body.dump();
   EXPECT_TRUE(Contains(ErrorMessage(failed), "rank 2 (pid " + Pid(victim) + ") killed by signal 9"))
       << ErrorMessage(failed);
   EXPECT_EQ(n.node().Wait(15000), 1) << n.Log();

@@ -81,7 +81,9 @@ TEST(ApiErrorTest, FromStatusMapsEngineErrors) {
   EXPECT_EQ(ApiError::FromStatus(Status::InvalidArgument("x")).http_status, 400);
   EXPECT_EQ(ApiError::FromStatus(Status::OutOfRange("long")).code, "context_length_exceeded");
   EXPECT_EQ(ApiError::FromStatus(Status::ResourceExhausted("full")).http_status, 503);
-  EXPECT_EQ(ApiError::FromStatus(Status::Unavailable("busy")).code, "server_overloaded");
+  EXPECT_EQ(ApiError::FromStatus(Status::ResourceExhausted("full")).code, "server_overloaded");
+  EXPECT_EQ(ApiError::FromStatus(Status::Unavailable("rank lost")).code, "service_unavailable");
+  EXPECT_EQ(ApiError::FromStatus(Status::Unavailable("rank lost")).http_status, 503);
   EXPECT_EQ(ApiError::FromStatus(Status::DeadlineExceeded("late")).http_status, 504);
   EXPECT_EQ(ApiError::FromStatus(Status::Cancelled("gone")).code, "cancelled");
   EXPECT_EQ(ApiError::FromStatus(Status::Internal("bug")).http_status, 500);
