@@ -406,6 +406,337 @@ void AttendHeads(const float* q, const float* keys_t, int64_t stride, const floa
   }
 }
 
+// ---- Attention straight from the pages (KernelTable::attend_pages) ----
+//
+// The values of AttendGroup over the copied rows, bit for bit: a score is one lane per position
+// summing q . k over d in order (FMA) and then scaled; the softmax maximum and sum take 16 lanes
+// (position mod 16) and the lane tree; each element of the V sum adds its positions in order.
+// Only where the rows come from differs: K is widened and transposed 16 positions at a time
+// into a tile in L1 that every query and head of the run use, V rows are widened as they load.
+
+// Positions per key tile: one score vector (the avx2 path's tile holds 8, its vector width).
+constexpr int kKeyTile = 16;
+// Key tiles prefetched ahead of the one being transposed (2 KB each at head_dim 64 in BF16).
+constexpr int kKeyTilesAhead = 2;
+// Positions of V summed per block, in whole pages: a block (8 KB at head_dim 64 in BF16) stays
+// in L1 while every head group and chunk pass over it.
+constexpr int kValueBlock = 64;
+// 16-column chunks of head_dim summed in one pass over a block (C * G accumulators, C <= 4).
+constexpr int kMaxPassChunks = 4;
+
+// A zero row (head_dim <= 16 * kMaxHeadChunks) for the positions of a key tile past the
+// context, whose pages may not exist.
+alignas(64) constexpr float kZeroRow[16 * kMaxHeadChunks] = {};
+
+// Row p of one KV head's K or V in the pages, walked position by position.
+template <typename Elem>
+class PageCursor {
+ public:
+  PageCursor(const void* const* pages, int page_tokens, int hd, int64_t p)
+      : pages_(pages), page_tokens_(page_tokens), hd_(hd) {
+    page_ = p / page_tokens;
+    slot_ = static_cast<int>(p - page_ * page_tokens);
+  }
+  // The row of the current position; then moves to the next.
+  const Elem* Next() {
+    const Elem* row = static_cast<const Elem*>(pages_[page_]) + static_cast<int64_t>(slot_) * hd_;
+    if (++slot_ == page_tokens_) {
+      slot_ = 0;
+      ++page_;
+    }
+    return row;
+  }
+
+ private:
+  const void* const* pages_;
+  int page_tokens_, hd_;
+  int64_t page_;
+  int slot_;
+};
+
+// Prefetches the rows of positions [p0, p1) of one KV head's K or V into L1: the rows of a page
+// are one run of memory, but consecutive pages lie a block apart, which the hardware
+// prefetchers follow late.
+template <typename Elem>
+void PrefetchRows(const void* const* pages, int page_tokens, int hd, int64_t p0, int64_t p1) {
+  const int64_t row_bytes = static_cast<int64_t>(hd) * sizeof(Elem);
+  while (p0 < p1) {
+    const int64_t page = p0 / page_tokens;
+    const int64_t slot = p0 - page * page_tokens;
+    const int64_t rows = Min(p1 - p0, page_tokens - slot);
+    const char* at = static_cast<const char*>(pages[page]) + slot * row_bytes;
+    for (int64_t off = 0; off < rows * row_bytes; off += 64) _mm_prefetch(at + off, _MM_HINT_T0);
+    p0 += rows;
+  }
+}
+
+inline void Transpose16x16(__m512 (&v)[16]) {
+  TransposeStage<8>(v);
+  TransposeStage<4>(v);
+  TransposeStage<2>(v);
+  TransposeStage<1>(v);
+}
+
+// K rows of 16 positions (rows[i]: position i, or a zero row) -> tile [hd][16]. BF16: a 32-bit
+// word holds elements 2w (low half) and 2w + 1 (high half) of a row, so one 16 x 16 transpose
+// of words moves 32 elements, and shifting left by 16 (even) or masking the low half off (odd)
+// widens them: half the shuffles of widening first.
+void KeyTileBF16(const uint16_t* const* rows, int hd, float* tile) {
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  for (int c0 = 0; c0 < hd; c0 += 32) {
+    const int live = hd - c0;  // elements of this 32-column block in a row
+    const __mmask32 mask = live >= 32 ? ~__mmask32{0} : (__mmask32{1} << live) - 1;
+    __m512 v[16];
+    for (int r = 0; r < 16; ++r) {
+      v[r] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mask, rows[r] + c0));
+    }
+    Transpose16x16(v);  // v[w] lane i: word w of row i
+    float* out = tile + c0 * kKeyTile;
+    auto store = [&](int w) {
+      const __m512i word = _mm512_castps_si512(v[w]);
+      _mm512_store_ps(out + 2 * w * kKeyTile, _mm512_castsi512_ps(_mm512_slli_epi32(word, 16)));
+      if (2 * w + 1 < live) {
+        _mm512_store_ps(out + (2 * w + 1) * kKeyTile,
+                        _mm512_castsi512_ps(_mm512_and_si512(word, high)));
+      }
+    };
+    if (live >= 32) {  // a fixed count, unrolled
+      for (int w = 0; w < 16; ++w) store(w);
+    } else {
+      for (int w = 0; 2 * w < live; ++w) store(w);
+    }
+  }
+}
+
+void KeyTileF32(const float* const* rows, int hd, float* tile) {
+  for (int c0 = 0; c0 < hd; c0 += 16) {
+    const __mmask16 mask = TailMask16(hd - c0);
+    __m512 v[16];
+    for (int r = 0; r < 16; ++r) v[r] = _mm512_maskz_loadu_ps(mask, rows[r] + c0);
+    Transpose16x16(v);
+    const int live = Min(16, hd - c0);
+    for (int i = 0; i < live; ++i) _mm512_store_ps(tile + (c0 + i) * kKeyTile, v[i]);
+  }
+}
+
+// Widens and transposes the K rows of positions [p0, p0 + kKeyTile) into tile [hd][kKeyTile];
+// positions from ctx on are zeros.
+template <typename Elem>
+void KeyTile(const internal::HeadPages& kv, int64_t p0, int64_t ctx, int hd, float* tile) {
+  const Elem* rows[kKeyTile];
+  PageCursor<Elem> cursor(kv.k, kv.page_tokens, hd, p0);
+  for (int r = 0; r < kKeyTile; ++r) {
+    rows[r] = p0 + r < ctx ? cursor.Next() : reinterpret_cast<const Elem*>(kZeroRow);
+  }
+  if constexpr (sizeof(Elem) == sizeof(uint16_t)) {
+    KeyTileBF16(rows, hd, tile);
+  } else {
+    KeyTileF32(rows, hd, tile);
+  }
+}
+
+// Scores of the tile's 16 positions for G heads (q [G][hd]): stores scale * (q . k) to
+// scores[h * stride, + 16) (the row of head h at the tile's first position).
+template <int G>
+void TileScores(const float* q, const float* tile, int hd, float scale, float* scores,
+                int64_t stride) {
+  __m512 acc[G];
+  for (int h = 0; h < G; ++h) acc[h] = _mm512_setzero_ps();
+  for (int d = 0; d < hd; ++d) {
+    const __m512 k = _mm512_load_ps(tile + d * kKeyTile);
+    for (int h = 0; h < G; ++h) {
+      acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h * hd + d]), k, acc[h]);
+    }
+  }
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int h = 0; h < G; ++h) _mm512_storeu_ps(scores + h * stride, _mm512_mul_ps(acc[h], vscale));
+}
+
+using TileScoresFn = void (*)(const float*, const float*, int, float, float*, int64_t);
+template <size_t... G>
+constexpr Array<TileScoresFn, kMaxGroup + 1> TileScoresTable(std::index_sequence<G...>) {
+  return {nullptr, &TileScores<static_cast<int>(G) + 1>...};
+}
+
+// Turns the scores [0, ctx) of one head into softmax numerators in place, as AttendGroup does;
+// returns 1 / their sum.
+float SoftmaxNumerators(float* sh, int64_t ctx) {
+  __m512 vmax = _mm512_set1_ps(-__builtin_inff());
+  for (int64_t p = 0; p < ctx; p += 16) {
+    const __mmask16 mask = TailMask16(static_cast<int>(Min<int64_t>(16, ctx - p)));
+    vmax = _mm512_mask_max_ps(vmax, mask, vmax, _mm512_maskz_loadu_ps(mask, sh + p));
+  }
+  const __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+  __m512 vsum = _mm512_setzero_ps();
+  for (int64_t p = 0; p < ctx; p += 16) {
+    const __mmask16 mask = TailMask16(static_cast<int>(Min<int64_t>(16, ctx - p)));
+    __m512 e = Exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, sh + p), vm));
+    e = _mm512_maskz_mov_ps(mask, e);
+    _mm512_mask_storeu_ps(sh + p, mask, e);
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  return 1.0f / _mm512_reduce_add_ps(vsum);
+}
+
+// 16 elements of a V row as floats (the lanes outside `mask` zero).
+inline __m512 LoadRow16(const float* at, __mmask16 mask) { return _mm512_maskz_loadu_ps(mask, at); }
+inline __m512 LoadRow16(const uint16_t* at, __mmask16 mask) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, at)), 16));
+}
+
+// Consecutive V rows of one page: `count` rows of head_dim elements from `row` on.
+template <typename Elem>
+struct RowRun {
+  const Elem* row;
+  int64_t count;
+};
+
+// Accumulators of a group of heads between blocks, one row of 16 * kMaxHeadChunks per head.
+using HeadAccumulators = float (*)[16 * kMaxHeadChunks];
+
+// acc[h][16 * c0, + 16 * C) += scores of head h times the rows of `runs`, position by position
+// in order (G heads; sh[h]: head h's numerators from the block's first position on). Between
+// blocks the accumulators wait in acc (storing a float changes nothing).
+template <int G, int C, typename Elem>
+void AddValueRows(const RowRun<Elem>* runs, int num_runs, const float* const* sh, int hd, int c0,
+                  HeadAccumulators acc) {
+  __m512 a[G][C];
+  __mmask16 mask[C];
+  for (int c = 0; c < C; ++c) mask[c] = TailMask16(hd - 16 * (c0 + c));
+  for (int h = 0; h < G; ++h)
+    for (int c = 0; c < C; ++c) a[h][c] = _mm512_load_ps(acc[h] + 16 * (c0 + c));
+  int64_t i = 0;  // position within the block
+  for (int r = 0; r < num_runs; ++r) {
+    const Elem* row = runs[r].row + 16 * c0;
+    for (const int64_t end = i + runs[r].count; i < end; ++i, row += hd) {
+      for (int c = 0; c < C; ++c) {
+        const __m512 vc = LoadRow16(row + 16 * c, mask[c]);
+        for (int h = 0; h < G; ++h) {
+          a[h][c] = _mm512_fmadd_ps(_mm512_set1_ps(sh[h][i]), vc, a[h][c]);
+        }
+      }
+    }
+  }
+  for (int h = 0; h < G; ++h)
+    for (int c = 0; c < C; ++c) _mm512_store_ps(acc[h] + 16 * (c0 + c), a[h][c]);
+}
+
+// kValueRows<Elem>[g][c]: AddValueRows<g, c>; null where g * c exceeds the registers.
+template <typename Elem>
+using ValueRowsFn = void (*)(const RowRun<Elem>*, int, const float* const*, int, int,
+                             HeadAccumulators);
+template <typename Elem, int G, int C>
+constexpr ValueRowsFn<Elem> ValueRowsFnOf() {
+  if constexpr (G * C <= kGroupRegisters) {
+    return &AddValueRows<G, C, Elem>;
+  } else {
+    return nullptr;
+  }
+}
+template <typename Elem, int G, size_t... C>
+constexpr Array<ValueRowsFn<Elem>, kMaxPassChunks + 1> ValueRowsRow(std::index_sequence<C...>) {
+  return {nullptr, ValueRowsFnOf<Elem, G, static_cast<int>(C) + 1>()...};
+}
+template <typename Elem, size_t... G>
+constexpr Array<Array<ValueRowsFn<Elem>, kMaxPassChunks + 1>, kMaxGroup + 1> ValueRowsTable(
+    std::index_sequence<G...>) {
+  return {
+      Array<ValueRowsFn<Elem>, kMaxPassChunks + 1>{},
+      ValueRowsRow<Elem, static_cast<int>(G) + 1>(std::make_index_sequence<kMaxPassChunks>())...};
+}
+
+// The weighted V sum of g <= kMaxGroup heads over positions [0, ctx) into acc: blocks of whole
+// pages, each passed over by every (head group, chunk group) that fits the registers while it
+// sits in L1.
+template <typename Elem>
+void SumValues(const internal::HeadPages& kv, int64_t ctx, int hd, const float* sh, int64_t stride,
+               int g, HeadAccumulators acc) {
+  static constexpr auto kValueRows = ValueRowsTable<Elem>(std::make_index_sequence<kMaxGroup>());
+  const int chunks = (hd + 15) / 16;
+  const int heads_per_pass = MaxGroup(Min(chunks, kMaxPassChunks));
+  RowRun<Elem> runs[kValueBlock];
+  const float* rows_of[kMaxGroup];
+  for (int64_t p0 = 0, page = 0; p0 < ctx;) {
+    int num_runs = 0;
+    int64_t p1 = p0;
+    while (p1 < ctx && p1 - p0 < kValueBlock) {
+      const int64_t rows = Min<int64_t>(kv.page_tokens, ctx - p1);
+      runs[num_runs++] = {static_cast<const Elem*>(kv.v[page++]), rows};
+      p1 += rows;
+    }
+    PrefetchRows<Elem>(kv.v, kv.page_tokens, hd, p1, Min(ctx, p1 + kValueBlock));
+    for (int h = 0; h < g; h += heads_per_pass) {
+      const int gh = Min(heads_per_pass, g - h);
+      for (int i = 0; i < gh; ++i) rows_of[i] = sh + (h + i) * stride + p0;
+      for (int c0 = 0; c0 < chunks;) {
+        const int c = Min(Min(kMaxPassChunks, kGroupRegisters / gh), chunks - c0);
+        kValueRows[gh][c](runs, num_runs, rows_of, hd, c0, acc + h);
+        c0 += c;
+      }
+    }
+    p0 = p1;
+  }
+}
+
+template <typename Elem>
+void AttendPagesOf(const internal::PageQuery* queries, int count, const internal::HeadPages& kv,
+                   int hd, float scale, int heads, float* scores) {
+  static constexpr auto kTileScores = TileScoresTable(std::make_index_sequence<kMaxGroup>());
+  int64_t ctx = 0;
+  for (int r = 0; r < count; ++r) {
+    if (queries[r].ctx > ctx) ctx = queries[r].ctx;
+  }
+  const int64_t stride = (ctx + 15) / 16 * 16;
+  // Scores: the key tile of each 16 positions serves every query of the run and every head.
+  alignas(64) float tile[16 * kMaxHeadChunks * kKeyTile];
+  for (int64_t p0 = 0; p0 < ctx; p0 += kKeyTile) {
+    const int64_t ahead = p0 + kKeyTilesAhead * kKeyTile;
+    PrefetchRows<Elem>(kv.k, kv.page_tokens, hd, Min(ahead, ctx), Min(ahead + kKeyTile, ctx));
+    KeyTile<Elem>(kv, p0, ctx, hd, tile);
+    for (int r = 0; r < count; ++r) {
+      if (queries[r].ctx <= p0) continue;
+      float* sr = scores + static_cast<int64_t>(r) * heads * stride + p0;
+      for (int h = 0; h < heads; h += kMaxGroup) {
+        const int g = Min(kMaxGroup, heads - h);
+        kTileScores[g](queries[r].q + h * hd, tile, hd, scale, sr + h * stride, stride);
+      }
+    }
+  }
+  // Softmax and the weighted V sum, per query and group of heads.
+  alignas(64) float acc[kMaxGroup][16 * kMaxHeadChunks];
+  for (int r = 0; r < count; ++r) {
+    const int64_t qctx = queries[r].ctx;
+    for (int h = 0; h < heads; h += kMaxGroup) {
+      const int g = Min(kMaxGroup, heads - h);
+      float* sh = scores + (static_cast<int64_t>(r) * heads + h) * stride;
+      float inv_sum[kMaxGroup];
+      for (int i = 0; i < g; ++i) {
+        inv_sum[i] = SoftmaxNumerators(sh + i * stride, qctx);
+        std::memset(acc[i], 0, sizeof(acc[i]));
+      }
+      SumValues<Elem>(kv, qctx, hd, sh, stride, g, acc);
+      float* out = queries[r].out + static_cast<size_t>(h) * hd;
+      for (int i = 0; i < g; ++i) {
+        const __m512 vinv = _mm512_set1_ps(inv_sum[i]);
+        for (int c = 0; c < hd; c += 16) {
+          _mm512_mask_storeu_ps(out + i * hd + c, TailMask16(hd - c),
+                                _mm512_mul_ps(_mm512_load_ps(acc[i] + c), vinv));
+        }
+      }
+    }
+  }
+}
+
+void AttendPages(const internal::PageQuery* queries, int count, const internal::HeadPages& kv,
+                 int hd, float scale, int heads, float* scores) {
+  if (kv.bf16) {
+    AttendPagesOf<uint16_t>(queries, count, kv, hd, scale, heads, scores);
+  } else {
+    AttendPagesOf<float>(queries, count, kv, hd, scale, heads, scores);
+  }
+}
+
 void PackedTile(const uint16_t* x, const uint16_t* block, float* y, int n, int k, int c0, int t0,
                 int groups, int tokens) {
   static constexpr auto kTiles = PackedTileTable(std::make_index_sequence<kBlockGroups>());
@@ -462,8 +793,7 @@ const KernelTable kAvx512Kernels = {
     .widen_bf16 = WidenBF16,
     .transpose_rows = TransposeRows,
     .attend_heads = AttendHeads,
-    // Not ported: this path still copies K/V out of the pages (the walker's CopyingAttention).
-    .attend_pages = nullptr,
+    .attend_pages = AttendPages,
 };
 }  // namespace internal
 
