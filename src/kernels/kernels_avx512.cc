@@ -416,13 +416,22 @@ void AttendHeads(const float* q, const float* keys_t, int64_t stride, const floa
 
 // Positions per key tile: one score vector (the avx2 path's tile holds 8, its vector width).
 constexpr int kKeyTile = 16;
-// Key tiles prefetched ahead of the one being transposed (2 KB each at head_dim 64 in BF16).
-constexpr int kKeyTilesAhead = 2;
-// Positions of V summed per block, in whole pages: a block (8 KB at head_dim 64 in BF16) stays
-// in L1 while every head group and chunk pass over it.
+// Software prefetch: the K rows of the key tile kKeyTilesAhead tiles ahead into L1, and the K
+// and V rows kTilesAheadL2 tiles ahead into L2 (so that the V sum, which starts once every
+// score is known, finds its rows there); then the next value block into L1. A tile is 2 KB of
+// BF16 rows at head_dim 64, one page slice of 16 tokens: the hardware prefetchers hardly train
+// on slices that short. Measured on a Zen 4 VM (scratch timing, qwen2.5-0.5b's shape, batch 8 x
+// 2048): 1 to 8 tiles ahead, or none at all, were within the host's noise; from DRAM the
+// scattered slices read at 6-12 GB/s on one core, about what the kernel reaches.
+constexpr int kKeyTilesAhead = 1;
+constexpr int kTilesAheadL2 = 4;
+// Positions of V summed per block: a block (8 KB at head_dim 64 in BF16) stays in L1 while
+// every chunk pass goes over it.
 constexpr int kValueBlock = 64;
-// 16-column chunks of head_dim summed in one pass over a block (C * G accumulators, C <= 4).
-constexpr int kMaxPassChunks = 4;
+// 16-column chunks of head_dim summed in one pass over a block: up to kMaxGroup heads x 2
+// chunks keep 16 accumulators, 2 V chunks and a score broadcast in registers; the V chunks are
+// widened once either way.
+constexpr int kPassChunks = 2;
 
 // A zero row (head_dim <= 16 * kMaxHeadChunks) for the positions of a key tile past the
 // context, whose pages may not exist.
@@ -457,7 +466,7 @@ class PageCursor {
 // Prefetches the rows of positions [p0, p1) of one KV head's K or V into L1: the rows of a page
 // are one run of memory, but consecutive pages lie a block apart, which the hardware
 // prefetchers follow late.
-template <typename Elem>
+template <typename Elem, _mm_hint kHint = _MM_HINT_T0>
 void PrefetchRows(const void* const* pages, int page_tokens, int hd, int64_t p0, int64_t p1) {
   const int64_t row_bytes = static_cast<int64_t>(hd) * sizeof(Elem);
   while (p0 < p1) {
@@ -465,7 +474,7 @@ void PrefetchRows(const void* const* pages, int page_tokens, int hd, int64_t p0,
     const int64_t slot = p0 - page * page_tokens;
     const int64_t rows = Min(p1 - p0, page_tokens - slot);
     const char* at = static_cast<const char*>(pages[page]) + slot * row_bytes;
-    for (int64_t off = 0; off < rows * row_bytes; off += 64) _mm_prefetch(at + off, _MM_HINT_T0);
+    for (int64_t off = 0; off < rows * row_bytes; off += 64) _mm_prefetch(at + off, kHint);
     p0 += rows;
   }
 }
@@ -578,104 +587,93 @@ float SoftmaxNumerators(float* sh, int64_t ctx) {
   return 1.0f / _mm512_reduce_add_ps(vsum);
 }
 
-// 16 elements of a V row as floats (the lanes outside `mask` zero).
-inline __m512 LoadRow16(const float* at, __mmask16 mask) { return _mm512_maskz_loadu_ps(mask, at); }
-inline __m512 LoadRow16(const uint16_t* at, __mmask16 mask) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, at)), 16));
+// 16 elements of a V row as floats: all 16 (kMasked false), or the lanes of `mask` (the others
+// zero; the load reads no further).
+template <bool kMasked>
+inline __m512 LoadRow16(const float* at, __mmask16 mask) {
+  return kMasked ? _mm512_maskz_loadu_ps(mask, at) : _mm512_loadu_ps(at);
 }
-
-// Consecutive V rows of one page: `count` rows of head_dim elements from `row` on.
-template <typename Elem>
-struct RowRun {
-  const Elem* row;
-  int64_t count;
-};
+template <bool kMasked>
+inline __m512 LoadRow16(const uint16_t* at, __mmask16 mask) {
+  const __m256i raw = kMasked ? _mm256_maskz_loadu_epi16(mask, at)
+                              : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
 
 // Accumulators of a group of heads between blocks, one row of 16 * kMaxHeadChunks per head.
 using HeadAccumulators = float (*)[16 * kMaxHeadChunks];
 
-// acc[h][16 * c0, + 16 * C) += scores of head h times the rows of `runs`, position by position
-// in order (G heads; sh[h]: head h's numerators from the block's first position on). Between
-// blocks the accumulators wait in acc (storing a float changes nothing).
-template <int G, int C, typename Elem>
-void AddValueRows(const RowRun<Elem>* runs, int num_runs, const float* const* sh, int hd, int c0,
+// acc[h][16 * c0, + 16 * C) += scores of head h times the V rows rows[0, n), position by
+// position in order (G heads, C <= 2 chunks; sh[h]: head h's numerators from the block's first
+// position on); kTail: the last chunk is partial. Between blocks the accumulators wait in acc
+// (storing a float changes nothing). Written so that GCC 12 keeps the accumulators in
+// registers: it stored all of them to the stack on every row with a [G][C] array, with a loop
+// over runs of pages, or with a masked load (a builtin that may read any memory) in the loop;
+// only a partial last chunk needs the masked load.
+template <int G, int C, bool kTail, typename Elem>
+void AddValueRows(const Elem* const* rows, int n, const float* const* sh, int hd, int c0,
                   HeadAccumulators acc) {
-  __m512 a[G][C];
-  __mmask16 mask[C];
-  for (int c = 0; c < C; ++c) mask[c] = TailMask16(hd - 16 * (c0 + c));
-  for (int h = 0; h < G; ++h)
-    for (int c = 0; c < C; ++c) a[h][c] = _mm512_load_ps(acc[h] + 16 * (c0 + c));
-  int64_t i = 0;  // position within the block
-  for (int r = 0; r < num_runs; ++r) {
-    const Elem* row = runs[r].row + 16 * c0;
-    for (const int64_t end = i + runs[r].count; i < end; ++i, row += hd) {
-      for (int c = 0; c < C; ++c) {
-        const __m512 vc = LoadRow16(row + 16 * c, mask[c]);
-        for (int h = 0; h < G; ++h) {
-          a[h][c] = _mm512_fmadd_ps(_mm512_set1_ps(sh[h][i]), vc, a[h][c]);
-        }
-      }
+  static_assert(C == 1 || C == 2);
+  const __mmask16 tail = TailMask16(hd - 16 * (c0 + C - 1));
+  __m512 a0[G], a1[G];
+  for (int h = 0; h < G; ++h) {
+    a0[h] = _mm512_load_ps(acc[h] + 16 * c0);
+    if constexpr (C == 2) a1[h] = _mm512_load_ps(acc[h] + 16 * (c0 + 1));
+  }
+  for (int i = 0; i < n; ++i) {
+    const Elem* row = rows[i] + 16 * c0;
+    const __m512 v0 = LoadRow16 < kTail && C == 1 > (row, tail);
+    __m512 v1 = _mm512_setzero_ps();
+    if constexpr (C == 2) v1 = LoadRow16<kTail>(row + 16, tail);
+    for (int h = 0; h < G; ++h) {
+      const __m512 s = _mm512_set1_ps(sh[h][i]);
+      a0[h] = _mm512_fmadd_ps(s, v0, a0[h]);
+      if constexpr (C == 2) a1[h] = _mm512_fmadd_ps(s, v1, a1[h]);
     }
   }
-  for (int h = 0; h < G; ++h)
-    for (int c = 0; c < C; ++c) _mm512_store_ps(acc[h] + 16 * (c0 + c), a[h][c]);
-}
-
-// kValueRows<Elem>[g][c]: AddValueRows<g, c>; null where g * c exceeds the registers.
-template <typename Elem>
-using ValueRowsFn = void (*)(const RowRun<Elem>*, int, const float* const*, int, int,
-                             HeadAccumulators);
-template <typename Elem, int G, int C>
-constexpr ValueRowsFn<Elem> ValueRowsFnOf() {
-  if constexpr (G * C <= kGroupRegisters) {
-    return &AddValueRows<G, C, Elem>;
-  } else {
-    return nullptr;
+  for (int h = 0; h < G; ++h) {
+    _mm512_store_ps(acc[h] + 16 * c0, a0[h]);
+    if constexpr (C == 2) _mm512_store_ps(acc[h] + 16 * (c0 + 1), a1[h]);
   }
 }
-template <typename Elem, int G, size_t... C>
-constexpr Array<ValueRowsFn<Elem>, kMaxPassChunks + 1> ValueRowsRow(std::index_sequence<C...>) {
-  return {nullptr, ValueRowsFnOf<Elem, G, static_cast<int>(C) + 1>()...};
-}
-template <typename Elem, size_t... G>
-constexpr Array<Array<ValueRowsFn<Elem>, kMaxPassChunks + 1>, kMaxGroup + 1> ValueRowsTable(
-    std::index_sequence<G...>) {
+
+// kValueRows<Elem>[tail][g][c]: AddValueRows<g, c, tail>.
+template <typename Elem>
+using ValueRowsFn = void (*)(const Elem* const*, int, const float* const*, int, int,
+                             HeadAccumulators);
+template <typename Elem, bool kTail, size_t... G>
+constexpr Array<Array<ValueRowsFn<Elem>, 3>, kMaxGroup + 1> ValueRowsOf(std::index_sequence<G...>) {
   return {
-      Array<ValueRowsFn<Elem>, kMaxPassChunks + 1>{},
-      ValueRowsRow<Elem, static_cast<int>(G) + 1>(std::make_index_sequence<kMaxPassChunks>())...};
+      Array<ValueRowsFn<Elem>, 3>{},
+      Array<ValueRowsFn<Elem>, 3>{nullptr, &AddValueRows<static_cast<int>(G) + 1, 1, kTail, Elem>,
+                                  &AddValueRows<static_cast<int>(G) + 1, 2, kTail, Elem>}...};
+}
+template <typename Elem>
+constexpr Array<Array<Array<ValueRowsFn<Elem>, 3>, kMaxGroup + 1>, 2> ValueRowsTable() {
+  return {ValueRowsOf<Elem, false>(std::make_index_sequence<kMaxGroup>()),
+          ValueRowsOf<Elem, true>(std::make_index_sequence<kMaxGroup>())};
 }
 
-// The weighted V sum of g <= kMaxGroup heads over positions [0, ctx) into acc: blocks of whole
-// pages, each passed over by every (head group, chunk group) that fits the registers while it
-// sits in L1.
+// The weighted V sum of g <= kMaxGroup heads over positions [0, ctx) into acc: blocks of
+// kValueBlock positions, each passed over 2 chunks at a time while it sits in L1.
 template <typename Elem>
 void SumValues(const internal::HeadPages& kv, int64_t ctx, int hd, const float* sh, int64_t stride,
                int g, HeadAccumulators acc) {
-  static constexpr auto kValueRows = ValueRowsTable<Elem>(std::make_index_sequence<kMaxGroup>());
+  static constexpr auto kValueRows = ValueRowsTable<Elem>();
   const int chunks = (hd + 15) / 16;
-  const int heads_per_pass = MaxGroup(Min(chunks, kMaxPassChunks));
-  RowRun<Elem> runs[kValueBlock];
+  const Elem* rows[kValueBlock];
   const float* rows_of[kMaxGroup];
-  for (int64_t p0 = 0, page = 0; p0 < ctx;) {
-    int num_runs = 0;
-    int64_t p1 = p0;
-    while (p1 < ctx && p1 - p0 < kValueBlock) {
-      const int64_t rows = Min<int64_t>(kv.page_tokens, ctx - p1);
-      runs[num_runs++] = {static_cast<const Elem*>(kv.v[page++]), rows};
-      p1 += rows;
+  PageCursor<Elem> cursor(kv.v, kv.page_tokens, hd, 0);
+  for (int64_t p0 = 0; p0 < ctx; p0 += kValueBlock) {
+    const int n = static_cast<int>(Min<int64_t>(kValueBlock, ctx - p0));
+    for (int i = 0; i < n; ++i) rows[i] = cursor.Next();
+    PrefetchRows<Elem>(kv.v, kv.page_tokens, hd, p0 + n, Min(ctx, p0 + n + kValueBlock));
+    for (int h = 0; h < g; ++h) rows_of[h] = sh + h * stride + p0;
+    for (int c0 = 0; c0 < chunks; c0 += kPassChunks) {
+      const int c = Min(kPassChunks, chunks - c0);
+      const bool tail = 16 * (c0 + c) > hd;
+      kValueRows[tail][g][c](rows, n, rows_of, hd, c0, acc);
     }
-    PrefetchRows<Elem>(kv.v, kv.page_tokens, hd, p1, Min(ctx, p1 + kValueBlock));
-    for (int h = 0; h < g; h += heads_per_pass) {
-      const int gh = Min(heads_per_pass, g - h);
-      for (int i = 0; i < gh; ++i) rows_of[i] = sh + (h + i) * stride + p0;
-      for (int c0 = 0; c0 < chunks;) {
-        const int c = Min(Min(kMaxPassChunks, kGroupRegisters / gh), chunks - c0);
-        kValueRows[gh][c](runs, num_runs, rows_of, hd, c0, acc + h);
-        c0 += c;
-      }
-    }
-    p0 = p1;
   }
 }
 
@@ -691,8 +689,11 @@ void AttendPagesOf(const internal::PageQuery* queries, int count, const internal
   // Scores: the key tile of each 16 positions serves every query of the run and every head.
   alignas(64) float tile[16 * kMaxHeadChunks * kKeyTile];
   for (int64_t p0 = 0; p0 < ctx; p0 += kKeyTile) {
-    const int64_t ahead = p0 + kKeyTilesAhead * kKeyTile;
-    PrefetchRows<Elem>(kv.k, kv.page_tokens, hd, Min(ahead, ctx), Min(ahead + kKeyTile, ctx));
+    const int64_t near = Min(ctx, p0 + kKeyTilesAhead * kKeyTile);
+    const int64_t far = Min(ctx, p0 + kTilesAheadL2 * kKeyTile);
+    PrefetchRows<Elem>(kv.k, kv.page_tokens, hd, near, Min(ctx, near + kKeyTile));
+    PrefetchRows<Elem, _MM_HINT_T1>(kv.k, kv.page_tokens, hd, far, Min(ctx, far + kKeyTile));
+    PrefetchRows<Elem, _MM_HINT_T1>(kv.v, kv.page_tokens, hd, far, Min(ctx, far + kKeyTile));
     KeyTile<Elem>(kv, p0, ctx, hd, tile);
     for (int r = 0; r < count; ++r) {
       if (queries[r].ctx <= p0) continue;
