@@ -55,8 +55,6 @@ struct PageQuery {
   float* out;
   int64_t ctx;
 };
-// Rows of keys a page-attention pass widens and transposes at a time.
-constexpr int kKeyTile = 8;
 
 // One kernel path: the ISA-specific pieces behind the public functions of kernels.h. The
 // walkers, packing and scratch management that do not depend on the ISA live in kernels.cc.
@@ -93,8 +91,9 @@ struct KernelTable {
                        int64_t ctx, int hd, float scale, float* out, float* scores, int heads);
   // attend_heads for `count` queries of one sequence (a run of a prefill chunk, or a decode
   // query) and one KV head, reading K and V from the pages as they are: the same values, bit for
-  // bit, without copying the rows out. Keys are widened and transposed kKeyTile positions at a
-  // time into a small tile that every query of the run shares. scores: count * heads * stride
+  // bit, without copying the rows out. Keys are widened and transposed a key tile of positions
+  // at a time (the path's own constant: one score vector, 8 positions on avx2, 16 on avx512)
+  // into a small tile that every query of the run shares. scores: count * heads * stride
   // floats (stride: the longest ctx rounded up to 16). Null: the walker copies the rows
   // (widen_bf16, transpose_rows) and calls attend_heads.
   void (*attend_pages)(const PageQuery* queries, int count, const HeadPages& kv, int hd,

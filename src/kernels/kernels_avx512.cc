@@ -414,7 +414,7 @@ void AttendHeads(const float* q, const float* keys_t, int64_t stride, const floa
 // Only where the rows come from differs: K is widened and transposed 16 positions at a time
 // into a tile in L1 that every query and head of the run use, V rows are widened as they load.
 
-// Positions per key tile: one score vector (the avx2 path's tile holds 8, its vector width).
+// Positions per key tile: one 16-lane score vector (the avx2 path's tile holds 8, its width).
 constexpr int kKeyTile = 16;
 // Software prefetch: the K rows of the key tile kKeyTilesAhead tiles ahead into L1, and the K
 // and V rows kTilesAheadL2 tiles ahead into L2 (so that the V sum, which starts once every
