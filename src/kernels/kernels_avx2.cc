@@ -628,8 +628,11 @@ class PageCursor {
 // Prefetches the rows of positions [p0, p1) of one KV head's K or V into L1: a page's rows are
 // one run of memory, but runs of consecutive pages lie a block apart, which the hardware
 // prefetchers follow late (measured: the first load of each key tile and value block stalled).
+// Always inlined: compiled on its own, a function that only prefetches is "const" to GCC's IPA
+// pure-const analysis, and every call of it is deleted as dead code.
 template <typename Elem>
-void PrefetchRows(const void* const* pages, int page_tokens, int hd, int64_t p0, int64_t p1) {
+[[gnu::always_inline]] inline void PrefetchRows(const void* const* pages, int page_tokens, int hd,
+                                                int64_t p0, int64_t p1) {
   const int64_t row_bytes = static_cast<int64_t>(hd) * sizeof(Elem);
   while (p0 < p1) {
     const int64_t page = p0 / page_tokens;
