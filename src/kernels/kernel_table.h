@@ -1,7 +1,8 @@
 // Internals of src/kernels, shared by the three kernel paths (kernels_avx512.cc, kernels_avx2.cc,
 // kernels_generic.cc) and the code common to them (kernels.cc, dispatch.cc). Not for use
-// outside src/kernels. Everything here is safe from any thread; KernelTable entries follow the
-// threading rules of kernels.h.
+// outside src/kernels, but for the kernels' own tests (tests/kernels/attend_pages_test.cc calls
+// a path's table to compare its two attention routes). Everything here is safe from any
+// thread; KernelTable entries follow the threading rules of kernels.h.
 //
 // One rule keeps the paths apart: an ISA file is compiled with its own -m flags, so nothing it
 // defines may be an inline function or template that other files define too, or the linker may
