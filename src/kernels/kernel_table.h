@@ -1,7 +1,8 @@
 // Internals of src/kernels, shared by the three kernel paths (kernels_avx512.cc, kernels_avx2.cc,
 // kernels_generic.cc) and the code common to them (kernels.cc, dispatch.cc). Not for use
-// outside src/kernels. Everything here is safe from any thread; KernelTable entries follow the
-// threading rules of kernels.h.
+// outside src/kernels, but for the kernels' own tests (tests/kernels/attend_pages_test.cc calls
+// a path's table to compare its two attention routes). Everything here is safe from any
+// thread; KernelTable entries follow the threading rules of kernels.h.
 //
 // One rule keeps the paths apart: an ISA file is compiled with its own -m flags, so nothing it
 // defines may be an inline function or template that other files define too, or the linker may
@@ -55,8 +56,6 @@ struct PageQuery {
   float* out;
   int64_t ctx;
 };
-// Rows of keys a page-attention pass widens and transposes at a time.
-constexpr int kKeyTile = 8;
 
 // One kernel path: the ISA-specific pieces behind the public functions of kernels.h. The
 // walkers, packing and scratch management that do not depend on the ISA live in kernels.cc.
@@ -93,8 +92,9 @@ struct KernelTable {
                        int64_t ctx, int hd, float scale, float* out, float* scores, int heads);
   // attend_heads for `count` queries of one sequence (a run of a prefill chunk, or a decode
   // query) and one KV head, reading K and V from the pages as they are: the same values, bit for
-  // bit, without copying the rows out. Keys are widened and transposed kKeyTile positions at a
-  // time into a small tile that every query of the run shares. scores: count * heads * stride
+  // bit, without copying the rows out. Keys are widened and transposed a key tile of positions
+  // at a time (the path's own constant: one score vector, 8 positions on avx2, 16 on avx512)
+  // into a small tile that every query of the run shares. scores: count * heads * stride
   // floats (stride: the longest ctx rounded up to 16). Null: the walker copies the rows
   // (widen_bf16, transpose_rows) and calls attend_heads.
   void (*attend_pages)(const PageQuery* queries, int count, const HeadPages& kv, int hd,

@@ -132,12 +132,14 @@ void CopyingAttention(std::span<const AttentionQuery> queries, const KvCache& ca
       const int64_t ctx = queries[longest].context_len;
       const int64_t stride = (ctx + 15) / 16 * 16;
       const size_t elems = static_cast<size_t>(stride) * hd;
+      // Each buffer on its own: a later call may have a longer context but a smaller head_dim.
       if (keys_t.size() < elems) {
         rows.resize(elems);
         keys_t.resize(elems);
         values.resize(elems);
-        scores.resize(static_cast<size_t>(stride) * internal::kMaxGroup);
       }
+      const size_t score_floats = static_cast<size_t>(stride) * internal::kMaxGroup;
+      if (scores.size() < score_floats) scores.resize(score_floats);
       GatherRows<KvElem>(path, queries[longest], cache, layer, kv_head, false, rows.data());
       path.transpose_rows(rows.data(), ctx, hd, keys_t.data(), stride);
       GatherRows<KvElem>(path, queries[longest], cache, layer, kv_head, true, values.data());

@@ -54,9 +54,8 @@ struct AttentionQuery {
   const float* q;  // [num_heads][head_dim], RoPE applied
   float* out;      // [num_heads][head_dim]
   // The sequence's block table. Queries with equal pointers are one sequence (a prefill
-  // chunk), which share the reading of its K/V rows: the avx2 and generic paths read them from
-  // the pages as they are (avx2: each tile of keys widened once for up to 8 queries), the avx512
-  // path copies them out as floats once for up to 16.
+  // chunk), which share the reading of its K/V rows: every path reads them from the pages as
+  // they are (avx512 and avx2: each tile of keys widened once for up to 8 queries).
   const PageId* pages;
   int64_t context_len;  // attends to positions [0, context_len) (causal: position + 1)
 };

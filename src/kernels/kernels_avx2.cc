@@ -628,8 +628,11 @@ class PageCursor {
 // Prefetches the rows of positions [p0, p1) of one KV head's K or V into L1: a page's rows are
 // one run of memory, but runs of consecutive pages lie a block apart, which the hardware
 // prefetchers follow late (measured: the first load of each key tile and value block stalled).
+// Always inlined: compiled on its own, a function that only prefetches is "const" to GCC's IPA
+// pure-const analysis, and every call of it is deleted as dead code.
 template <typename Elem>
-void PrefetchRows(const void* const* pages, int page_tokens, int hd, int64_t p0, int64_t p1) {
+[[gnu::always_inline]] inline void PrefetchRows(const void* const* pages, int page_tokens, int hd,
+                                                int64_t p0, int64_t p1) {
   const int64_t row_bytes = static_cast<int64_t>(hd) * sizeof(Elem);
   while (p0 < p1) {
     const int64_t page = p0 / page_tokens;
@@ -642,6 +645,8 @@ void PrefetchRows(const void* const* pages, int page_tokens, int hd, int64_t p0,
     p0 += rows;
   }
 }
+// Positions per key tile: one 8-lane score vector (the avx512 path's tile holds 16).
+constexpr int kKeyTile = 8;
 // Key tiles prefetched ahead of the one being widened (~4 KB of BF16 rows at head_dim 64).
 constexpr int kKeyTilesAhead = 4;
 
@@ -677,7 +682,7 @@ alignas(32) constexpr uint16_t kZeroRow[16 * internal::kMaxHeadChunks] = {};
 // positions from ctx on are zeros.
 template <typename Elem>
 void KeyTile(const internal::HeadPages& kv, int64_t p0, int64_t ctx, int hd, float* tile) {
-  static_assert(internal::kKeyTile == 8, "one 8 x 8 transpose per 8 columns");
+  static_assert(kKeyTile == 8, "one 8 x 8 transpose per 8 columns");
   const Elem* rows[8];
   PageCursor<Elem> cursor(kv.k, kv.page_tokens, hd, p0);
   for (int r = 0; r < 8; ++r) rows[r] = p0 + r < ctx ? cursor.Next() : nullptr;
@@ -717,7 +722,7 @@ void AttendPagesOf(const internal::PageQuery* queries, int count, const internal
   // Scores: the key tile of each 8 positions serves every query of the run and every head.
   alignas(32) float tile[16 * internal::kMaxHeadChunks * 8];
   for (int64_t p0 = 0; p0 < ctx; p0 += 8) {
-    const int64_t ahead = p0 + kKeyTilesAhead * 8;
+    const int64_t ahead = p0 + kKeyTilesAhead * kKeyTile;
     PrefetchRows<Elem>(kv.k, kv.page_tokens, hd, Min(ahead, ctx), Min(ahead + 8, ctx));
     KeyTile<Elem>(kv, p0, ctx, hd, tile);
     for (int r = 0; r < count; ++r) {

@@ -406,6 +406,342 @@ void AttendHeads(const float* q, const float* keys_t, int64_t stride, const floa
   }
 }
 
+// ---- Attention straight from the pages (KernelTable::attend_pages) ----
+//
+// The values of AttendGroup over the copied rows, bit for bit: a score is one lane per position
+// summing q . k over d in order (FMA) and then scaled; the softmax maximum and sum take 16 lanes
+// (position mod 16) and the lane tree; each element of the V sum adds its positions in order.
+// Only where the rows come from differs: K is widened and transposed 16 positions at a time
+// into a tile in L1 that every query and head of the run use, V rows are widened as they load.
+
+// Positions per key tile: one 16-lane score vector (the avx2 path's tile holds 8, its width).
+constexpr int kKeyTile = 16;
+// Software prefetch: the K rows of the key tile kKeyTilesAhead tiles ahead into L1, and the K
+// and V rows kTilesAheadL2 tiles ahead into L2, so that the V sum, which starts once every
+// score is known, finds its rows there; then the next value block into L1. A tile is one page
+// slice of 16 tokens at head_dim 64 (2 KB of BF16), too short for the hardware prefetchers to
+// train on. Scratch timing on the Zen 4 host (qwen2.5-0.5b's shape, batch 8 x 2048, one
+// thread): 26 ms a step with these distances, 34 ms without the V prefetch into L2, 47 ms
+// with no software prefetch at all (22 ms with K and V in L1); 1, 2 or 8 tiles ahead were
+// within the host's noise of these.
+constexpr int kKeyTilesAhead = 2;
+constexpr int kTilesAheadL2 = 4;
+// Positions of V summed per block: a block (8 KB at head_dim 64 in BF16) stays in L1 while
+// every chunk pass goes over it.
+constexpr int kValueBlock = 64;
+// 16-column chunks of head_dim summed in one pass over a block: up to kMaxGroup heads x 2
+// chunks keep 16 accumulators, 2 V chunks and a score broadcast in registers; the V chunks are
+// widened once either way.
+constexpr int kPassChunks = 2;
+
+// A zero row (head_dim <= 16 * kMaxHeadChunks) for the positions of a key tile past the
+// context, whose pages may not exist.
+alignas(64) constexpr float kZeroRow[16 * kMaxHeadChunks] = {};
+
+// Row p of one KV head's K or V in the pages, walked position by position.
+template <typename Elem>
+class PageCursor {
+ public:
+  PageCursor(const void* const* pages, int page_tokens, int hd, int64_t p)
+      : pages_(pages), page_tokens_(page_tokens), hd_(hd) {
+    page_ = p / page_tokens;
+    slot_ = static_cast<int>(p - page_ * page_tokens);
+  }
+  // The row of the current position; then moves to the next.
+  const Elem* Next() {
+    const Elem* row = static_cast<const Elem*>(pages_[page_]) + static_cast<int64_t>(slot_) * hd_;
+    if (++slot_ == page_tokens_) {
+      slot_ = 0;
+      ++page_;
+    }
+    return row;
+  }
+
+ private:
+  const void* const* pages_;
+  int page_tokens_, hd_;
+  int64_t page_;
+  int slot_;
+};
+
+// Prefetches the rows of positions [p0, p1) of one KV head's K or V into L1: the rows of a page
+// are one run of memory, but consecutive pages lie a block apart, which the hardware
+// prefetchers follow late.
+// Always inlined: compiled on its own, a function that only prefetches is "const" to GCC's
+// IPA pure-const analysis, and every call of it is deleted as dead code.
+template <typename Elem, _mm_hint kHint = _MM_HINT_T0>
+[[gnu::always_inline]] inline void PrefetchRows(const void* const* pages, int page_tokens, int hd,
+                                                int64_t p0, int64_t p1) {
+  const int64_t row_bytes = static_cast<int64_t>(hd) * sizeof(Elem);
+  while (p0 < p1) {
+    const int64_t page = p0 / page_tokens;
+    const int64_t slot = p0 - page * page_tokens;
+    const int64_t rows = Min(p1 - p0, page_tokens - slot);
+    const char* at = static_cast<const char*>(pages[page]) + slot * row_bytes;
+    for (int64_t off = 0; off < rows * row_bytes; off += 64) _mm_prefetch(at + off, kHint);
+    p0 += rows;
+  }
+}
+
+inline void Transpose16x16(__m512 (&v)[16]) {
+  TransposeStage<8>(v);
+  TransposeStage<4>(v);
+  TransposeStage<2>(v);
+  TransposeStage<1>(v);
+}
+
+// K rows of 16 positions (rows[i]: position i, or a zero row) -> tile [hd][16]. BF16: a 32-bit
+// word holds elements 2w (low half) and 2w + 1 (high half) of a row, so one 16 x 16 transpose
+// of words moves 32 elements, and shifting left by 16 (even) or masking the low half off (odd)
+// widens them: half the shuffles of widening first.
+void KeyTileBF16(const uint16_t* const* rows, int hd, float* tile) {
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  for (int c0 = 0; c0 < hd; c0 += 32) {
+    const int live = hd - c0;  // elements of this 32-column block in a row
+    const __mmask32 mask = live >= 32 ? ~__mmask32{0} : (__mmask32{1} << live) - 1;
+    __m512 v[16];
+    for (int r = 0; r < 16; ++r) {
+      v[r] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mask, rows[r] + c0));
+    }
+    Transpose16x16(v);  // v[w] lane i: word w of row i
+    float* out = tile + c0 * kKeyTile;
+    auto store = [&](int w) {
+      const __m512i word = _mm512_castps_si512(v[w]);
+      _mm512_store_ps(out + 2 * w * kKeyTile, _mm512_castsi512_ps(_mm512_slli_epi32(word, 16)));
+      if (2 * w + 1 < live) {
+        _mm512_store_ps(out + (2 * w + 1) * kKeyTile,
+                        _mm512_castsi512_ps(_mm512_and_si512(word, high)));
+      }
+    };
+    if (live >= 32) {  // a fixed count, unrolled
+      for (int w = 0; w < 16; ++w) store(w);
+    } else {
+      for (int w = 0; 2 * w < live; ++w) store(w);
+    }
+  }
+}
+
+void KeyTileF32(const float* const* rows, int hd, float* tile) {
+  for (int c0 = 0; c0 < hd; c0 += 16) {
+    const __mmask16 mask = TailMask16(hd - c0);
+    __m512 v[16];
+    for (int r = 0; r < 16; ++r) v[r] = _mm512_maskz_loadu_ps(mask, rows[r] + c0);
+    Transpose16x16(v);
+    const int live = Min(16, hd - c0);
+    for (int i = 0; i < live; ++i) _mm512_store_ps(tile + (c0 + i) * kKeyTile, v[i]);
+  }
+}
+
+// Widens and transposes the K rows of positions [p0, p0 + kKeyTile) into tile [hd][kKeyTile];
+// positions from ctx on are zeros.
+template <typename Elem>
+void KeyTile(const internal::HeadPages& kv, int64_t p0, int64_t ctx, int hd, float* tile) {
+  const Elem* rows[kKeyTile];
+  PageCursor<Elem> cursor(kv.k, kv.page_tokens, hd, p0);
+  for (int r = 0; r < kKeyTile; ++r) {
+    rows[r] = p0 + r < ctx ? cursor.Next() : reinterpret_cast<const Elem*>(kZeroRow);
+  }
+  if constexpr (sizeof(Elem) == sizeof(uint16_t)) {
+    KeyTileBF16(rows, hd, tile);
+  } else {
+    KeyTileF32(rows, hd, tile);
+  }
+}
+
+// Scores of the tile's 16 positions for G heads (q [G][hd]): stores scale * (q . k) to
+// scores[h * stride, + 16) (the row of head h at the tile's first position).
+template <int G>
+void TileScores(const float* q, const float* tile, int hd, float scale, float* scores,
+                int64_t stride) {
+  __m512 acc[G];
+  for (int h = 0; h < G; ++h) acc[h] = _mm512_setzero_ps();
+  for (int d = 0; d < hd; ++d) {
+    const __m512 k = _mm512_load_ps(tile + d * kKeyTile);
+    for (int h = 0; h < G; ++h) {
+      acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h * hd + d]), k, acc[h]);
+    }
+  }
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int h = 0; h < G; ++h) _mm512_storeu_ps(scores + h * stride, _mm512_mul_ps(acc[h], vscale));
+}
+
+using TileScoresFn = void (*)(const float*, const float*, int, float, float*, int64_t);
+template <size_t... G>
+constexpr Array<TileScoresFn, kMaxGroup + 1> TileScoresTable(std::index_sequence<G...>) {
+  return {nullptr, &TileScores<static_cast<int>(G) + 1>...};
+}
+
+// Turns the scores [0, ctx) of one head into softmax numerators in place, as AttendGroup does;
+// returns 1 / their sum.
+float SoftmaxNumerators(float* sh, int64_t ctx) {
+  __m512 vmax = _mm512_set1_ps(-__builtin_inff());
+  for (int64_t p = 0; p < ctx; p += 16) {
+    const __mmask16 mask = TailMask16(static_cast<int>(Min<int64_t>(16, ctx - p)));
+    vmax = _mm512_mask_max_ps(vmax, mask, vmax, _mm512_maskz_loadu_ps(mask, sh + p));
+  }
+  const __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+  __m512 vsum = _mm512_setzero_ps();
+  for (int64_t p = 0; p < ctx; p += 16) {
+    const __mmask16 mask = TailMask16(static_cast<int>(Min<int64_t>(16, ctx - p)));
+    __m512 e = Exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, sh + p), vm));
+    e = _mm512_maskz_mov_ps(mask, e);
+    _mm512_mask_storeu_ps(sh + p, mask, e);
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  return 1.0f / _mm512_reduce_add_ps(vsum);
+}
+
+// 16 elements of a V row as floats: all 16 (kMasked false), or the lanes of `mask` (the others
+// zero; the load reads no further).
+template <bool kMasked>
+inline __m512 LoadRow16(const float* at, __mmask16 mask) {
+  return kMasked ? _mm512_maskz_loadu_ps(mask, at) : _mm512_loadu_ps(at);
+}
+template <bool kMasked>
+inline __m512 LoadRow16(const uint16_t* at, __mmask16 mask) {
+  const __m256i raw = kMasked ? _mm256_maskz_loadu_epi16(mask, at)
+                              : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// Accumulators of a group of heads between blocks, one row of 16 * kMaxHeadChunks per head.
+using HeadAccumulators = float (*)[16 * kMaxHeadChunks];
+
+// acc[h][16 * c0, + 16 * C) += scores of head h times the V rows rows[0, n), position by
+// position in order (G heads, C <= 2 chunks; sh[h]: head h's numerators from the block's first
+// position on); kTail: the last chunk is partial. Between blocks the accumulators wait in acc
+// (storing a float changes nothing). Written so that GCC 12 keeps the accumulators in
+// registers: it stored all of them to the stack on every row with a [G][C] array, with a loop
+// over runs of pages, or with a masked load (a builtin that may read any memory) in the loop;
+// only a partial last chunk needs the masked load.
+template <int G, int C, bool kTail, typename Elem>
+void AddValueRows(const Elem* const* rows, int n, const float* const* sh, int hd, int c0,
+                  HeadAccumulators acc) {
+  static_assert(C == 1 || C == 2);
+  const __mmask16 tail = TailMask16(hd - 16 * (c0 + C - 1));
+  __m512 a0[G], a1[G];
+  for (int h = 0; h < G; ++h) {
+    a0[h] = _mm512_load_ps(acc[h] + 16 * c0);
+    if constexpr (C == 2) a1[h] = _mm512_load_ps(acc[h] + 16 * (c0 + 1));
+  }
+  for (int i = 0; i < n; ++i) {
+    const Elem* row = rows[i] + 16 * c0;
+    const __m512 v0 = LoadRow16 < kTail && C == 1 > (row, tail);
+    __m512 v1 = _mm512_setzero_ps();
+    if constexpr (C == 2) v1 = LoadRow16<kTail>(row + 16, tail);
+    for (int h = 0; h < G; ++h) {
+      const __m512 s = _mm512_set1_ps(sh[h][i]);
+      a0[h] = _mm512_fmadd_ps(s, v0, a0[h]);
+      if constexpr (C == 2) a1[h] = _mm512_fmadd_ps(s, v1, a1[h]);
+    }
+  }
+  for (int h = 0; h < G; ++h) {
+    _mm512_store_ps(acc[h] + 16 * c0, a0[h]);
+    if constexpr (C == 2) _mm512_store_ps(acc[h] + 16 * (c0 + 1), a1[h]);
+  }
+}
+
+// kValueRows<Elem>[tail][g][c]: AddValueRows<g, c, tail>.
+template <typename Elem>
+using ValueRowsFn = void (*)(const Elem* const*, int, const float* const*, int, int,
+                             HeadAccumulators);
+template <typename Elem, bool kTail, size_t... G>
+constexpr Array<Array<ValueRowsFn<Elem>, 3>, kMaxGroup + 1> ValueRowsOf(std::index_sequence<G...>) {
+  return {
+      Array<ValueRowsFn<Elem>, 3>{},
+      Array<ValueRowsFn<Elem>, 3>{nullptr, &AddValueRows<static_cast<int>(G) + 1, 1, kTail, Elem>,
+                                  &AddValueRows<static_cast<int>(G) + 1, 2, kTail, Elem>}...};
+}
+template <typename Elem>
+constexpr Array<Array<Array<ValueRowsFn<Elem>, 3>, kMaxGroup + 1>, 2> ValueRowsTable() {
+  return {ValueRowsOf<Elem, false>(std::make_index_sequence<kMaxGroup>()),
+          ValueRowsOf<Elem, true>(std::make_index_sequence<kMaxGroup>())};
+}
+
+// The weighted V sum of g <= kMaxGroup heads over positions [0, ctx) into acc: blocks of
+// kValueBlock positions, each passed over 2 chunks at a time while it sits in L1.
+template <typename Elem>
+void SumValues(const internal::HeadPages& kv, int64_t ctx, int hd, const float* sh, int64_t stride,
+               int g, HeadAccumulators acc) {
+  static constexpr auto kValueRows = ValueRowsTable<Elem>();
+  const int chunks = (hd + 15) / 16;
+  const Elem* rows[kValueBlock];
+  const float* rows_of[kMaxGroup];
+  PageCursor<Elem> cursor(kv.v, kv.page_tokens, hd, 0);
+  for (int64_t p0 = 0; p0 < ctx; p0 += kValueBlock) {
+    const int n = static_cast<int>(Min<int64_t>(kValueBlock, ctx - p0));
+    for (int i = 0; i < n; ++i) rows[i] = cursor.Next();
+    PrefetchRows<Elem>(kv.v, kv.page_tokens, hd, p0 + n, Min(ctx, p0 + n + kValueBlock));
+    for (int h = 0; h < g; ++h) rows_of[h] = sh + h * stride + p0;
+    for (int c0 = 0; c0 < chunks; c0 += kPassChunks) {
+      const int c = Min(kPassChunks, chunks - c0);
+      const bool tail = 16 * (c0 + c) > hd;
+      kValueRows[tail][g][c](rows, n, rows_of, hd, c0, acc);
+    }
+  }
+}
+
+template <typename Elem>
+void AttendPagesOf(const internal::PageQuery* queries, int count, const internal::HeadPages& kv,
+                   int hd, float scale, int heads, float* scores) {
+  static constexpr auto kTileScores = TileScoresTable(std::make_index_sequence<kMaxGroup>());
+  int64_t ctx = 0;
+  for (int r = 0; r < count; ++r) {
+    if (queries[r].ctx > ctx) ctx = queries[r].ctx;
+  }
+  const int64_t stride = (ctx + 15) / 16 * 16;
+  // Scores: the key tile of each 16 positions serves every query of the run and every head.
+  alignas(64) float tile[16 * kMaxHeadChunks * kKeyTile];
+  for (int64_t p0 = 0; p0 < ctx; p0 += kKeyTile) {
+    const int64_t near = Min(ctx, p0 + kKeyTilesAhead * kKeyTile);
+    const int64_t far = Min(ctx, p0 + kTilesAheadL2 * kKeyTile);
+    PrefetchRows<Elem>(kv.k, kv.page_tokens, hd, near, Min(ctx, near + kKeyTile));
+    PrefetchRows<Elem, _MM_HINT_T1>(kv.k, kv.page_tokens, hd, far, Min(ctx, far + kKeyTile));
+    PrefetchRows<Elem, _MM_HINT_T1>(kv.v, kv.page_tokens, hd, far, Min(ctx, far + kKeyTile));
+    KeyTile<Elem>(kv, p0, ctx, hd, tile);
+    for (int r = 0; r < count; ++r) {
+      if (queries[r].ctx <= p0) continue;
+      float* sr = scores + static_cast<int64_t>(r) * heads * stride + p0;
+      for (int h = 0; h < heads; h += kMaxGroup) {
+        const int g = Min(kMaxGroup, heads - h);
+        kTileScores[g](queries[r].q + h * hd, tile, hd, scale, sr + h * stride, stride);
+      }
+    }
+  }
+  // Softmax and the weighted V sum, per query and group of heads.
+  alignas(64) float acc[kMaxGroup][16 * kMaxHeadChunks];
+  for (int r = 0; r < count; ++r) {
+    const int64_t qctx = queries[r].ctx;
+    for (int h = 0; h < heads; h += kMaxGroup) {
+      const int g = Min(kMaxGroup, heads - h);
+      float* sh = scores + (static_cast<int64_t>(r) * heads + h) * stride;
+      float inv_sum[kMaxGroup];
+      for (int i = 0; i < g; ++i) {
+        inv_sum[i] = SoftmaxNumerators(sh + i * stride, qctx);
+        std::memset(acc[i], 0, sizeof(acc[i]));
+      }
+      SumValues<Elem>(kv, qctx, hd, sh, stride, g, acc);
+      float* out = queries[r].out + static_cast<size_t>(h) * hd;
+      for (int i = 0; i < g; ++i) {
+        const __m512 vinv = _mm512_set1_ps(inv_sum[i]);
+        for (int c = 0; c < hd; c += 16) {
+          _mm512_mask_storeu_ps(out + i * hd + c, TailMask16(hd - c),
+                                _mm512_mul_ps(_mm512_load_ps(acc[i] + c), vinv));
+        }
+      }
+    }
+  }
+}
+
+void AttendPages(const internal::PageQuery* queries, int count, const internal::HeadPages& kv,
+                 int hd, float scale, int heads, float* scores) {
+  if (kv.bf16) {
+    AttendPagesOf<uint16_t>(queries, count, kv, hd, scale, heads, scores);
+  } else {
+    AttendPagesOf<float>(queries, count, kv, hd, scale, heads, scores);
+  }
+}
+
 void PackedTile(const uint16_t* x, const uint16_t* block, float* y, int n, int k, int c0, int t0,
                 int groups, int tokens) {
   static constexpr auto kTiles = PackedTileTable(std::make_index_sequence<kBlockGroups>());
@@ -462,8 +798,7 @@ const KernelTable kAvx512Kernels = {
     .widen_bf16 = WidenBF16,
     .transpose_rows = TransposeRows,
     .attend_heads = AttendHeads,
-    // Not ported: this path still copies K/V out of the pages (the walker's CopyingAttention).
-    .attend_pages = nullptr,
+    .attend_pages = AttendPages,
 };
 }  // namespace internal
 

@@ -328,8 +328,8 @@ TEST_P(PagedAttentionTest, MatchesFloat64Softmax) {
   }
 }
 
-// Page sizes that divide the key tile (8 positions), straddle it (3, 5, 7) and exceed it, each
-// with some of the ways a query can reach the kernels.
+// Page sizes that divide the key tile (8 positions on avx2, 16 on avx512), straddle it (3, 5, 7)
+// and exceed it, each with some of the ways a query can reach the kernels.
 TEST_P(PagedAttentionTest, ResultsDoNotDependOnBatchOrPageSize) {
   const AttentionCase c = MakeCase(param());
   const std::vector<float> base = RunAttention(c, 16, Calls::kTogether);

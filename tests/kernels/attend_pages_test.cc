@@ -1,0 +1,180 @@
+// KernelTable::attend_pages (kernels/kernel_table.h) against the route it replaces, on every
+// kernel path compiled in: the rows copied out of the pages as floats (widen_bf16), K
+// transposed (transpose_rows), then attend_heads per query. The contract is "the same values,
+// bit for bit", so the test compares raw bits, for runs of queries of different lengths, page
+// sizes that straddle a key tile or hold several, head sizes with row tails and GQA groups
+// larger than the registers hold, an odd head size. It calls the path's table directly (this is the
+// kernels' own test): PagedAttention runs only one of the two routes for a given path.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/dtype.h"
+#include "kernels/dispatch.h"
+#include "kernels/kernel_table.h"
+#include "testing/kernel_paths.h"
+
+namespace pdserve {
+namespace {
+
+using ::pdserve::testing::KernelPathNames;
+using ::pdserve::testing::KernelPathTestName;
+using ::pdserve::testing::UseKernelPath;
+namespace internal = ::pdserve::kernels::internal;
+
+struct PagesShape {
+  int heads;  // query heads sharing the KV head
+  int head_dim;
+  int page_tokens;
+  bool bf16;
+  std::vector<int64_t> contexts;  // one run: a query per entry
+};
+
+std::string ShapeName(const PagesShape& s) {
+  return std::to_string(s.heads) + "heads" + std::to_string(s.head_dim) + "dim" +
+         std::to_string(s.page_tokens) + "page" + std::to_string(s.contexts.size()) + "queries" +
+         (s.bf16 ? "_bf16" : "_f32");
+}
+
+// qwen2.5-0.5b's group (7 heads of 64) at decode (one query of 2048 positions: many value
+// blocks) and as a prefill chunk; 7 heads of 128 (two chunk passes); 8 heads of 40 (a full
+// group, a partial chunk); 10 heads of 20 and 3 of 12 (more heads than a group, short rows);
+// 2 of 13 (an odd head size: a BF16 row ends in half a 32-bit word);
+// page sizes of 1, 5, 7 (tiles straddle pages), 16, 64 (pages hold several tiles); contexts
+// shorter than a tile, not multiples of 16, and out of order within the run.
+const PagesShape kPagesShapes[] = {
+    {7, 64, 16, true, {2048}},         {7, 64, 16, true, {150, 151, 152, 153, 154}},
+    {7, 64, 5, true, {97, 1, 33, 16}}, {7, 64, 16, false, {300, 17}},
+    {7, 128, 64, true, {70, 200, 3}},  {8, 40, 7, true, {45, 130}},
+    {10, 20, 1, true, {37, 36, 9}},    {3, 12, 16, false, {33, 48, 64, 65}},
+    {14, 64, 16, true, {129}},         {2, 13, 3, true, {50, 20}},
+};
+
+class AttendPagesTest : public ::testing::TestWithParam<std::tuple<std::string, PagesShape>> {
+ protected:
+  void SetUp() override { UseKernelPath(std::get<0>(GetParam())); }
+  void TearDown() override { (void)kernels::SelectPath("auto"); }
+};
+
+// One KV head's K or V rows in pages of `page_tokens`, stored in pages scattered over one
+// allocation (page i at slot pages - 1 - i), BF16 or F32.
+struct Pages {
+  std::vector<uint16_t> bf16;
+  std::vector<float> f32;
+  std::vector<const void*> table;
+};
+
+Pages MakePages(const std::vector<float>& rows, int64_t ctx, int hd, int page_tokens, bool bf16) {
+  const int64_t pages = (ctx + page_tokens - 1) / page_tokens;
+  const size_t page_elems = static_cast<size_t>(page_tokens) * hd;
+  Pages out;
+  // NaN filler past the context: a kernel that read it would show.
+  if (bf16) {
+    out.bf16.assign(pages * page_elems, 0x7fc1);
+  } else {
+    out.f32.assign(pages * page_elems, NAN);
+  }
+  for (int64_t p = 0; p < ctx; ++p) {
+    const size_t at = (pages - 1 - p / page_tokens) * page_elems + (p % page_tokens) * hd;
+    for (int d = 0; d < hd; ++d) {
+      const float value = rows[p * hd + d];
+      if (bf16) {
+        out.bf16[at + d] = F32ToBF16(value);
+      } else {
+        out.f32[at + d] = value;
+      }
+    }
+  }
+  for (int64_t i = 0; i < pages; ++i) {
+    const size_t at = (pages - 1 - i) * page_elems;
+    out.table.push_back(bf16 ? static_cast<const void*>(&out.bf16[at]) : &out.f32[at]);
+  }
+  return out;
+}
+
+// The copying route for one KV head: rows [ctx][hd] as floats, as the walker gathers them.
+std::vector<float> CopyRows(const internal::KernelTable& path, const Pages& pages, int64_t ctx,
+                            int hd, int page_tokens, bool bf16) {
+  std::vector<float> rows(static_cast<size_t>(ctx) * hd);
+  for (int64_t p0 = 0, i = 0; p0 < ctx; p0 += page_tokens, ++i) {
+    const int64_t count = std::min<int64_t>(page_tokens, ctx - p0) * hd;
+    if (bf16) {
+      path.widen_bf16(static_cast<const uint16_t*>(pages.table[i]), &rows[p0 * hd], count);
+    } else {
+      std::memcpy(&rows[p0 * hd], pages.table[i], sizeof(float) * count);
+    }
+  }
+  return rows;
+}
+
+TEST_P(AttendPagesTest, EqualsTheCopyingRouteBitForBit) {
+  const internal::KernelTable& path = internal::Active();
+  if (path.attend_pages == nullptr) {
+    GTEST_SKIP() << "PATH " << path.name << " HAS NO attend_pages: PagedAttention copies";
+  }
+  const PagesShape& s = std::get<1>(GetParam());
+  const int hd = s.head_dim;
+  int64_t ctx = 0;
+  for (int64_t c : s.contexts) ctx = std::max(ctx, c);
+  std::mt19937 rng(17);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> k(static_cast<size_t>(ctx) * hd), v(k.size());
+  for (float& e : k) e = dist(rng);
+  for (float& e : v) e = dist(rng);
+  const Pages k_pages = MakePages(k, ctx, hd, s.page_tokens, s.bf16);
+  const Pages v_pages = MakePages(v, ctx, hd, s.page_tokens, s.bf16);
+  const int count = static_cast<int>(s.contexts.size());
+  const size_t q_floats = static_cast<size_t>(s.heads) * hd;
+  std::vector<float> q(count * q_floats);
+  for (float& e : q) e = 2.0f * dist(rng);  // sharper softmax than N(0, 1)
+  const float scale = 0.125f;
+
+  // Straight from the pages, the whole run in one call.
+  std::vector<float> got(count * q_floats, -1.0f);
+  std::vector<internal::PageQuery> run;
+  for (int r = 0; r < count; ++r) {
+    run.push_back({.q = &q[r * q_floats], .out = &got[r * q_floats], .ctx = s.contexts[r]});
+  }
+  const int64_t stride = (ctx + 15) / 16 * 16;
+  std::vector<float> scores(count * s.heads * stride);
+  const internal::HeadPages kv{.k = k_pages.table.data(),
+                               .v = v_pages.table.data(),
+                               .page_tokens = s.page_tokens,
+                               .bf16 = s.bf16};
+  path.attend_pages(run.data(), count, kv, hd, scale, s.heads, scores.data());
+
+  // The copy: K transposed over the run's longest context, each query its own prefix.
+  const std::vector<float> k_rows = CopyRows(path, k_pages, ctx, hd, s.page_tokens, s.bf16);
+  const std::vector<float> v_rows = CopyRows(path, v_pages, ctx, hd, s.page_tokens, s.bf16);
+  std::vector<float> keys_t(static_cast<size_t>(stride) * hd);
+  path.transpose_rows(k_rows.data(), ctx, hd, keys_t.data(), stride);
+  std::vector<float> want(count * q_floats, -2.0f);
+  std::vector<float> head_scores(static_cast<size_t>(stride) * internal::kMaxGroup);
+  for (int r = 0; r < count; ++r) {
+    path.attend_heads(&q[r * q_floats], keys_t.data(), stride, v_rows.data(), s.contexts[r], hd,
+                      scale, &want[r * q_floats], head_scores.data(), s.heads);
+  }
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0)
+        << "query " << i / q_floats << " head " << i % q_floats / hd << " element " << i % hd
+        << ": pages " << got[i] << ", copy " << want[i];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, AttendPagesTest,
+                         ::testing::Combine(::testing::ValuesIn(KernelPathNames()),
+                                            ::testing::ValuesIn(kPagesShapes)),
+                         [](const auto& info) {
+                           return KernelPathTestName(std::get<0>(info.param)) + "_" +
+                                  ShapeName(std::get<1>(info.param)) + "_" +
+                                  std::to_string(info.index);
+                         });
+
+}  // namespace
+}  // namespace pdserve
