@@ -438,50 +438,7 @@ constexpr int kPassChunks = 2;
 // context, whose pages may not exist.
 alignas(64) constexpr float kZeroRow[16 * kMaxHeadChunks] = {};
 
-// Row p of one KV head's K or V in the pages, walked position by position.
-template <typename Elem>
-class PageCursor {
- public:
-  PageCursor(const void* const* pages, int page_tokens, int hd, int64_t p)
-      : pages_(pages), page_tokens_(page_tokens), hd_(hd) {
-    page_ = p / page_tokens;
-    slot_ = static_cast<int>(p - page_ * page_tokens);
-  }
-  // The row of the current position; then moves to the next.
-  const Elem* Next() {
-    const Elem* row = static_cast<const Elem*>(pages_[page_]) + static_cast<int64_t>(slot_) * hd_;
-    if (++slot_ == page_tokens_) {
-      slot_ = 0;
-      ++page_;
-    }
-    return row;
-  }
-
- private:
-  const void* const* pages_;
-  int page_tokens_, hd_;
-  int64_t page_;
-  int slot_;
-};
-
-// Prefetches the rows of positions [p0, p1) of one KV head's K or V into L1: the rows of a page
-// are one run of memory, but consecutive pages lie a block apart, which the hardware
-// prefetchers follow late.
-// Always inlined: compiled on its own, a function that only prefetches is "const" to GCC's
-// IPA pure-const analysis, and every call of it is deleted as dead code.
-template <typename Elem, _mm_hint kHint = _MM_HINT_T0>
-[[gnu::always_inline]] inline void PrefetchRows(const void* const* pages, int page_tokens, int hd,
-                                                int64_t p0, int64_t p1) {
-  const int64_t row_bytes = static_cast<int64_t>(hd) * sizeof(Elem);
-  while (p0 < p1) {
-    const int64_t page = p0 / page_tokens;
-    const int64_t slot = p0 - page * page_tokens;
-    const int64_t rows = Min(p1 - p0, page_tokens - slot);
-    const char* at = static_cast<const char*>(pages[page]) + slot * row_bytes;
-    for (int64_t off = 0; off < rows * row_bytes; off += 64) _mm_prefetch(at + off, kHint);
-    p0 += rows;
-  }
-}
+#include "kernels/page_rows.inc"
 
 inline void Transpose16x16(__m512 (&v)[16]) {
   TransposeStage<8>(v);
