@@ -300,6 +300,21 @@ void TransposeRows(const float* rows, int64_t n, int cols, float* dst, int64_t s
   }
 }
 
+// scores [0, ctx) -> exp(score - max) in place, 16 positions at a time; returns 1 / their sum
+// (16 lanes by position mod 16, then the lane tree).
+float ExpInPlace(float* sh, int64_t ctx, float max) {
+  const __m512 vm = _mm512_set1_ps(max);
+  __m512 vsum = _mm512_setzero_ps();
+  for (int64_t p = 0; p < ctx; p += 16) {
+    const __mmask16 mask = TailMask16(static_cast<int>(Min<int64_t>(16, ctx - p)));
+    __m512 e = Exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, sh + p), vm));
+    e = _mm512_maskz_mov_ps(mask, e);
+    _mm512_mask_storeu_ps(sh + p, mask, e);
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  return 1.0f / _mm512_reduce_add_ps(vsum);
+}
+
 // Accumulators one AttendGroup may hold (of the 32 zmm registers).
 constexpr int kGroupRegisters = 28;
 constexpr int MaxGroup(int chunks) { return Min(kMaxGroup, kGroupRegisters / chunks); }
@@ -336,17 +351,7 @@ void AttendGroup(const float* q, const float* keys_t, int64_t stride, const floa
   // Softmax numerators and their sums, 16 positions at a time.
   float inv_sum[G];
   for (int h = 0; h < G; ++h) {
-    float* sh = scores + h * stride;
-    const __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(vmax[h]));
-    __m512 vsum = _mm512_setzero_ps();
-    for (int64_t p = 0; p < ctx; p += 16) {
-      const __mmask16 mask = TailMask16(static_cast<int>(Min<int64_t>(16, ctx - p)));
-      __m512 e = Exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, sh + p), vm));
-      e = _mm512_maskz_mov_ps(mask, e);
-      _mm512_mask_storeu_ps(sh + p, mask, e);
-      vsum = _mm512_add_ps(vsum, e);
-    }
-    inv_sum[h] = 1.0f / _mm512_reduce_add_ps(vsum);
+    inv_sum[h] = ExpInPlace(scores + h * stride, ctx, _mm512_reduce_max_ps(vmax[h]));
   }
   // Weighted sum of V rows, in position order.
   __m512 acc[G][Chunks];
@@ -536,16 +541,7 @@ float SoftmaxNumerators(float* sh, int64_t ctx) {
     const __mmask16 mask = TailMask16(static_cast<int>(Min<int64_t>(16, ctx - p)));
     vmax = _mm512_mask_max_ps(vmax, mask, vmax, _mm512_maskz_loadu_ps(mask, sh + p));
   }
-  const __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
-  __m512 vsum = _mm512_setzero_ps();
-  for (int64_t p = 0; p < ctx; p += 16) {
-    const __mmask16 mask = TailMask16(static_cast<int>(Min<int64_t>(16, ctx - p)));
-    __m512 e = Exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, sh + p), vm));
-    e = _mm512_maskz_mov_ps(mask, e);
-    _mm512_mask_storeu_ps(sh + p, mask, e);
-    vsum = _mm512_add_ps(vsum, e);
-  }
-  return 1.0f / _mm512_reduce_add_ps(vsum);
+  return ExpInPlace(sh, ctx, _mm512_reduce_max_ps(vmax));
 }
 
 // 16 elements of a V row as floats: all 16 (kMasked false), or the lanes of `mask` (the others
