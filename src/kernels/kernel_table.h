@@ -95,8 +95,9 @@ struct KernelTable {
   // bit, without copying the rows out. Keys are widened and transposed a key tile of positions
   // at a time (the path's own constant: one score vector, 8 positions on avx2, 16 on avx512)
   // into a small tile that every query of the run shares. scores: count * heads * stride
-  // floats (stride: the longest ctx rounded up to 16). Null: the walker copies the rows
-  // (widen_bf16, transpose_rows) and calls attend_heads.
+  // floats (stride: the longest ctx rounded up to 16). Required: every path has it (the
+  // copying route, widen_bf16 + transpose_rows + attend_heads, is its reference in
+  // tests/kernels/attend_pages_test.cc).
   void (*attend_pages)(const PageQuery* queries, int count, const HeadPages& kv, int hd,
                        float scale, int heads, float* scores);
 };

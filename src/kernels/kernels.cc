@@ -3,7 +3,6 @@
 #include "kernels/kernels.h"
 
 #include <algorithm>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -56,30 +55,8 @@ void ForEachTile(int m, int n, int k, int weight_blocks, int tile_tokens, TileAt
   }
 }
 
-// Copies the K (or V) rows of positions [0, ctx) of one KV head out of the sequence's pages
-// into dst [ctx][head_dim] as floats. Within a page the rows of one head are contiguous, so
-// this is one run per page. The query heads of a GQA group then share the copy.
-template <typename KvElem>
-void GatherRows(const internal::KernelTable& path, const AttentionQuery& query,
-                const KvCache& cache, int layer, int kv_head, bool is_v, float* dst) {
-  const KvLayout& layout = cache.layout();
-  const size_t head_offset = static_cast<size_t>(kv_head) * layout.page_tokens * layout.head_dim;
-  for (int64_t pos = 0, page = 0; pos < query.context_len; pos += layout.page_tokens, ++page) {
-    const auto* src =
-        reinterpret_cast<const KvElem*>(cache.Block(layer, query.pages[page], is_v)) + head_offset;
-    const int64_t count =
-        std::min<int64_t>(layout.page_tokens, query.context_len - pos) * layout.head_dim;
-    float* out = dst + pos * layout.head_dim;
-    if constexpr (std::is_same_v<KvElem, float>) {
-      std::copy(src, src + count, out);
-    } else {
-      path.widen_bf16(src, out, count);
-    }
-  }
-}
-
 // Runs of up to `max_run` consecutive queries of one sequence (a prefill chunk): [first, last)
-// query indices. A run shares its K/V rows (copied once, or each key tile widened once).
+// query indices. A run shares its K/V rows (each key tile widened once).
 std::vector<std::pair<size_t, size_t>> QueryRuns(std::span<const AttentionQuery> queries,
                                                  size_t max_run) {
   std::vector<std::pair<size_t, size_t>> runs;
@@ -105,57 +82,9 @@ bool AttentionIsParallel(std::span<const AttentionQuery> queries, int num_heads,
   return macs * num_heads * 2 * hd >= kParallelMacs;
 }
 
-// The path without attend_pages: per (run, KV head), the K/V rows copied out of the pages as
-// floats (K transposed), then attend_heads per query.
-template <typename KvElem>
-void CopyingAttention(std::span<const AttentionQuery> queries, const KvCache& cache, int layer,
-                      int num_heads, float scale) {
-  const internal::KernelTable& path = Active();
-  const KvLayout& layout = cache.layout();
-  const int kv_heads = layout.num_kv_heads;
-  const int group = num_heads / kv_heads;
-  const int hd = layout.head_dim;
-  const auto runs = QueryRuns(queries, 16);
-  const int64_t work = static_cast<int64_t>(runs.size()) * kv_heads;
-#pragma omp parallel if (AttentionIsParallel(queries, num_heads, hd))
-  {
-    // Per thread, kept across calls: K and V rows of one (run, KV head) and the scores.
-    thread_local std::vector<float> rows, keys_t, values, scores;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < work; ++i) {
-      const auto [first, last] = runs[i / kv_heads];
-      const int kv_head = static_cast<int>(i % kv_heads);
-      size_t longest = first;
-      for (size_t q = first; q < last; ++q) {
-        if (queries[q].context_len > queries[longest].context_len) longest = q;
-      }
-      const int64_t ctx = queries[longest].context_len;
-      const int64_t stride = (ctx + 15) / 16 * 16;
-      const size_t elems = static_cast<size_t>(stride) * hd;
-      // Each buffer on its own: a later call may have a longer context but a smaller head_dim.
-      if (keys_t.size() < elems) {
-        rows.resize(elems);
-        keys_t.resize(elems);
-        values.resize(elems);
-      }
-      const size_t score_floats = static_cast<size_t>(stride) * internal::kMaxGroup;
-      if (scores.size() < score_floats) scores.resize(score_floats);
-      GatherRows<KvElem>(path, queries[longest], cache, layer, kv_head, false, rows.data());
-      path.transpose_rows(rows.data(), ctx, hd, keys_t.data(), stride);
-      GatherRows<KvElem>(path, queries[longest], cache, layer, kv_head, true, values.data());
-      for (size_t q = first; q < last; ++q) {
-        const AttentionQuery& query = queries[q];
-        const size_t h = static_cast<size_t>(kv_head) * group;
-        path.attend_heads(query.q + h * hd, keys_t.data(), stride, values.data(), query.context_len,
-                          hd, scale, query.out + h * hd, scores.data(), group);
-      }
-    }
-  }
-}
-
 // The path's attend_pages per (run, KV head): K and V read where they lie, in whatever dtype
-// the cache holds. Runs are shorter than the copying path's: a run keeps the scores of all its
-// queries at once (count * group * context floats).
+// the cache holds. A run keeps the scores of all its queries at once (count * group * context
+// floats), so runs are at most kPageRun queries.
 void PageAttention(std::span<const AttentionQuery> queries, const KvCache& cache, int layer,
                    int num_heads, float scale) {
   const internal::KernelTable& path = Active();
@@ -304,13 +233,7 @@ void PagedAttention(std::span<const AttentionQuery> queries, const KvCache& cach
                     int num_heads, float scale) {
   PD_CHECK(cache.layout().head_dim <= 16 * internal::kMaxHeadChunks);
   PD_CHECK(IsKvCacheDType(cache.layout().dtype));  // KvCache::Create refuses the others
-  if (Active().attend_pages != nullptr) {
-    PageAttention(queries, cache, layer, num_heads, scale);
-  } else if (cache.layout().dtype == DType::kF32) {
-    CopyingAttention<float>(queries, cache, layer, num_heads, scale);
-  } else {
-    CopyingAttention<uint16_t>(queries, cache, layer, num_heads, scale);
-  }
+  PageAttention(queries, cache, layer, num_heads, scale);
 }
 
 void StoreKv(KvCache& cache, int layer, PageId page, int slot, const float* k, const float* v) {

@@ -4,7 +4,7 @@
 // bit for bit", so the test compares raw bits, for runs of queries of different lengths, page
 // sizes that straddle a key tile or hold several, head sizes with row tails and GQA groups
 // larger than the registers hold, an odd head size. It calls the path's table directly (this is the
-// kernels' own test): PagedAttention runs only one of the two routes for a given path.
+// kernels' own test): PagedAttention runs only attend_pages.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -98,7 +98,7 @@ Pages MakePages(const std::vector<float>& rows, int64_t ctx, int hd, int page_to
   return out;
 }
 
-// The copying route for one KV head: rows [ctx][hd] as floats, as the walker gathers them.
+// The copying route for one KV head: rows [ctx][hd] as floats, as the walker once gathered them.
 std::vector<float> CopyRows(const internal::KernelTable& path, const Pages& pages, int64_t ctx,
                             int hd, int page_tokens, bool bf16) {
   std::vector<float> rows(static_cast<size_t>(ctx) * hd);
