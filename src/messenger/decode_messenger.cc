@@ -21,7 +21,9 @@ struct DecodeMessenger::Peer {
   uint64_t instance = 0;
   uint64_t removed_instance = 0;  // the last instance removed (never re-added)
   Status refusal;                 // why its current instance's handshake was refused
-  // Every rank's cache, registered for this instance only (rank order; empty: none).
+  // Every rank's cache as a view of its own for this instance, registered for it alone (rank
+  // order; empty: none).
+  std::vector<RevocableMapping> views;
   std::vector<fabric::RegionId> regions;
   std::string last_error;
   uint64_t incarnation = 0;
@@ -282,16 +284,21 @@ void DecodeMessenger::HandleHelloAck(Peer& peer, const HelloAck& ack) {
 }
 
 Result<NodeInfo> DecodeMessenger::RegisterFor(Peer& peer) {
-  // A registration (a key) of its own per peer instance and rank: removing the peer closes
-  // them, and a late write of the removed instance — a hung node that resumes — then fails
-  // here instead of landing in pages reused since (the connection itself may outlive
-  // RemovePeer). Whatever was registered stays in peer.regions, which PeerDead closes, even
-  // if a later rank fails.
+  // Per peer instance and rank, a view of the cache (a second mapping of its memfd) and a
+  // registration (a key) of that view alone. Removing the peer revokes the views and closes
+  // the keys (PeerDead): a late write of the removed instance — a hung node that resumes —
+  // then fails at the key, and the rest of a write whose key was checked before (tcp receives
+  // the payload afterwards, at its own pace) lands in throwaway memory, never in pages reused
+  // since. Whatever was made stays in peer.views and peer.regions, which PeerDead closes,
+  // even if a later rank fails.
   NodeInfo node = local_;
   for (int r = 0; r < engine_->tp_size(); ++r) {
     KvCache& cache = engine_->kv_cache(r);
+    PD_ASSIGN_OR_RETURN(RevocableMapping view,
+                        RevocableMapping::Map(cache.fd(), cache.size_bytes()));
+    peer.views.push_back(std::move(view));
     PD_ASSIGN_OR_RETURN(fabric::RegionId region,
-                        fabric_->RegisterMemory(cache.base(), cache.size_bytes()));
+                        fabric_->RegisterMemory(peer.views.back().data(), cache.size_bytes()));
     peer.regions.push_back(region);
     PD_ASSIGN_OR_RETURN(fabric::MemoryDescriptor descriptor, fabric_->Describe(region));
     node.rank_memory[r] = descriptor.Serialize();
@@ -336,9 +343,19 @@ void DecodeMessenger::PeerDead(Peer& peer, const Status& why) {
   counters_.last_peer_error = why.ToString();
   peer.last_error = why.ToString();
   // After this nothing from the old incarnation counts or reaches us, and none of its writes
-  // can land: its key is gone (a write being applied finishes first: deregistration runs on
-  // the progress threads that apply them). Only then may its requests' pages be released.
+  // can land in the cache: its views are revoked (what still arrives of a write goes to
+  // throwaway memory) and its keys closed (later writes fail). Only then may its requests'
+  // pages be released.
   if (Status s = fabric_->RemovePeer(peer.id); !s.ok()) PD_LOG_WARN("{}", s.ToString());
+  for (RevocableMapping& view : peer.views) {
+    if (Status s = view.Revoke(); !s.ok()) {
+      // Cannot happen short of the kernel refusing a mapping; the key is closed below anyway.
+      PD_LOG_ERROR("prefill peer {}: revoking its view of the KV cache: {}", peer.spec.name,
+                   s.ToString());
+    }
+    retired_views_.push_back(std::move(view));  // until the fabric engine is gone
+  }
+  peer.views.clear();
   for (fabric::RegionId region : peer.regions) {
     if (Status s = fabric_->DeregisterMemory(region); !s.ok()) {
       PD_LOG_ERROR("prefill peer {}: closing its memory registration: {}", peer.spec.name,

@@ -31,6 +31,7 @@
 
 #include "common/histogram.h"
 #include "common/mutex.h"
+#include "common/revocable_mapping.h"
 #include "common/status.h"
 #include "engine/engine.h"
 #include "fabric/transfer_engine.h"
@@ -157,6 +158,8 @@ class DecodeMessenger {
   std::vector<uint32_t> free_slots_;
   std::vector<uint32_t> slot_generation_;  // by slot
   DecodeMessengerStats counters_;
+  // Removed peers' revoked views: a provider may still write into them until fabric_ is gone.
+  std::vector<RevocableMapping> retired_views_;
 
   // Failures the engine's final output must carry (engine.Cancel alone says "cancelled").
   Mutex failures_mu_;

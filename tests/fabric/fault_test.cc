@@ -1,12 +1,19 @@
 // Fault tests between two real processes: a receiver killed mid-transfer, a sender killed
-// while the receiver waits, and a peer removed with writes in flight. Every wait is bounded.
+// while the receiver waits, a peer removed with writes in flight, and a peer removed while the
+// payload of its write is arriving. Every wait is bounded.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "common/revocable_mapping.h"
 #include "fabric_test_util.h"
 
 namespace pdserve::fabric::testing {
@@ -191,6 +198,76 @@ TEST_P(FaultTest, PeerRemovedWithWritesInFlightGetsNoLateCallback) {
   EXPECT_EQ(messages_.load(), 0);
   EXPECT_EQ(engine_->stats().messages_dropped, 1u);
   EXPECT_EQ(late.load(), 0);
+}
+
+size_t NonZeroBytes(const RevocableMapping& m) {
+  return static_cast<size_t>(
+      std::count_if(m.data(), m.data() + m.size(), [](std::byte b) { return b != std::byte{0}; }));
+}
+
+// The decode node's defence against the rest of a removed peer's write (docs/messenger.md): the
+// peer writes 256 MiB into a view of this process's memory (a memfd, as the KV cache is) in one
+// write; as soon as its first bytes have landed, the peer is removed, the view revoked and its
+// registration closed, as DecodeMessenger::PeerDead does. tcp checks a write's key when its
+// header arrives and then receives the payload straight into the target, so the rest of the
+// write keeps arriving after the removal and the deregistration (libfabric 1.17 closes no
+// connection at either); it must land in the revoked view's throwaway memory, never in the
+// memory behind it, which may already hold another request's KV. tcp only: shm applies a write
+// in one step of the receiver's progress, so there is no rest of a write to catch mid-way.
+TEST(RevokedViewTest, TheRestOfARemovedPeersWriteNeverReachesTheMemory) {
+  constexpr size_t kBytes = size_t{256} << 20;
+  SharedFile peer_file(kBytes);
+  ASSERT_NE(peer_file.data(), nullptr);
+  std::memset(peer_file.data(), 0x5a, kBytes);
+  PeerProcess peer;
+  ASSERT_TRUE(peer.Start({PeerBinary()}).ok());
+  auto remote = InitPeer(peer, Provider::kTcp, 1, "127.0.0.1", peer_file);
+  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+
+  const int fd = memfd_create("revoked-view-test", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(kBytes)), 0);
+  auto memory = RevocableMapping::Map(fd, kBytes);  // the memory itself (never revoked)
+  auto view = RevocableMapping::Map(fd, kBytes);    // what the peer is given
+  close(fd);
+  ASSERT_TRUE(memory.ok() && view.ok());
+  {
+    // Declared after the mappings: destroyed first, so nothing writes through them after.
+    auto engine = TransferEngine::Create(TestConfig(Provider::kTcp, 1));
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    auto region = (*engine)->RegisterMemory(view->data(), view->size());
+    ASSERT_TRUE(region.ok());
+    auto id = (*engine)->AddPeer(remote->address);
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    ASSERT_TRUE(peer.Command("peer " + HexEncode((*engine)->address().Serialize()),
+                             Deadline::AfterMs(10000))
+                    .ok());
+    auto desc = (*engine)->Describe(*region);
+    ASSERT_TRUE(desc.ok());
+    ASSERT_TRUE(peer.Command(fmt::format("write 1 {} {} 9 0 {} 0 {} 0 0 1 60000",
+                                         HexEncode(desc->Serialize()), kBytes, kBytes, kBytes),
+                             Deadline::AfterMs(10000))
+                    .ok());
+    // The payload arrives in order: its first byte lands first.
+    std::atomic_ref<std::byte> first(memory->data()[0]);
+    Deadline deadline = Deadline::AfterMs(20000);
+    while (first.load(std::memory_order_relaxed) == std::byte{0} && !deadline.Passed()) {
+    }
+    ASSERT_NE(first.load(), std::byte{0}) << "no byte of the write arrived";
+    ASSERT_TRUE((*engine)->RemovePeer(*id).ok());
+    ASSERT_TRUE(view->Revoke().ok());
+    ASSERT_TRUE((*engine)->DeregisterMemory(*region).ok());
+    const size_t landed = NonZeroBytes(*memory);
+    ASSERT_LT(landed, kBytes) << "the write completed before the removal: nothing left to stop";
+    // The peer's write goes on (its connection is open), into the throwaway memory.
+    auto written = peer.WaitEvent("written ", Deadline::AfterMs(60000));
+    ASSERT_TRUE(written.ok()) << written.status().ToString();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_EQ(NonZeroBytes(*memory), landed)
+        << "bytes of the removed peer's write reached the memory after the view was revoked";
+    EXPECT_GT(NonZeroBytes(*view), 0u)
+        << "nothing arrived after the removal: the test did not exercise a late payload";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, FaultTest, ::testing::Values(Provider::kShm, Provider::kTcp),
