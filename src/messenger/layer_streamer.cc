@@ -9,12 +9,10 @@
 
 namespace pdserve::messenger {
 
-LayerStreamer::LayerStreamer(fabric::TransferEngine* fabric,
-                             std::vector<fabric::RegionId> source_regions, int page_tokens,
-                             int num_layers, EventLog* events,
+LayerStreamer::LayerStreamer(fabric::TransferEngine* fabric, int page_tokens, int num_layers,
+                             EventLog* events,
                              std::function<void(const std::shared_ptr<StreamJob>&)> on_job_changed)
     : fabric_(fabric),
-      source_regions_(std::move(source_regions)),
       page_tokens_(page_tokens),
       num_layers_(num_layers),
       events_(events),
@@ -184,13 +182,13 @@ Status LayerStreamer::PostSegmentWrites(const Segment& seg, int64_t* posted) {
   for (const PagedColumn& c : columns) {
     // The plan's ranks index this node's regions and the peer's descriptors, both checked
     // against the plan's sides at the handshake; a mismatch here is a bug, not a peer's fault.
-    if (static_cast<size_t>(c.src_rank) >= source_regions_.size() ||
+    if (static_cast<size_t>(c.src_rank) >= job->src->size() ||
         static_cast<size_t>(c.dst_rank) >= job->dst->size()) {
       return Status::Internal(fmt::format(
           "write from rank {} to rank {}, but {} source regions and {} destination descriptors",
-          c.src_rank, c.dst_rank, source_regions_.size(), job->dst->size()));
+          c.src_rank, c.dst_rank, job->src->size(), job->dst->size()));
     }
-    fabric::PagedWrite write{.src_region = source_regions_[c.src_rank],
+    fabric::PagedWrite write{.src_region = (*job->src)[c.src_rank],
                              .src_offset = c.src_base,
                              .src_stride = c.src_stride,
                              .src_pages = src_pages_,

@@ -36,6 +36,8 @@ struct StreamJob {
   uint64_t request_id = 0;
   uint64_t peer_instance = 0;
   fabric::PeerId peer = fabric::kUnknownPeer;
+  // This node's cache regions the writes read, one per source rank of `plan` (rank order).
+  std::shared_ptr<const std::vector<fabric::RegionId>> src;
   // The decode node's cache regions, one per destination rank of `plan` (rank order).
   std::shared_ptr<const std::vector<fabric::MemoryDescriptor>> dst;
   std::shared_ptr<const TransferPlan> plan;
@@ -60,10 +62,8 @@ struct StreamJob {
 
 class LayerStreamer : public StepObserver {
  public:
-  // `source_regions`: this node's registered cache region of each rank, in rank order (a
-  // plan's source rank r reads region source_regions[r]).
-  LayerStreamer(fabric::TransferEngine* fabric, std::vector<fabric::RegionId> source_regions,
-                int page_tokens, int num_layers, EventLog* events,
+  // A job's plan source rank r reads the job's region src[r].
+  LayerStreamer(fabric::TransferEngine* fabric, int page_tokens, int num_layers, EventLog* events,
                 std::function<void(const std::shared_ptr<StreamJob>&)> on_job_changed);
   ~LayerStreamer() override;  // Stop()
   void Start();
@@ -120,7 +120,6 @@ class LayerStreamer : public StepObserver {
                    const Status& status);
 
   fabric::TransferEngine* const fabric_;
-  const std::vector<fabric::RegionId> source_regions_;
   const int page_tokens_;
   const int num_layers_;
   EventLog* const events_;

@@ -42,22 +42,16 @@ Status PrefillMessenger::Init() {
     loop_->Post([this, peer, error] { DropPeer(peer, error); });
   };
   PD_ASSIGN_OR_RETURN(fabric_, fabric::TransferEngine::Create(options_.fabric, handlers));
-  // Every rank's cache is mapped in this process (rank workers hand theirs over): one
-  // registration per rank, each the source of the writes the plan routes from that rank.
+  // Every rank's cache is mapped in this process (rank workers hand theirs over); each decode
+  // peer gets views of them of its own (RegisterFor).
   std::vector<KvLayout> layouts;
-  for (int r = 0; r < engine_->tp_size(); ++r) {
-    KvCache& cache = engine_->kv_cache(r);
-    PD_ASSIGN_OR_RETURN(fabric::RegionId region,
-                        fabric_->RegisterMemory(cache.base(), cache.size_bytes()));
-    regions_.push_back(region);
-    layouts.push_back(cache.layout());
-  }
+  for (int r = 0; r < engine_->tp_size(); ++r) layouts.push_back(engine_->kv_cache(r).layout());
   // P's memory is never a write target: no descriptor goes out.
   PD_ASSIGN_OR_RETURN(local_, MakeLocalNodeInfo(engine_->model().config().num_kv_heads, layouts,
                                                 std::vector<std::string>(layouts.size()),
                                                 options_.model_fingerprint, options_.kernel_path));
   streamer_ = std::make_unique<LayerStreamer>(
-      fabric_.get(), regions_, layouts[0].page_tokens, layouts[0].num_layers, &events_,
+      fabric_.get(), layouts[0].page_tokens, layouts[0].num_layers, &events_,
       [weak_loop, this](const std::shared_ptr<StreamJob>& job) {
         if (auto loop = weak_loop.lock()) {
           loop->Post([this, id = job->engine_id] { CheckJob(id); });
@@ -169,6 +163,7 @@ void PrefillMessenger::HandleHelloFinish(fabric::PeerId from, const HelloFinish&
   }
   Result<TransferPlan> plan = TransferPlan::Create(local_.kv, finish.node.kv);
   if (s.ok() && !plan.ok()) s = plan.status();
+  if (s.ok()) s = RegisterFor(p);
   if (!s.ok()) {
     PD_LOG_WARN("handshake with decode peer {:x} refused: {}", p.instance, s.ToString());
     SendTo(from, HandshakeRefused{s.message()});
@@ -183,6 +178,26 @@ void PrefillMessenger::HandleHelloFinish(fabric::PeerId from, const HelloFinish&
   // ordered, so a request must not overtake HelloFinish).
   SendTo(from, LoadReport{static_cast<uint64_t>(counters_.outstanding_prefill_tokens)});
   PublishStats();
+}
+
+Status PrefillMessenger::RegisterFor(DecodePeer& p) {
+  // Per decode peer and rank, a view of the cache (a second mapping of its memfd) registered
+  // for that peer alone: every write to the peer reads through it. Dropping the peer revokes
+  // the views (DropPeer), so a provider still sending a write to it — libfabric cannot recall
+  // a posted write, and tcp sends a write's payload at its own pace — reads throwaway memory,
+  // never pages released and reused since. Whatever was made stays in p, which DropPeer
+  // closes, even if a later rank fails.
+  p.src = std::make_shared<std::vector<fabric::RegionId>>();
+  for (int r = 0; r < engine_->tp_size(); ++r) {
+    KvCache& cache = engine_->kv_cache(r);
+    PD_ASSIGN_OR_RETURN(RevocableMapping view,
+                        RevocableMapping::Map(cache.fd(), cache.size_bytes()));
+    p.views.push_back(std::move(view));
+    PD_ASSIGN_OR_RETURN(fabric::RegionId region,
+                        fabric_->RegisterMemory(p.views.back().data(), cache.size_bytes()));
+    p.src->push_back(region);
+  }
+  return Status::Ok();
 }
 
 void PrefillMessenger::HandlePrefill(fabric::PeerId from, PrefillRequest request) {
@@ -220,6 +235,7 @@ void PrefillMessenger::HandlePrefill(fabric::PeerId from, PrefillRequest request
   job->request_id = request.request_id;
   job->peer_instance = p.instance;
   job->peer = from;
+  job->src = p.src;
   job->dst = p.dst;
   job->plan = p.plan;
   job->seed = request.replica_seed;
@@ -347,9 +363,27 @@ void PrefillMessenger::DropPeer(fabric::PeerId peer, const Status& why, bool rem
     if (!state.engine_finished) engine_->Cancel(id);
     ids.push_back(id);
   }
-  // Ends the peer's unfinished writes (their completions run before this returns).
+  // Ends the peer's unfinished writes (their completions run before this returns; the
+  // provider may still be sending them).
   if (Status s = remove ? fabric_->RemovePeer(peer) : Status::Ok(); !s.ok()) {
     PD_LOG_WARN("removing decode peer: {}", s.ToString());
+  }
+  // From here on whatever of them is still sent reads throwaway memory: the pages may go.
+  // (Not removed — D said hello again before any request — nothing is in flight to it.)
+  for (RevocableMapping& view : it->second.views) {
+    if (Status s = remove ? view.Revoke() : Status::Ok(); !s.ok()) {
+      PD_LOG_ERROR("decode peer {:x}: revoking its view of the KV cache: {}", it->second.instance,
+                   s.ToString());
+    }
+    retired_views_.push_back(std::move(view));  // until the fabric engine is gone
+  }
+  if (it->second.src) {
+    for (fabric::RegionId region : *it->second.src) {
+      if (Status s = fabric_->DeregisterMemory(region); !s.ok()) {
+        PD_LOG_ERROR("decode peer {:x}: closing its registration: {}", it->second.instance,
+                     s.ToString());
+      }
+    }
   }
   peers_.erase(it);
   for (const std::string& id : ids) CheckJob(id);

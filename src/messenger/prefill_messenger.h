@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/mutex.h"
+#include "common/revocable_mapping.h"
 #include "common/status.h"
 #include "engine/engine.h"
 #include "fabric/transfer_engine.h"
@@ -68,6 +69,10 @@ class PrefillMessenger {
     bool ready = false;
     // Its cache regions, one per decode rank (rank order).
     std::shared_ptr<const std::vector<fabric::MemoryDescriptor>> dst;
+    // This node's caches as views of its own for this peer and their registrations, the
+    // source of every write to it (rank order; see RegisterFor).
+    std::vector<RevocableMapping> views;
+    std::shared_ptr<std::vector<fabric::RegionId>> src;
     std::shared_ptr<const TransferPlan> plan;
     TimePoint last_heard;
   };
@@ -86,6 +91,8 @@ class PrefillMessenger {
   void Handle(fabric::PeerId from, uint64_t instance, Message message);
   void HandleHello(uint64_t instance, const Hello& hello);
   void HandleHelloFinish(fabric::PeerId from, const HelloFinish& finish);
+  // Maps and registers every rank's cache for `p` alone (p.views, p.src).
+  Status RegisterFor(DecodePeer& p);
   void HandlePrefill(fabric::PeerId from, PrefillRequest request);
   void HandleCancel(fabric::PeerId from, const Cancel& cancel);
   void OnEngineOutput(const std::string& engine_id, const RequestOutput& out);
@@ -106,7 +113,6 @@ class PrefillMessenger {
   NodeInfo local_;
   std::shared_ptr<ControlLoop> loop_;
   std::unique_ptr<fabric::TransferEngine> fabric_;
-  std::vector<fabric::RegionId> regions_;  // this node's cache, one region per rank
   std::unique_ptr<LayerStreamer> streamer_;
   std::atomic<bool> kv_streaming_;
 
@@ -114,6 +120,8 @@ class PrefillMessenger {
   std::map<fabric::PeerId, DecodePeer> peers_;
   std::map<std::string, JobState> jobs_;  // by engine id
   PrefillMessengerStats counters_;
+  // Dropped peers' views: a provider may still read them until fabric_ is gone.
+  std::vector<RevocableMapping> retired_views_;
 
   mutable Mutex stats_mu_;
   PrefillMessengerStats stats_ GUARDED_BY(stats_mu_);  // published by the control loop

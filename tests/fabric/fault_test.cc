@@ -200,9 +200,12 @@ TEST_P(FaultTest, PeerRemovedWithWritesInFlightGetsNoLateCallback) {
   EXPECT_EQ(late.load(), 0);
 }
 
-size_t NonZeroBytes(const RevocableMapping& m) {
+size_t NonZeroBytes(std::span<const std::byte> bytes) {
   return static_cast<size_t>(
-      std::count_if(m.data(), m.data() + m.size(), [](std::byte b) { return b != std::byte{0}; }));
+      std::count_if(bytes.begin(), bytes.end(), [](std::byte b) { return b != std::byte{0}; }));
+}
+size_t NonZeroBytes(const RevocableMapping& m) {
+  return NonZeroBytes(std::span<const std::byte>(m.data(), m.size()));
 }
 
 // The decode node's defence against the rest of a removed peer's write (docs/messenger.md): the
@@ -267,6 +270,73 @@ TEST(RevokedViewTest, TheRestOfARemovedPeersWriteNeverReachesTheMemory) {
         << "bytes of the removed peer's write reached the memory after the view was revoked";
     EXPECT_GT(NonZeroBytes(*view), 0u)
         << "nothing arrived after the removal: the test did not exercise a late payload";
+  }
+}
+
+// The prefill node's side: this process writes 256 MiB from a view of its memory to the peer in
+// one write; once the peer has the first bytes, the peer is removed and the view revoked, as
+// PrefillMessenger::DropPeer does, and the memory is reused (filled with other bytes). The
+// provider cannot recall the write and goes on sending it, at tcp's pace: it must read the
+// revoked view's throwaway memory, so that not one byte written into the memory after the
+// removal reaches the removed peer.
+TEST(RevokedViewTest, MemoryReusedAfterARemovalNeverReachesTheRemovedPeer) {
+  constexpr size_t kBytes = size_t{256} << 20;
+  SharedFile peer_file(kBytes);
+  ASSERT_NE(peer_file.data(), nullptr);
+  PeerProcess peer;
+  ASSERT_TRUE(peer.Start({PeerBinary()}).ok());
+  auto remote = InitPeer(peer, Provider::kTcp, 1, "127.0.0.1", peer_file);
+  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+
+  const int fd = memfd_create("revoked-source-test", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(kBytes)), 0);
+  auto memory = RevocableMapping::Map(fd, kBytes);
+  auto view = RevocableMapping::Map(fd, kBytes);
+  close(fd);
+  ASSERT_TRUE(memory.ok() && view.ok());
+  std::memset(memory->data(), 0x5a, kBytes);
+  {
+    auto engine = TransferEngine::Create(TestConfig(Provider::kTcp, 1));
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    auto region = (*engine)->RegisterMemory(view->data(), view->size());
+    ASSERT_TRUE(region.ok());
+    auto id = (*engine)->AddPeer(remote->address);
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    std::atomic<int> finished{0};
+    ASSERT_TRUE((*engine)
+                    ->PostWrite(SingleWrite{.src_region = *region,
+                                            .src_offset = 0,
+                                            .peer = *id,
+                                            .dst = &remote->descriptor,
+                                            .dst_offset = 0,
+                                            .length = kBytes,
+                                            .immediate = std::nullopt,
+                                            .deadline = Deadline::AfterMs(60000)},
+                                Completion{[&](const Status&) { ++finished; }})
+                    .ok());
+    std::atomic_ref<std::byte> first(peer_file.data()[0]);
+    Deadline deadline = Deadline::AfterMs(20000);
+    while (first.load(std::memory_order_relaxed) == std::byte{0} && !deadline.Passed()) {
+    }
+    ASSERT_NE(first.load(), std::byte{0}) << "no byte of the write arrived";
+    ASSERT_TRUE((*engine)->RemovePeer(*id).ok());
+    ASSERT_EQ(finished.load(), 1);  // ended (Cancelled) by the removal; the provider goes on
+    ASSERT_TRUE(view->Revoke().ok());
+    ASSERT_TRUE((*engine)->DeregisterMemory(*region).ok());
+    std::memset(memory->data(), 0x77, kBytes);  // the pages are reused
+    ASSERT_NE(peer_file.data()[kBytes - 1], std::byte{0x5a})
+        << "the write completed before the removal: nothing was left to send";
+    // Until the peer's memory stops changing: the provider has sent what it would.
+    size_t before = SIZE_MAX;
+    for (int i = 0; i < 50; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      const size_t now = NonZeroBytes(std::span<const std::byte>(peer_file.data(), kBytes));
+      if (now == before) break;
+      before = now;
+    }
+    const auto reused = std::count(peer_file.data(), peer_file.data() + kBytes, std::byte{0x77});
+    EXPECT_EQ(reused, 0) << "bytes written into the memory after the removal reached the peer";
   }
 }
 

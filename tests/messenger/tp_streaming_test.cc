@@ -182,13 +182,13 @@ TEST_P(MessengerTpStreamTest, EveryRankReceivesItsHeadsFromTheRightRank) {
                   .ok());
 
   EventLog events;
-  auto streamer =
-      std::make_unique<LayerStreamer>(p.fabric.get(), p.regions, kPageTokens, kLayers, &events,
-                                      [](const std::shared_ptr<StreamJob>&) {});
+  auto streamer = std::make_unique<LayerStreamer>(p.fabric.get(), kPageTokens, kLayers, &events,
+                                                  [](const std::shared_ptr<StreamJob>&) {});
   auto job = std::make_shared<StreamJob>();
   job->engine_id = "job";
   job->request_id = 1;
   job->peer = *peer;
+  job->src = std::make_shared<const std::vector<fabric::RegionId>>(p.regions);
   job->dst = dst;
   job->plan = std::make_shared<const TransferPlan>(*plan);
   job->seed = seed;
