@@ -131,16 +131,21 @@ int RunServe(const ServeFlags& f) {
               options.served_model_name.c_str());
   std::fflush(stdout);
 
-  std::unique_ptr<server::NodeRegistration> registration;
+  const std::string own_url = "http://" + options.host + ":" + std::to_string(node.port());
+  std::vector<std::unique_ptr<server::NodeRegistration>> registrations;
   if (!f.router.empty()) {
-    registration = std::make_unique<server::NodeRegistration>(
-        f.router, "http://" + options.host + ":" + std::to_string(node.port()),
-        options.cluster_key);
+    registrations.push_back(
+        std::make_unique<server::NodeRegistration>(f.router, own_url, options.cluster_key));
+  }
+  for (const std::string& decode : f.messenger.decode_peers) {  // prefill role (checked)
+    registrations.push_back(std::make_unique<server::NodeRegistration>(
+        decode.starts_with("http://") ? decode : "http://" + decode, own_url, options.cluster_key,
+        std::chrono::seconds(5), "/internal/messenger/join"));
   }
   int sig = 0;
   sigwait(&signals, &sig);
   PD_LOG_INFO("signal {}: stopping", sig);
-  registration.reset();
+  registrations.clear();
   // Nothing can finish once a rank is gone: no grace.
   node.Drain(rank_failed.load() ? std::chrono::seconds(0)
                                 : std::chrono::seconds(f.shutdown_grace_s));

@@ -10,6 +10,7 @@
 #include "fabric/descriptors.h"
 #include "http/cluster_auth.h"
 #include "kernels/dispatch.h"
+#include "router/router_nodes.h"
 
 namespace pdserve::cli {
 namespace {
@@ -62,6 +63,9 @@ void AddMessengerFlags(CLI::App* cmd, MessengerFlags* f) {
       ->capture_default_str();
   cmd->add_option("--prefill-peer", f->prefill_peers,
                   "Decode role: a prefill node's HTTP HOST:PORT (repeatable)");
+  cmd->add_option("--decode-peer", f->decode_peers,
+                  "Prefill role: join the running decode node at this HTTP URL (repeatable); "
+                  "it is asked again every 5 s, so either may start first or restart");
   cmd->add_option("--cluster-key", f->cluster_key,
                   "Shared secret of the cluster's nodes (default: env PDSERVE_CLUSTER_KEY)");
   cmd->add_option("--heartbeat-ms", f->heartbeat_ms, "Messenger heartbeat interval")
@@ -113,6 +117,9 @@ Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFla
     if (!flags.prefill_peers.empty()) {
       return Status::InvalidArgument("--prefill-peer is for --role decode");
     }
+    for (const std::string& url : flags.decode_peers) {
+      PD_RETURN_IF_ERROR(router::ParseNodeUrl(url).status().WithContext("--decode-peer"));
+    }
     PD_ASSIGN_OR_RETURN(node.prefill, messenger::PrefillMessenger::Create(engine, options));
     messenger::PrefillMessenger* m = node.prefill.get();
     const std::string address = fabric::HexEncode(m->address().Serialize());
@@ -143,17 +150,26 @@ Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFla
     };
     return node;
   }
-  if (flags.prefill_peers.empty()) {
-    return Status::InvalidArgument("--role decode needs at least one --prefill-peer");
+  if (!flags.decode_peers.empty()) {
+    return Status::InvalidArgument("--decode-peer is for --role prefill");
   }
+  // Without --prefill-peer, prefill nodes join it (--decode-peer); requests wait for one up to
+  // their prefill deadline.
+  auto spec = [key = options.cluster_key](const std::string& p) {
+    return messenger::PrefillPeerSpec{.name = p,
+                                      .resolve = [p, key] { return ResolvePeer(p, key); }};
+  };
   std::vector<messenger::PrefillPeerSpec> peers;
-  for (const std::string& p : flags.prefill_peers) {
-    peers.push_back(
-        {.name = p, .resolve = [p, key = options.cluster_key] { return ResolvePeer(p, key); }});
-  }
+  for (const std::string& p : flags.prefill_peers) peers.push_back(spec(p));
   PD_ASSIGN_OR_RETURN(node.decode,
                       messenger::DecodeMessenger::Create(engine, options, std::move(peers)));
   messenger::DecodeMessenger* m = node.decode.get();
+  // A joining prefill node names itself by URL; it is known as HOST:PORT, as --prefill-peer
+  // names are (and as the X-Prefill-Peer header names it).
+  served->join = [m, spec](const std::string& url) -> Status {
+    PD_ASSIGN_OR_RETURN(router::NodeAddress address, router::ParseNodeUrl(url));
+    return m->AddPeer(spec(address.host + ":" + std::to_string(address.port)));
+  };
   served->internal_routes["events"] = [m] { return m->events().ToJson(); };
   served->submit = [m](EngineRequest request, const std::string& peer) {
     return m->Submit(std::move(request), peer);

@@ -71,7 +71,6 @@ Result<std::unique_ptr<DecodeMessenger>> DecodeMessenger::Create(
   if (options.cluster_key.empty()) {
     return Status::InvalidArgument("the messenger needs a cluster key");
   }
-  if (peers.empty()) return Status::InvalidArgument("a decode node needs a prefill peer");
   std::unique_ptr<DecodeMessenger> m(
       new DecodeMessenger(engine, std::move(options), std::move(peers)));
   PD_RETURN_IF_ERROR(m->Init());
@@ -82,9 +81,28 @@ DecodeMessenger::DecodeMessenger(Engine* engine, MessengerOptions options,
                                  std::vector<PrefillPeerSpec> peers)
     : engine_(engine), options_(std::move(options)), incarnation_(NewIncarnation()) {
   for (PrefillPeerSpec& spec : peers) {
+    MutexLock lock(&names_mu_);
+    if (!peer_names_.insert(spec.name).second) continue;  // named twice: one peer
     peers_.push_back(std::make_unique<Peer>());
     peers_.back()->spec = std::move(spec);
   }
+}
+
+Status DecodeMessenger::AddPeer(PrefillPeerSpec spec) {
+  if (spec.name.empty() || !spec.resolve) {
+    return Status::InvalidArgument("a prefill peer needs a name and a way to resolve it");
+  }
+  {
+    MutexLock lock(&names_mu_);
+    if (!peer_names_.insert(spec.name).second) return Status::Ok();
+  }
+  PD_LOG_INFO("prefill peer {} joined", spec.name);
+  loop_->Post([this, spec = std::move(spec)]() mutable {
+    peers_.push_back(std::make_unique<Peer>());
+    peers_.back()->spec = std::move(spec);
+    Tick();  // connect at once
+  });
+  return Status::Ok();
 }
 
 Status DecodeMessenger::Init() {
@@ -120,10 +138,11 @@ DecodeMessenger::~DecodeMessenger() {
 }
 
 Status DecodeMessenger::Submit(EngineRequest request, const std::string& prefill_peer) {
-  if (!prefill_peer.empty() && std::none_of(peers_.begin(), peers_.end(), [&](const auto& p) {
-        return p->spec.name == prefill_peer;
-      })) {
-    return Status::InvalidArgument("unknown prefill peer '" + prefill_peer + "'");
+  if (!prefill_peer.empty()) {
+    MutexLock lock(&names_mu_);
+    if (peer_names_.count(prefill_peer) == 0) {
+      return Status::InvalidArgument("unknown prefill peer '" + prefill_peer + "'");
+    }
   }
   if (request.prompt.empty()) return Status::InvalidArgument("empty prompt");
   if (prefill_peer.empty() && request.prompt.size() <= static_cast<size_t>(std::max(

@@ -26,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,10 @@ class DecodeMessenger {
   // `prefill_peer`: a peer name to use for this request ("" = least loaded); an unknown name is
   // InvalidArgument. Other errors are the engine's Submit errors.
   Status Submit(EngineRequest request, const std::string& prefill_peer = "");
+  // A prefill peer joins while the node runs (a prefill node started with --decode-peer): it is
+  // handshaken like the ones given at creation. A name already known is Ok and changes
+  // nothing (joins repeat every few seconds). Any thread.
+  Status AddPeer(PrefillPeerSpec peer);
   DecodeMessengerStats stats() const;
   // kPrefillSent and kKvLanded of every transfer (its request id is the one P's log shows).
   const EventLog& events() const { return events_; }
@@ -160,6 +165,10 @@ class DecodeMessenger {
   DecodeMessengerStats counters_;
   // Removed peers' revoked views: a provider may still write into them until fabric_ is gone.
   std::vector<RevocableMapping> retired_views_;
+
+  // Every peer's name (peers_ is the control loop's; Submit checks names on other threads).
+  mutable Mutex names_mu_;
+  std::set<std::string> peer_names_ GUARDED_BY(names_mu_);
 
   // Failures the engine's final output must carry (engine.Cancel alone says "cancelled").
   Mutex failures_mu_;

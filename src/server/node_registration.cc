@@ -10,10 +10,12 @@
 namespace pdserve::server {
 
 NodeRegistration::NodeRegistration(std::string router_url, std::string node_url,
-                                   std::string cluster_key, std::chrono::milliseconds interval)
+                                   std::string cluster_key, std::chrono::milliseconds interval,
+                                   std::string path)
     : router_url_(std::move(router_url)),
       node_url_(std::move(node_url)),
       cluster_key_(std::move(cluster_key)),
+      path_(std::move(path)),
       interval_(interval) {
   thread_ = std::thread([this] { Run(); });
 }
@@ -33,8 +35,7 @@ Status NodeRegistration::RegisterOnce() {
   client.set_read_timeout(2, 0);
   client.set_write_timeout(2, 0);
   const std::string body = nlohmann::json{{"url", node_url_}}.dump();
-  constexpr char kPath[] = "/internal/register";
-  auto res = client.Post(kPath, http::ClusterAuthHeaders(cluster_key_, "POST", kPath), body,
+  auto res = client.Post(path_, http::ClusterAuthHeaders(cluster_key_, "POST", path_), body,
                          "application/json");
   if (!res) return Status::Unavailable(httplib::to_string(res.error()));
   if (res->status < 200 || res->status >= 300) {
@@ -62,10 +63,10 @@ void NodeRegistration::Run() {
     const bool ok = status.ok();
     if (ok != last_ok || first) {
       if (ok) {
-        PD_LOG_INFO("registered {} with router {}", node_url_, router_url_);
+        PD_LOG_INFO("registered {} at {}{}", node_url_, router_url_, path_);
       } else {
-        PD_LOG_WARN("cannot register {} with router {} ({}); retrying every {} ms", node_url_,
-                    router_url_, status.message(), interval_.count());
+        PD_LOG_WARN("cannot register {} at {}{} ({}); retrying every {} ms", node_url_, router_url_,
+                    path_, status.message(), interval_.count());
       }
     }
     last_ok = ok;

@@ -16,9 +16,11 @@ namespace pdserve::server {
 
 class NodeRegistration {
  public:
-  // `cluster_key` signs each registration (the router refuses unsigned ones).
+  // `cluster_key` signs each registration (the router refuses unsigned ones). `path`: where on
+  // `router_url` to register (a decode node takes prefill nodes at /internal/messenger/join).
   NodeRegistration(std::string router_url, std::string node_url, std::string cluster_key,
-                   std::chrono::milliseconds interval = std::chrono::seconds(5));
+                   std::chrono::milliseconds interval = std::chrono::seconds(5),
+                   std::string path = "/internal/register");
   ~NodeRegistration();
   NodeRegistration(const NodeRegistration&) = delete;
   NodeRegistration& operator=(const NodeRegistration&) = delete;
@@ -33,6 +35,7 @@ class NodeRegistration {
   const std::string router_url_;
   const std::string node_url_;
   const std::string cluster_key_;
+  const std::string path_;
   const std::chrono::milliseconds interval_;
   Mutex mu_;
   CondVar cv_;

@@ -88,6 +88,7 @@ struct NodeServer::Impl {
   void HandleHealth(httplib::Response& res);
   void HandleMetrics(httplib::Response& res);
   void HandleTokenize(const httplib::Request& req, httplib::Response& res);
+  void HandleJoin(const httplib::Request& req, httplib::Response& res);
   void HandleDetokenize(const httplib::Request& req, httplib::Response& res);
 
   NodeServerOptions options;
@@ -377,6 +378,21 @@ void NodeServer::Impl::HandleMetrics(httplib::Response& res) {
   res.set_content(text, "text/plain; version=0.0.4");
 }
 
+void NodeServer::Impl::HandleJoin(const httplib::Request& req, httplib::Response& res) {
+  if (!ready.load()) return SendError(res, Loading());
+  if (!model.join) return SendError(res, ApiError::NotFound("POST", req.path));
+  // The cluster proof was checked before routing (http/server_setup.h).
+  json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (!body.is_object() || !body.contains("url") || !body["url"].is_string()) {
+    return SendError(res, ApiError::InvalidRequest("expected {\"url\": \"http://host:port\"}",
+                                                   "url", "invalid_registration"));
+  }
+  if (Status s = model.join(body["url"].get<std::string>()); !s.ok()) {
+    return SendError(res, ApiError::InvalidRequest(s.message(), "url", "invalid_registration"));
+  }
+  res.set_content(json{{"joined", true}}.dump(), "application/json");
+}
+
 void NodeServer::Impl::HandleTokenize(const httplib::Request& req, httplib::Response& res) {
   if (!ready.load()) return SendError(res, Loading());
   ApiResult<TokenizeRequest> parsed = ParseTokenizeRequest(req.body, Limits());
@@ -426,6 +442,10 @@ NodeServer::NodeServer(NodeServerOptions options)
   posts.push_back(
       {"/v1/chat/completions", [impl](const httplib::Request& req, httplib::Response& res) {
          impl->HandleGenerate(ApiKind::kChat, req, res);
+       }});
+  posts.push_back(
+      {"/internal/messenger/join", [impl](const httplib::Request& req, httplib::Response& res) {
+         impl->HandleJoin(req, res);
        }});
   posts.push_back({"/tokenize", [impl](const httplib::Request& req, httplib::Response& res) {
                      impl->HandleTokenize(req, res);

@@ -58,11 +58,14 @@ struct ServedModel {
   // without one) instead of engine->Submit. Prefill: `api_enabled` is false and the
   // generation API answers 404. `extra_metrics` is appended to /metrics; `internal_routes`
   // are served as GET /internal/messenger/NAME (e.g. the fabric address peers resolve).
-  // Called on HTTP threads; each must be thread-safe.
+  // Decode: `join` takes POST /internal/messenger/join {"url": "http://host:port"} from a
+  // prefill node that joins this one (unset: 404). Called on HTTP threads; each must be
+  // thread-safe.
   std::function<Status(EngineRequest, const std::string&)> submit;
   bool api_enabled = true;
   std::function<std::string()> extra_metrics;
   std::map<std::string, std::function<std::string()>> internal_routes;
+  std::function<Status(const std::string& url)> join;
 };
 
 class NodeServer {
