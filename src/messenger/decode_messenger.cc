@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "messenger/immediate.h"
 #include "messenger/node_info.h"
+#include "messenger/peer_views.h"
 #include "messenger/send_control.h"
 
 namespace pdserve::messenger {
@@ -21,10 +22,8 @@ struct DecodeMessenger::Peer {
   uint64_t instance = 0;
   uint64_t removed_instance = 0;  // the last instance removed (never re-added)
   Status refusal;                 // why its current instance's handshake was refused
-  // Every rank's cache as a view of its own for this instance, registered for it alone (rank
-  // order; empty: none).
-  std::vector<RevocableMapping> views;
-  std::vector<fabric::RegionId> regions;
+  // Every rank's cache as views of this instance's own, registered for it alone (empty: none).
+  PeerViews views;
   std::string last_error;
   uint64_t incarnation = 0;
   Nonce own_nonce{};
@@ -303,23 +302,17 @@ void DecodeMessenger::HandleHelloAck(Peer& peer, const HelloAck& ack) {
 }
 
 Result<NodeInfo> DecodeMessenger::RegisterFor(Peer& peer) {
-  // Per peer instance and rank, a view of the cache (a second mapping of its memfd) and a
-  // registration (a key) of that view alone. Removing the peer revokes the views and closes
-  // the keys (PeerDead): a late write of the removed instance — a hung node that resumes —
-  // then fails at the key, and the rest of a write whose key was checked before (tcp receives
-  // the payload afterwards, at its own pace) lands in throwaway memory, never in pages reused
-  // since. Whatever was made stays in peer.views and peer.regions, which PeerDead closes,
+  // Per peer instance, views of the caches and registrations (keys) of those views alone.
+  // Removing the peer revokes the views and closes the keys (PeerDead): a late write of the
+  // removed instance — a hung node that resumes — then fails at the key, and the rest of a
+  // write whose key was checked before (tcp receives the payload afterwards, at its own pace)
+  // lands in throwaway memory. Whatever was made stays in peer.views, which PeerDead retires,
   // even if a later rank fails.
+  PD_RETURN_IF_ERROR(peer.views.Open(*engine_, *fabric_));
   NodeInfo node = local_;
   for (int r = 0; r < engine_->tp_size(); ++r) {
-    KvCache& cache = engine_->kv_cache(r);
-    PD_ASSIGN_OR_RETURN(RevocableMapping view,
-                        RevocableMapping::Map(cache.fd(), cache.size_bytes()));
-    peer.views.push_back(std::move(view));
-    PD_ASSIGN_OR_RETURN(fabric::RegionId region,
-                        fabric_->RegisterMemory(peer.views.back().data(), cache.size_bytes()));
-    peer.regions.push_back(region);
-    PD_ASSIGN_OR_RETURN(fabric::MemoryDescriptor descriptor, fabric_->Describe(region));
+    PD_ASSIGN_OR_RETURN(fabric::MemoryDescriptor descriptor,
+                        fabric_->Describe(peer.views.regions()[r]));
     node.rank_memory[r] = descriptor.Serialize();
   }
   return node;
@@ -366,22 +359,7 @@ void DecodeMessenger::PeerDead(Peer& peer, const Status& why) {
   // throwaway memory) and its keys closed (later writes fail). Only then may its requests'
   // pages be released.
   if (Status s = fabric_->RemovePeer(peer.id); !s.ok()) PD_LOG_WARN("{}", s.ToString());
-  for (RevocableMapping& view : peer.views) {
-    if (Status s = view.Revoke(); !s.ok()) {
-      // Cannot happen short of the kernel refusing a mapping; the key is closed below anyway.
-      PD_LOG_ERROR("prefill peer {}: revoking its view of the KV cache: {}", peer.spec.name,
-                   s.ToString());
-    }
-    retired_views_.push_back(std::move(view));  // until the fabric engine is gone
-  }
-  peer.views.clear();
-  for (fabric::RegionId region : peer.regions) {
-    if (Status s = fabric_->DeregisterMemory(region); !s.ok()) {
-      PD_LOG_ERROR("prefill peer {}: closing its memory registration: {}", peer.spec.name,
-                   s.ToString());
-    }
-  }
-  peer.regions.clear();
+  peer.views.Retire(*fabric_, /*revoke=*/true, &retired_views_, peer.spec.name);
   peer.removed_instance = peer.instance;
   peer.state = Peer::State::kDisconnected;
   peer.plan.reset();

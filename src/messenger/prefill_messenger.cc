@@ -163,7 +163,9 @@ void PrefillMessenger::HandleHelloFinish(fabric::PeerId from, const HelloFinish&
   }
   Result<TransferPlan> plan = TransferPlan::Create(local_.kv, finish.node.kv);
   if (s.ok() && !plan.ok()) s = plan.status();
-  if (s.ok()) s = RegisterFor(p);
+  // Every write to the peer reads through views of its own, revoked when it is dropped.
+  if (s.ok()) s = p.views.Open(*engine_, *fabric_);
+  if (s.ok()) p.src = std::make_shared<const std::vector<fabric::RegionId>>(p.views.regions());
   if (!s.ok()) {
     PD_LOG_WARN("handshake with decode peer {:x} refused: {}", p.instance, s.ToString());
     SendTo(from, HandshakeRefused{s.message()});
@@ -178,26 +180,6 @@ void PrefillMessenger::HandleHelloFinish(fabric::PeerId from, const HelloFinish&
   // ordered, so a request must not overtake HelloFinish).
   SendTo(from, LoadReport{static_cast<uint64_t>(counters_.outstanding_prefill_tokens)});
   PublishStats();
-}
-
-Status PrefillMessenger::RegisterFor(DecodePeer& p) {
-  // Per decode peer and rank, a view of the cache (a second mapping of its memfd) registered
-  // for that peer alone: every write to the peer reads through it. Dropping the peer revokes
-  // the views (DropPeer), so a provider still sending a write to it — libfabric cannot recall
-  // a posted write, and tcp sends a write's payload at its own pace — reads throwaway memory,
-  // never pages released and reused since. Whatever was made stays in p, which DropPeer
-  // closes, even if a later rank fails.
-  p.src = std::make_shared<std::vector<fabric::RegionId>>();
-  for (int r = 0; r < engine_->tp_size(); ++r) {
-    KvCache& cache = engine_->kv_cache(r);
-    PD_ASSIGN_OR_RETURN(RevocableMapping view,
-                        RevocableMapping::Map(cache.fd(), cache.size_bytes()));
-    p.views.push_back(std::move(view));
-    PD_ASSIGN_OR_RETURN(fabric::RegionId region,
-                        fabric_->RegisterMemory(p.views.back().data(), cache.size_bytes()));
-    p.src->push_back(region);
-  }
-  return Status::Ok();
 }
 
 void PrefillMessenger::HandlePrefill(fabric::PeerId from, PrefillRequest request) {
@@ -370,21 +352,8 @@ void PrefillMessenger::DropPeer(fabric::PeerId peer, const Status& why, bool rem
   }
   // From here on whatever of them is still sent reads throwaway memory: the pages may go.
   // (Not removed — D said hello again before any request — nothing is in flight to it.)
-  for (RevocableMapping& view : it->second.views) {
-    if (Status s = remove ? view.Revoke() : Status::Ok(); !s.ok()) {
-      PD_LOG_ERROR("decode peer {:x}: revoking its view of the KV cache: {}", it->second.instance,
-                   s.ToString());
-    }
-    retired_views_.push_back(std::move(view));  // until the fabric engine is gone
-  }
-  if (it->second.src) {
-    for (fabric::RegionId region : *it->second.src) {
-      if (Status s = fabric_->DeregisterMemory(region); !s.ok()) {
-        PD_LOG_ERROR("decode peer {:x}: closing its registration: {}", it->second.instance,
-                     s.ToString());
-      }
-    }
-  }
+  it->second.views.Retire(*fabric_, remove, &retired_views_,
+                          fmt::format("{:x}", it->second.instance));
   peers_.erase(it);
   for (const std::string& id : ids) CheckJob(id);
   PublishStats();

@@ -28,6 +28,7 @@
 #include "messenger/event_log.h"
 #include "messenger/layer_streamer.h"
 #include "messenger/messenger_options.h"
+#include "messenger/peer_views.h"
 #include "messenger/protocol.h"
 
 namespace pdserve::messenger {
@@ -69,10 +70,10 @@ class PrefillMessenger {
     bool ready = false;
     // Its cache regions, one per decode rank (rank order).
     std::shared_ptr<const std::vector<fabric::MemoryDescriptor>> dst;
-    // This node's caches as views of its own for this peer and their registrations, the
-    // source of every write to it (rank order; see RegisterFor).
-    std::vector<RevocableMapping> views;
-    std::shared_ptr<std::vector<fabric::RegionId>> src;
+    // This node's caches as views of this peer's own, the source of every write to it; `src`
+    // is their regions, which the peer's jobs carry.
+    PeerViews views;
+    std::shared_ptr<const std::vector<fabric::RegionId>> src;
     std::shared_ptr<const TransferPlan> plan;
     TimePoint last_heard;
   };
@@ -91,8 +92,6 @@ class PrefillMessenger {
   void Handle(fabric::PeerId from, uint64_t instance, Message message);
   void HandleHello(uint64_t instance, const Hello& hello);
   void HandleHelloFinish(fabric::PeerId from, const HelloFinish& finish);
-  // Maps and registers every rank's cache for `p` alone (p.views, p.src).
-  Status RegisterFor(DecodePeer& p);
   void HandlePrefill(fabric::PeerId from, PrefillRequest request);
   void HandleCancel(fabric::PeerId from, const Cancel& cancel);
   void OnEngineOutput(const std::string& engine_id, const RequestOutput& out);

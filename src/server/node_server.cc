@@ -262,7 +262,7 @@ void AppendEvents(const ResponseContext& ctx, const GenerationRequest& request, 
 }
 
 // How long a stream may stay silent before a comment probes whether its client is still there.
-constexpr auto kSseProbeInterval = std::chrono::milliseconds(400);
+constexpr auto kSseProbeInterval = std::chrono::milliseconds(100);
 
 }  // namespace
 

@@ -7,7 +7,7 @@ namespace pdserve::server {
 namespace {
 
 // Handlers wake at least this often to notice shutdown and idle deadlines.
-constexpr auto kPollSlice = std::chrono::milliseconds(200);
+constexpr auto kPollSlice = std::chrono::milliseconds(50);
 
 double SecondsBetween(TimePoint from, TimePoint to) {
   return std::chrono::duration<double>(to - from).count();

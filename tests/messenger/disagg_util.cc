@@ -78,7 +78,8 @@ std::vector<int32_t> RandomPrompt(int length, uint32_t seed) {
   return prompt;
 }
 
-bool StreamThenDrop(int port, const std::vector<int32_t>& prompt, int max_tokens, int hold_ms) {
+bool StreamThenDrop(int port, const std::vector<int32_t>& prompt, int max_tokens, int hold_ms,
+                    const std::function<bool()>& drop_when) {
   const nlohmann::json body = {{"prompt", prompt},
                                {"max_tokens", max_tokens},
                                {"temperature", 0},
@@ -101,7 +102,14 @@ bool StreamThenDrop(int port, const std::vector<int32_t>& prompt, int max_tokens
     if (n <= 0) sent = false;
     off += n > 0 ? static_cast<size_t>(n) : 0;
   }
-  if (sent && hold_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
+  const Deadline hold = Deadline::AfterMs(hold_ms);
+  if (sent && drop_when) {
+    while (!hold.Passed() && !drop_when()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  } else if (sent && hold_ms > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
+  }
   close(fd);
   return sent;
 }

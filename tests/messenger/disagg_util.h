@@ -3,6 +3,7 @@
 // and greedy completions by token ids over HTTP. Used from the test's main thread.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,9 +52,10 @@ nlohmann::json GetJson(int port, const std::string& path);
 std::vector<int32_t> RandomPrompt(int length, uint32_t seed);
 
 // A client that goes away: opens a streamed POST /v1/completions over a raw socket, keeps the
-// connection for hold_ms without reading, then closes it. False if the request could not be
-// sent at all.
-bool StreamThenDrop(int port, const std::vector<int32_t>& prompt, int max_tokens, int hold_ms);
+// connection for hold_ms without reading (or, with `drop_when`, until it returns true, polled
+// every 2 ms, hold_ms at most), then closes it. False if the request could not be sent at all.
+bool StreamThenDrop(int port, const std::vector<int32_t>& prompt, int max_tokens, int hold_ms,
+                    const std::function<bool()>& drop_when = {});
 
 // Gtest expectations that a messenger node has no request in flight and no KV page in use
 // (polled up to deadline_ms: releases run asynchronously).
