@@ -8,6 +8,9 @@
 namespace pdserve::messenger {
 
 Status PeerViews::Open(Engine& engine, fabric::TransferEngine& fabric) {
+  if (!views_.empty() || !regions_.empty()) {
+    return Status::FailedPrecondition("the peer's views are open already");
+  }
   for (int r = 0; r < engine.tp_size(); ++r) {
     KvCache& cache = engine.kv_cache(r);
     PD_ASSIGN_OR_RETURN(RevocableMapping view,

@@ -22,7 +22,7 @@ namespace pdserve::messenger {
 class PeerViews {
  public:
   // Maps and registers every rank's cache of `engine`, in rank order. On an error what was
-  // made so far stays, and Retire releases it.
+  // made so far stays, and Retire releases it. Refused while open (Retire first).
   Status Open(Engine& engine, fabric::TransferEngine& fabric);
   // One registered region per rank (rank order).
   const std::vector<fabric::RegionId>& regions() const { return regions_; }

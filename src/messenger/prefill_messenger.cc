@@ -43,7 +43,7 @@ Status PrefillMessenger::Init() {
   };
   PD_ASSIGN_OR_RETURN(fabric_, fabric::TransferEngine::Create(options_.fabric, handlers));
   // Every rank's cache is mapped in this process (rank workers hand theirs over); each decode
-  // peer gets views of them of its own (RegisterFor).
+  // peer gets views of them of its own at its handshake (PeerViews).
   std::vector<KvLayout> layouts;
   for (int r = 0; r < engine_->tp_size(); ++r) layouts.push_back(engine_->kv_cache(r).layout());
   // P's memory is never a write target: no descriptor goes out.
