@@ -493,13 +493,16 @@ Status Transformer::MlpBlock(int layer) {
   kernels::RmsNorm(x_.data(), w.post_norm.as<float>(), h_.data(), total, hidden,
                    static_cast<float>(config_.rms_norm_eps));
   gate_up_.resize(static_cast<size_t>(total) * 2 * local);
-  if (local > 0) Linear(h_.data(), total, f.gate_up, gate_up_.data());
   act_.resize(static_cast<size_t>(total) * inter);
+  if (local > 0) {  // a rank may hold no column of them (more ranks than columns to share)
+    Linear(h_.data(), total, f.gate_up, gate_up_.data());
 #pragma omp parallel for schedule(static) if (static_cast <int64_t>(total) * local >= 65536)
-  for (int t = 0; t < total; ++t) {
-    const float* g = &gate_up_[static_cast<size_t>(t) * 2 * local];
-    kernels::SiluMul(g, g + local, &act_[static_cast<size_t>(t) * inter + tp_.intermediate.begin],
-                     local);
+    for (int t = 0; t < total; ++t) {
+      const float* g = gate_up_.data() + static_cast<size_t>(t) * 2 * local;
+      kernels::SiluMul(g, g + local,
+                       act_.data() + static_cast<size_t>(t) * inter + tp_.intermediate.begin,
+                       local);
+    }
   }
   if (tp_.size > 1) {
     PD_RETURN_IF_ERROR(group_->AllGatherColumns(act_.data(), total, inter, tp_.intermediate.begin,
