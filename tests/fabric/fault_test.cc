@@ -208,6 +208,35 @@ size_t NonZeroBytes(const RevocableMapping& m) {
   return NonZeroBytes(std::span<const std::byte>(m.data(), m.size()));
 }
 
+// A real peer process with 256 MiB of shared memory, and this process's 256 MiB memfd mapped
+// twice: `memory_` (never revoked) and `view_` (what the engine is given).
+class RevokedViewTest : public ::testing::Test {
+ protected:
+  static constexpr size_t kBytes = size_t{256} << 20;
+  void SetUp() override {
+    ASSERT_NE(peer_file_.data(), nullptr);
+    ASSERT_TRUE(peer_.Start({PeerBinary()}).ok());
+    auto remote = InitPeer(peer_, Provider::kTcp, 1, "127.0.0.1", peer_file_);
+    ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+    remote_ = *remote;
+    const int fd = memfd_create("revoked-view-test", MFD_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, static_cast<off_t>(kBytes)), 0);
+    auto memory = RevocableMapping::Map(fd, kBytes);
+    auto view = RevocableMapping::Map(fd, kBytes);
+    close(fd);
+    ASSERT_TRUE(memory.ok() && view.ok());
+    memory_ = std::move(*memory);
+    view_ = std::move(*view);
+  }
+  SharedFile peer_file_{kBytes};
+  PeerProcess peer_;
+  StartedPeer remote_;
+  // Each test's engine lives in the test body: gone before these, so nothing uses them after.
+  RevocableMapping memory_;
+  RevocableMapping view_;
+};
+
 // The decode node's defence against the rest of a removed peer's write (docs/messenger.md): the
 // peer writes 256 MiB into a view of this process's memory (a memfd, as the KV cache is) in one
 // write; as soon as its first bytes have landed, the peer is removed, the view revoked and its
@@ -217,60 +246,46 @@ size_t NonZeroBytes(const RevocableMapping& m) {
 // connection at either); it must land in the revoked view's throwaway memory, never in the
 // memory behind it, which may already hold another request's KV. tcp only: shm applies a write
 // in one step of the receiver's progress, so there is no rest of a write to catch mid-way.
-TEST(RevokedViewTest, TheRestOfARemovedPeersWriteNeverReachesTheMemory) {
-  constexpr size_t kBytes = size_t{256} << 20;
-  SharedFile peer_file(kBytes);
-  ASSERT_NE(peer_file.data(), nullptr);
-  std::memset(peer_file.data(), 0x5a, kBytes);
-  PeerProcess peer;
-  ASSERT_TRUE(peer.Start({PeerBinary()}).ok());
-  auto remote = InitPeer(peer, Provider::kTcp, 1, "127.0.0.1", peer_file);
-  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
-
-  const int fd = memfd_create("revoked-view-test", MFD_CLOEXEC);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(kBytes)), 0);
-  auto memory = RevocableMapping::Map(fd, kBytes);  // the memory itself (never revoked)
-  auto view = RevocableMapping::Map(fd, kBytes);    // what the peer is given
-  close(fd);
-  ASSERT_TRUE(memory.ok() && view.ok());
+TEST_F(RevokedViewTest, TheRestOfARemovedPeersWriteNeverReachesTheMemory) {
+  std::memset(peer_file_.data(), 0x5a, kBytes);
   {
-    // Declared after the mappings: destroyed first, so nothing writes through them after.
     auto engine = TransferEngine::Create(TestConfig(Provider::kTcp, 1));
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-    auto region = (*engine)->RegisterMemory(view->data(), view->size());
+    auto region = (*engine)->RegisterMemory(view_.data(), view_.size());
     ASSERT_TRUE(region.ok());
-    auto id = (*engine)->AddPeer(remote->address);
+    auto id = (*engine)->AddPeer(remote_.address);
     ASSERT_TRUE(id.ok()) << id.status().ToString();
-    ASSERT_TRUE(peer.Command("peer " + HexEncode((*engine)->address().Serialize()),
+    ASSERT_TRUE(peer_
+                    .Command("peer " + HexEncode((*engine)->address().Serialize()),
                              Deadline::AfterMs(10000))
                     .ok());
     auto desc = (*engine)->Describe(*region);
     ASSERT_TRUE(desc.ok());
-    ASSERT_TRUE(peer.Command(fmt::format("write 1 {} {} 9 0 {} 0 {} 0 0 1 60000",
+    ASSERT_TRUE(peer_
+                    .Command(fmt::format("write 1 {} {} 9 0 {} 0 {} 0 0 1 60000",
                                          HexEncode(desc->Serialize()), kBytes, kBytes, kBytes),
                              Deadline::AfterMs(10000))
                     .ok());
     // The payload arrives in order: its first byte lands first.
-    std::atomic_ref<std::byte> first(memory->data()[0]);
+    std::atomic_ref<std::byte> first(memory_.data()[0]);
     Deadline deadline = Deadline::AfterMs(20000);
     while (first.load(std::memory_order_relaxed) == std::byte{0} && !deadline.Passed()) {
     }
     ASSERT_NE(first.load(), std::byte{0}) << "no byte of the write arrived";
     ASSERT_TRUE((*engine)->RemovePeer(*id).ok());
-    ASSERT_TRUE(view->Revoke().ok());
+    ASSERT_TRUE(view_.Revoke().ok());
     ASSERT_TRUE((*engine)->DeregisterMemory(*region).ok());
-    const size_t landed = NonZeroBytes(*memory);
+    const size_t landed = NonZeroBytes(memory_);
     ASSERT_LT(landed, kBytes) << "the write completed before the removal: nothing left to stop";
     // The peer's write goes on (its connection is open), into the throwaway memory.
-    auto written = peer.WaitEvent("written ", Deadline::AfterMs(60000));
+    auto written = peer_.WaitEvent("written ", Deadline::AfterMs(60000));
     ASSERT_TRUE(written.ok()) << written.status().ToString();
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    EXPECT_EQ(NonZeroBytes(*memory), landed)
+    EXPECT_EQ(NonZeroBytes(memory_), landed)
         << "bytes of the removed peer's write reached the memory after the view was revoked";
   }
   // Read once the engine (its progress thread, which received into the view) is gone.
-  EXPECT_GT(NonZeroBytes(*view), 0u)
+  EXPECT_GT(NonZeroBytes(view_), 0u)
       << "nothing arrived after the removal: the test did not exercise a late payload";
 }
 
@@ -280,63 +295,48 @@ TEST(RevokedViewTest, TheRestOfARemovedPeersWriteNeverReachesTheMemory) {
 // provider cannot recall the write and goes on sending it, at tcp's pace: it must read the
 // revoked view's throwaway memory, so that not one byte written into the memory after the
 // removal reaches the removed peer.
-TEST(RevokedViewTest, MemoryReusedAfterARemovalNeverReachesTheRemovedPeer) {
-  constexpr size_t kBytes = size_t{256} << 20;
-  SharedFile peer_file(kBytes);
-  ASSERT_NE(peer_file.data(), nullptr);
-  PeerProcess peer;
-  ASSERT_TRUE(peer.Start({PeerBinary()}).ok());
-  auto remote = InitPeer(peer, Provider::kTcp, 1, "127.0.0.1", peer_file);
-  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
-
-  const int fd = memfd_create("revoked-source-test", MFD_CLOEXEC);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(kBytes)), 0);
-  auto memory = RevocableMapping::Map(fd, kBytes);
-  auto view = RevocableMapping::Map(fd, kBytes);
-  close(fd);
-  ASSERT_TRUE(memory.ok() && view.ok());
-  std::memset(memory->data(), 0x5a, kBytes);
+TEST_F(RevokedViewTest, MemoryReusedAfterARemovalNeverReachesTheRemovedPeer) {
+  std::memset(memory_.data(), 0x5a, kBytes);
   {
     auto engine = TransferEngine::Create(TestConfig(Provider::kTcp, 1));
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-    auto region = (*engine)->RegisterMemory(view->data(), view->size());
+    auto region = (*engine)->RegisterMemory(view_.data(), view_.size());
     ASSERT_TRUE(region.ok());
-    auto id = (*engine)->AddPeer(remote->address);
+    auto id = (*engine)->AddPeer(remote_.address);
     ASSERT_TRUE(id.ok()) << id.status().ToString();
     std::atomic<int> finished{0};
     ASSERT_TRUE((*engine)
                     ->PostWrite(SingleWrite{.src_region = *region,
                                             .src_offset = 0,
                                             .peer = *id,
-                                            .dst = &remote->descriptor,
+                                            .dst = &remote_.descriptor,
                                             .dst_offset = 0,
                                             .length = kBytes,
                                             .immediate = std::nullopt,
                                             .deadline = Deadline::AfterMs(60000)},
                                 Completion{[&](const Status&) { ++finished; }})
                     .ok());
-    std::atomic_ref<std::byte> first(peer_file.data()[0]);
+    std::atomic_ref<std::byte> first(peer_file_.data()[0]);
     Deadline deadline = Deadline::AfterMs(20000);
     while (first.load(std::memory_order_relaxed) == std::byte{0} && !deadline.Passed()) {
     }
     ASSERT_NE(first.load(), std::byte{0}) << "no byte of the write arrived";
     ASSERT_TRUE((*engine)->RemovePeer(*id).ok());
     ASSERT_EQ(finished.load(), 1);  // ended (Cancelled) by the removal; the provider goes on
-    ASSERT_TRUE(view->Revoke().ok());
+    ASSERT_TRUE(view_.Revoke().ok());
     ASSERT_TRUE((*engine)->DeregisterMemory(*region).ok());
-    std::memset(memory->data(), 0x77, kBytes);  // the pages are reused
-    ASSERT_NE(peer_file.data()[kBytes - 1], std::byte{0x5a})
+    std::memset(memory_.data(), 0x77, kBytes);  // the pages are reused
+    ASSERT_NE(peer_file_.data()[kBytes - 1], std::byte{0x5a})
         << "the write completed before the removal: nothing was left to send";
     // Until the peer's memory stops changing: the provider has sent what it would.
     size_t before = SIZE_MAX;
     for (int i = 0; i < 50; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      const size_t now = NonZeroBytes(std::span<const std::byte>(peer_file.data(), kBytes));
+      const size_t now = NonZeroBytes(std::span<const std::byte>(peer_file_.data(), kBytes));
       if (now == before) break;
       before = now;
     }
-    const auto reused = std::count(peer_file.data(), peer_file.data() + kBytes, std::byte{0x77});
+    const auto reused = std::count(peer_file_.data(), peer_file_.data() + kBytes, std::byte{0x77});
     EXPECT_EQ(reused, 0) << "bytes written into the memory after the removal reached the peer";
   }
 }
