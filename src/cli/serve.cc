@@ -22,6 +22,7 @@
 #include "http/cluster_auth.h"
 #include "kernels/dispatch.h"
 #include "model/fingerprint.h"
+#include "router/router_nodes.h"
 #include "server/node_registration.h"
 #include "server/node_server.h"
 
@@ -70,6 +71,9 @@ int RunServe(const ServeFlags& f) {
   if (!f.router.empty() && options.cluster_key.empty()) {
     return Fail("--router needs the cluster secret the router was given (--cluster-key or " +
                 std::string(http::kClusterKeyEnv) + "): registration is authenticated");
+  }
+  if (!f.messenger.decode_peers.empty() && f.role != "prefill") {
+    return Fail("--decode-peer is for --role prefill");
   }
   options.served_model_name = f.served_model_name.empty()
                                   ? std::filesystem::path(f.model.model).filename().string()
@@ -137,10 +141,10 @@ int RunServe(const ServeFlags& f) {
     registrations.push_back(
         std::make_unique<server::NodeRegistration>(f.router, own_url, options.cluster_key));
   }
-  for (const std::string& decode : f.messenger.decode_peers) {  // prefill role (checked)
+  for (const std::string& decode : f.messenger.decode_peers) {  // role prefill, URLs checked
     registrations.push_back(std::make_unique<server::NodeRegistration>(
-        decode.starts_with("http://") ? decode : "http://" + decode, own_url, options.cluster_key,
-        std::chrono::seconds(5), "/internal/messenger/join"));
+        router::ParseNodeUrl(decode)->url, own_url, options.cluster_key, std::chrono::seconds(5),
+        "/internal/messenger/join"));
   }
   int sig = 0;
   sigwait(&signals, &sig);
