@@ -75,6 +75,12 @@ int RunServe(const ServeFlags& f) {
   if (!f.messenger.decode_peers.empty() && f.role != "prefill") {
     return Fail("--decode-peer is for --role prefill");
   }
+  std::vector<std::string> decode_urls;  // normalised: http://host:port
+  for (const std::string& peer : f.messenger.decode_peers) {
+    Result<router::NodeAddress> address = router::ParseNodeUrl(peer);
+    if (!address.ok()) return Fail("--decode-peer: " + address.status().message());
+    decode_urls.push_back(address->url);
+  }
   options.served_model_name = f.served_model_name.empty()
                                   ? std::filesystem::path(f.model.model).filename().string()
                                   : f.served_model_name;
@@ -141,10 +147,9 @@ int RunServe(const ServeFlags& f) {
     registrations.push_back(
         std::make_unique<server::NodeRegistration>(f.router, own_url, options.cluster_key));
   }
-  for (const std::string& decode : f.messenger.decode_peers) {  // role prefill, URLs checked
+  for (const std::string& url : decode_urls) {
     registrations.push_back(std::make_unique<server::NodeRegistration>(
-        router::ParseNodeUrl(decode)->url, own_url, options.cluster_key, std::chrono::seconds(5),
-        "/internal/messenger/join"));
+        url, own_url, options.cluster_key, std::chrono::seconds(5), "/internal/messenger/join"));
   }
   int sig = 0;
   sigwait(&signals, &sig);

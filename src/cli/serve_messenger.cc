@@ -117,9 +117,6 @@ Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFla
     if (!flags.prefill_peers.empty()) {
       return Status::InvalidArgument("--prefill-peer is for --role decode");
     }
-    for (const std::string& url : flags.decode_peers) {
-      PD_RETURN_IF_ERROR(router::ParseNodeUrl(url).status().WithContext("--decode-peer"));
-    }
     PD_ASSIGN_OR_RETURN(node.prefill, messenger::PrefillMessenger::Create(engine, options));
     messenger::PrefillMessenger* m = node.prefill.get();
     const std::string address = fabric::HexEncode(m->address().Serialize());
@@ -149,9 +146,6 @@ Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFla
                      s.bytes_sent);
     };
     return node;
-  }
-  if (!flags.decode_peers.empty()) {
-    return Status::InvalidArgument("--decode-peer is for --role prefill");
   }
   // Without --prefill-peer, prefill nodes join it (--decode-peer); requests wait for one up to
   // their prefill deadline.

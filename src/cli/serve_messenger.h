@@ -25,7 +25,7 @@ struct MessengerFlags {
   std::string provider = "tcp";  // tcp over loopback by default: see docs/messenger.md
   std::string address = "127.0.0.1";
   std::vector<std::string> prefill_peers;  // decode: prefill nodes' HTTP addresses
-  std::vector<std::string> decode_peers;   // prefill: decode nodes to join (HTTP URLs)
+  std::vector<std::string> decode_peers;   // prefill: decode nodes to join (serve.cc joins)
   std::string cluster_key;                 // or PDSERVE_CLUSTER_KEY
   int heartbeat_ms = 250;
   int peer_timeout_ms = 3000;

@@ -229,12 +229,36 @@ class RevokedViewTest : public ::testing::Test {
     memory_ = std::move(*memory);
     view_ = std::move(*view);
   }
+  // This process's engine with `view_` registered (region_) and the peer added (peer_id_).
+  void StartEngine() {
+    auto engine = TransferEngine::Create(TestConfig(Provider::kTcp, 1));
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    engine_ = std::move(*engine);
+    auto region = engine_->RegisterMemory(view_.data(), view_.size());
+    ASSERT_TRUE(region.ok());
+    region_ = *region;
+    auto id = engine_->AddPeer(remote_.address);
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    peer_id_ = *id;
+  }
+  // A write's payload arrives in order: its first byte (at `first`) lands first.
+  static void WaitForFirstByte(std::byte* first) {
+    std::atomic_ref<std::byte> byte(*first);
+    Deadline deadline = Deadline::AfterMs(20000);
+    while (byte.load(std::memory_order_relaxed) == std::byte{0} && !deadline.Passed()) {
+    }
+    ASSERT_NE(byte.load(), std::byte{0}) << "no byte of the write arrived";
+  }
+
   SharedFile peer_file_{kBytes};
   PeerProcess peer_;
   StartedPeer remote_;
-  // Each test's engine lives in the test body: gone before these, so nothing uses them after.
   RevocableMapping memory_;
   RevocableMapping view_;
+  // After the mappings: gone first, so that no provider operation uses them afterwards.
+  std::unique_ptr<TransferEngine> engine_;
+  RegionId region_ = 0;
+  PeerId peer_id_ = 0;
 };
 
 // The decode node's defence against the rest of a removed peer's write (docs/messenger.md): the
@@ -248,42 +272,30 @@ class RevokedViewTest : public ::testing::Test {
 // in one step of the receiver's progress, so there is no rest of a write to catch mid-way.
 TEST_F(RevokedViewTest, TheRestOfARemovedPeersWriteNeverReachesTheMemory) {
   std::memset(peer_file_.data(), 0x5a, kBytes);
-  {
-    auto engine = TransferEngine::Create(TestConfig(Provider::kTcp, 1));
-    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-    auto region = (*engine)->RegisterMemory(view_.data(), view_.size());
-    ASSERT_TRUE(region.ok());
-    auto id = (*engine)->AddPeer(remote_.address);
-    ASSERT_TRUE(id.ok()) << id.status().ToString();
-    ASSERT_TRUE(peer_
-                    .Command("peer " + HexEncode((*engine)->address().Serialize()),
-                             Deadline::AfterMs(10000))
-                    .ok());
-    auto desc = (*engine)->Describe(*region);
-    ASSERT_TRUE(desc.ok());
-    ASSERT_TRUE(peer_
-                    .Command(fmt::format("write 1 {} {} 9 0 {} 0 {} 0 0 1 60000",
-                                         HexEncode(desc->Serialize()), kBytes, kBytes, kBytes),
-                             Deadline::AfterMs(10000))
-                    .ok());
-    // The payload arrives in order: its first byte lands first.
-    std::atomic_ref<std::byte> first(memory_.data()[0]);
-    Deadline deadline = Deadline::AfterMs(20000);
-    while (first.load(std::memory_order_relaxed) == std::byte{0} && !deadline.Passed()) {
-    }
-    ASSERT_NE(first.load(), std::byte{0}) << "no byte of the write arrived";
-    ASSERT_TRUE((*engine)->RemovePeer(*id).ok());
-    ASSERT_TRUE(view_.Revoke().ok());
-    ASSERT_TRUE((*engine)->DeregisterMemory(*region).ok());
-    const size_t landed = NonZeroBytes(memory_);
-    ASSERT_LT(landed, kBytes) << "the write completed before the removal: nothing left to stop";
-    // The peer's write goes on (its connection is open), into the throwaway memory.
-    auto written = peer_.WaitEvent("written ", Deadline::AfterMs(60000));
-    ASSERT_TRUE(written.ok()) << written.status().ToString();
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    EXPECT_EQ(NonZeroBytes(memory_), landed)
-        << "bytes of the removed peer's write reached the memory after the view was revoked";
-  }
+  ASSERT_NO_FATAL_FAILURE(StartEngine());
+  ASSERT_TRUE(
+      peer_.Command("peer " + HexEncode(engine_->address().Serialize()), Deadline::AfterMs(10000))
+          .ok());
+  auto desc = engine_->Describe(region_);
+  ASSERT_TRUE(desc.ok());
+  ASSERT_TRUE(peer_
+                  .Command(fmt::format("write 1 {} {} 9 0 {} 0 {} 0 0 1 60000",
+                                       HexEncode(desc->Serialize()), kBytes, kBytes, kBytes),
+                           Deadline::AfterMs(10000))
+                  .ok());
+  ASSERT_NO_FATAL_FAILURE(WaitForFirstByte(memory_.data()));
+  ASSERT_TRUE(engine_->RemovePeer(peer_id_).ok());
+  ASSERT_TRUE(view_.Revoke().ok());
+  ASSERT_TRUE(engine_->DeregisterMemory(region_).ok());
+  const size_t landed = NonZeroBytes(memory_);
+  ASSERT_LT(landed, kBytes) << "the write completed before the removal: nothing left to stop";
+  // The peer's write goes on (its connection is open), into the throwaway memory.
+  auto written = peer_.WaitEvent("written ", Deadline::AfterMs(60000));
+  ASSERT_TRUE(written.ok()) << written.status().ToString();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(NonZeroBytes(memory_), landed)
+      << "bytes of the removed peer's write reached the memory after the view was revoked";
+  engine_.reset();
   // Read once the engine (its progress thread, which received into the view) is gone.
   EXPECT_GT(NonZeroBytes(view_), 0u)
       << "nothing arrived after the removal: the test did not exercise a late payload";
@@ -297,48 +309,37 @@ TEST_F(RevokedViewTest, TheRestOfARemovedPeersWriteNeverReachesTheMemory) {
 // removal reaches the removed peer.
 TEST_F(RevokedViewTest, MemoryReusedAfterARemovalNeverReachesTheRemovedPeer) {
   std::memset(memory_.data(), 0x5a, kBytes);
-  {
-    auto engine = TransferEngine::Create(TestConfig(Provider::kTcp, 1));
-    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-    auto region = (*engine)->RegisterMemory(view_.data(), view_.size());
-    ASSERT_TRUE(region.ok());
-    auto id = (*engine)->AddPeer(remote_.address);
-    ASSERT_TRUE(id.ok()) << id.status().ToString();
-    std::atomic<int> finished{0};
-    ASSERT_TRUE((*engine)
-                    ->PostWrite(SingleWrite{.src_region = *region,
-                                            .src_offset = 0,
-                                            .peer = *id,
-                                            .dst = &remote_.descriptor,
-                                            .dst_offset = 0,
-                                            .length = kBytes,
-                                            .immediate = std::nullopt,
-                                            .deadline = Deadline::AfterMs(60000)},
-                                Completion{[&](const Status&) { ++finished; }})
-                    .ok());
-    std::atomic_ref<std::byte> first(peer_file_.data()[0]);
-    Deadline deadline = Deadline::AfterMs(20000);
-    while (first.load(std::memory_order_relaxed) == std::byte{0} && !deadline.Passed()) {
-    }
-    ASSERT_NE(first.load(), std::byte{0}) << "no byte of the write arrived";
-    ASSERT_TRUE((*engine)->RemovePeer(*id).ok());
-    ASSERT_EQ(finished.load(), 1);  // ended (Cancelled) by the removal; the provider goes on
-    ASSERT_TRUE(view_.Revoke().ok());
-    ASSERT_TRUE((*engine)->DeregisterMemory(*region).ok());
-    std::memset(memory_.data(), 0x77, kBytes);  // the pages are reused
-    ASSERT_NE(peer_file_.data()[kBytes - 1], std::byte{0x5a})
-        << "the write completed before the removal: nothing was left to send";
-    // Until the peer's memory stops changing: the provider has sent what it would.
-    size_t before = SIZE_MAX;
-    for (int i = 0; i < 50; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      const size_t now = NonZeroBytes(std::span<const std::byte>(peer_file_.data(), kBytes));
-      if (now == before) break;
-      before = now;
-    }
-    const auto reused = std::count(peer_file_.data(), peer_file_.data() + kBytes, std::byte{0x77});
-    EXPECT_EQ(reused, 0) << "bytes written into the memory after the removal reached the peer";
+  ASSERT_NO_FATAL_FAILURE(StartEngine());
+  std::atomic<int> finished{0};
+  ASSERT_TRUE(engine_
+                  ->PostWrite(SingleWrite{.src_region = region_,
+                                          .src_offset = 0,
+                                          .peer = peer_id_,
+                                          .dst = &remote_.descriptor,
+                                          .dst_offset = 0,
+                                          .length = kBytes,
+                                          .immediate = std::nullopt,
+                                          .deadline = Deadline::AfterMs(60000)},
+                              Completion{[&](const Status&) { ++finished; }})
+                  .ok());
+  ASSERT_NO_FATAL_FAILURE(WaitForFirstByte(peer_file_.data()));
+  ASSERT_TRUE(engine_->RemovePeer(peer_id_).ok());
+  ASSERT_EQ(finished.load(), 1);  // ended (Cancelled) by the removal; the provider goes on
+  ASSERT_TRUE(view_.Revoke().ok());
+  ASSERT_TRUE(engine_->DeregisterMemory(region_).ok());
+  std::memset(memory_.data(), 0x77, kBytes);  // the pages are reused
+  ASSERT_NE(peer_file_.data()[kBytes - 1], std::byte{0x5a})
+      << "the write completed before the removal: nothing was left to send";
+  // Until the peer's memory stops changing: the provider has sent what it would.
+  size_t before = SIZE_MAX;
+  for (int i = 0; i < 50; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const size_t now = NonZeroBytes(std::span<const std::byte>(peer_file_.data(), kBytes));
+    if (now == before) break;
+    before = now;
   }
+  const auto reused = std::count(peer_file_.data(), peer_file_.data() + kBytes, std::byte{0x77});
+  EXPECT_EQ(reused, 0) << "bytes written into the memory after the removal reached the peer";
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, FaultTest, ::testing::Values(Provider::kShm, Provider::kTcp),
