@@ -420,8 +420,9 @@ void AttendHeads(const float* q, const float* keys_t, int64_t stride, const floa
 // The values of AttendGroup over the copied rows, bit for bit: a score is one lane per position
 // summing q . k over d in order (FMA) and then scaled; the softmax maximum and sum take 16 lanes
 // (position mod 16) and the lane tree; each element of the V sum adds its positions in order.
-// Only where the rows come from differs: K is widened and transposed 16 positions at a time
-// into a tile in L1 that every query and head of the run use, V rows are widened as they load.
+// Only where the rows come from differs: K is transposed 16 positions at a time in registers
+// (a block of head_dim at a time) that every query and head of the run use, widened as it is
+// used, and V rows are widened as they load.
 
 // Positions per key tile: one 16-lane score vector (the avx2 path's tile holds 8, its width).
 constexpr int kKeyTile = 16;
@@ -456,85 +457,119 @@ inline void Transpose16x16(__m512 (&v)[16]) {
   TransposeStage<1>(v);
 }
 
-// K rows of 16 positions (rows[i]: position i, or a zero row) -> tile [hd][16]. BF16: a 32-bit
-// word holds elements 2w (low half) and 2w + 1 (high half) of a row, so one 16 x 16 transpose
-// of words moves 32 elements, and shifting left by 16 (even) or masking the low half off (odd)
-// widens them: half the shuffles of widening first.
-void KeyTileBF16(const uint16_t* const* rows, int hd, float* tile) {
-  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  for (int c0 = 0; c0 < hd; c0 += 32) {
-    const int live = hd - c0;  // elements of this 32-column block in a row
-    const __mmask32 mask = live >= 32 ? ~__mmask32{0} : (__mmask32{1} << live) - 1;
-    __m512 v[16];
-    for (int r = 0; r < 16; ++r) {
-      v[r] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mask, rows[r] + c0));
-    }
-    Transpose16x16(v);  // v[w] lane i: word w of row i
-    float* out = tile + c0 * kKeyTile;
-    auto store = [&](int w) {
-      const __m512i word = _mm512_castps_si512(v[w]);
-      _mm512_store_ps(out + 2 * w * kKeyTile, _mm512_castsi512_ps(_mm512_slli_epi32(word, 16)));
-      if (2 * w + 1 < live) {
-        _mm512_store_ps(out + (2 * w + 1) * kKeyTile,
-                        _mm512_castsi512_ps(_mm512_and_si512(word, high)));
-      }
-    };
-    if (live >= 32) {  // a fixed count, unrolled
-      for (int w = 0; w < 16; ++w) store(w);
-    } else {
-      for (int w = 0; 2 * w < live; ++w) store(w);
-    }
+// Scores straight from the K rows: a block of the rows' columns is loaded and transposed in
+// registers (BF16: 16 x 16 32-bit words, 32 elements of head_dim, widened as they are used;
+// F32: 16 elements), and every query and head of the run multiplies it while it is there, so
+// the transposed keys never go through memory. Across blocks a score's sum waits in the
+// scores array (storing a float changes nothing): the sum over d stays in order.
+
+// rows[0, 16) -> v[w] lane i: 32-bit word w of row i's block at element c0 (BF16: elements
+// c0 + 2w, c0 + 2w + 1; F32: element c0 + w). `mask` covers the block's live elements.
+inline void LoadBlockBF16(const uint16_t* const* rows, int c0, __mmask32 mask, __m512 (&v)[16]) {
+  for (int r = 0; r < 16; ++r) {
+    v[r] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mask, rows[r] + c0));
   }
+  Transpose16x16(v);
+}
+inline void LoadBlockF32(const float* const* rows, int c0, __mmask16 mask, __m512 (&v)[16]) {
+  for (int r = 0; r < 16; ++r) v[r] = _mm512_maskz_loadu_ps(mask, rows[r] + c0);
+  Transpose16x16(v);
 }
 
-void KeyTileF32(const float* const* rows, int hd, float* tile) {
-  for (int c0 = 0; c0 < hd; c0 += 16) {
-    const __mmask16 mask = TailMask16(hd - c0);
-    __m512 v[16];
-    for (int r = 0; r < 16; ++r) v[r] = _mm512_maskz_loadu_ps(mask, rows[r] + c0);
-    Transpose16x16(v);
-    const int live = Min(16, hd - c0);
-    for (int i = 0; i < live; ++i) _mm512_store_ps(tile + (c0 + i) * kKeyTile, v[i]);
-  }
-}
-
-// Widens and transposes the K rows of positions [p0, p0 + kKeyTile) into tile [hd][kKeyTile];
-// positions from ctx on are zeros.
+// Element d0 + e of the block's keys for 16 positions: BF16 word e / 2, low half (even e,
+// shifted up) or high half (odd e, low half cleared); F32 vector e.
 template <typename Elem>
-void KeyTile(const internal::HeadPages& kv, int64_t p0, int64_t ctx, int hd, float* tile) {
-  const Elem* rows[kKeyTile];
-  PageCursor<Elem> cursor(kv.k, kv.page_tokens, hd, p0);
-  for (int r = 0; r < kKeyTile; ++r) {
-    rows[r] = p0 + r < ctx ? cursor.Next() : reinterpret_cast<const Elem*>(kZeroRow);
-  }
+[[gnu::always_inline]] inline __m512 KeyColumn(const __m512 (&v)[16], int e) {
   if constexpr (sizeof(Elem) == sizeof(uint16_t)) {
-    KeyTileBF16(rows, hd, tile);
+    const __m512i word = _mm512_castps_si512(v[e / 2]);
+    return _mm512_castsi512_ps(
+        e % 2 == 0 ? _mm512_slli_epi32(word, 16)
+                   : _mm512_and_si512(word, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
   } else {
-    KeyTileF32(rows, hd, tile);
+    return v[e];
   }
 }
 
-// Scores of the tile's 16 positions for G heads (q [G][hd]): stores scale * (q . k) to
-// scores[h * stride, + 16) (the row of head h at the tile's first position).
-template <int G>
-void TileScores(const float* q, const float* tile, int hd, float scale, float* scores,
-                int64_t stride) {
+// G heads (q [G][hd]) over the block's `live` elements from d0: scores[h * stride, + 16)
+// holds head h's sums so far (`first`: none yet); on the `last` block they are scaled.
+template <typename Elem, int G, bool kFull>
+[[gnu::always_inline]] inline void BlockScores(const __m512 (&v)[16], int live, const float* q,
+                                               int hd, int d0, float* scores, int64_t stride,
+                                               bool first, bool last, float scale) {
+  constexpr int kBlock = sizeof(Elem) == sizeof(uint16_t) ? 32 : 16;
   __m512 acc[G];
-  for (int h = 0; h < G; ++h) acc[h] = _mm512_setzero_ps();
-  for (int d = 0; d < hd; ++d) {
-    const __m512 k = _mm512_load_ps(tile + d * kKeyTile);
-    for (int h = 0; h < G; ++h) {
-      acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h * hd + d]), k, acc[h]);
+  for (int h = 0; h < G; ++h) {
+    acc[h] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(scores + h * stride);
+  }
+  if constexpr (kFull) {
+    // Unrolled, so that every v[e / 2] is a register (a loop indexes them on the stack).
+#pragma GCC unroll 32
+    for (int e = 0; e < kBlock; ++e) {
+      const __m512 k = KeyColumn<Elem>(v, e);
+      for (int h = 0; h < G; ++h) {
+        acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h * hd + d0 + e]), k, acc[h]);
+      }
+    }
+  } else {
+    for (int e = 0; e < live; ++e) {
+      const __m512 k = KeyColumn<Elem>(v, e);
+      for (int h = 0; h < G; ++h) {
+        acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h * hd + d0 + e]), k, acc[h]);
+      }
     }
   }
   const __m512 vscale = _mm512_set1_ps(scale);
-  for (int h = 0; h < G; ++h) _mm512_storeu_ps(scores + h * stride, _mm512_mul_ps(acc[h], vscale));
+  for (int h = 0; h < G; ++h) {
+    _mm512_storeu_ps(scores + h * stride, last ? _mm512_mul_ps(acc[h], vscale) : acc[h]);
+  }
 }
 
-using TileScoresFn = void (*)(const float*, const float*, int, float, float*, int64_t);
-template <size_t... G>
-constexpr Array<TileScoresFn, kMaxGroup + 1> TileScoresTable(std::index_sequence<G...>) {
-  return {nullptr, &TileScores<static_cast<int>(G) + 1>...};
+// BlockScores for g heads, 1 <= g <= kMaxGroup: a chain of comparisons the compiler inlines
+// (a table of function pointers would pass the block through memory).
+template <typename Elem, bool kFull, int... G>
+[[gnu::always_inline]] inline void GroupBlockScores(std::integer_sequence<int, G...>, int g,
+                                                    const __m512 (&v)[16], int live, const float* q,
+                                                    int hd, int d0, float* scores, int64_t stride,
+                                                    bool first, bool last, float scale) {
+  (void)((g == G + 1 ? (BlockScores<Elem, G + 1, kFull>(v, live, q, hd, d0, scores, stride, first,
+                                                        last, scale),
+                        true)
+                     : false) ||
+         ...);
+}
+
+// The scores of positions [p0, p0 + 16) (rows[i]: position p0 + i's K row, or a zero row past
+// the context) for every query of the run that reaches p0 and every head.
+template <typename Elem>
+void TileScores(const Elem* const* rows, const internal::PageQuery* queries, int count, int hd,
+                float scale, int heads, int64_t p0, float* scores, int64_t stride) {
+  constexpr int kBlock = sizeof(Elem) == sizeof(uint16_t) ? 32 : 16;
+  for (int d0 = 0; d0 < hd; d0 += kBlock) {
+    const int live = Min(kBlock, hd - d0);
+    __m512 v[16];
+    if constexpr (sizeof(Elem) == sizeof(uint16_t)) {
+      LoadBlockBF16(rows, d0, live >= 32 ? ~__mmask32{0} : (__mmask32{1} << live) - 1, v);
+    } else {
+      LoadBlockF32(rows, d0, TailMask16(live), v);
+    }
+    const bool first = d0 == 0, last = d0 + kBlock >= hd;
+    for (int r = 0; r < count; ++r) {
+      if (queries[r].ctx <= p0) continue;
+      float* sr = scores + static_cast<int64_t>(r) * heads * stride + p0;
+      for (int h = 0; h < heads; h += kMaxGroup) {
+        const int g = Min(kMaxGroup, heads - h);
+        const float* q = queries[r].q + h * hd;
+        constexpr auto kGroups = std::make_integer_sequence<int, kMaxGroup>();
+        if (live == kBlock) {
+          GroupBlockScores<Elem, true>(kGroups, g, v, live, q, hd, d0, sr + h * stride, stride,
+                                       first, last, scale);
+        } else {
+          GroupBlockScores<Elem, false>(kGroups, g, v, live, q, hd, d0, sr + h * stride, stride,
+                                        first, last, scale);
+        }
+      }
+    }
+  }
 }
 
 // Turns the scores [0, ctx) of one head into softmax numerators in place, as AttendGroup does;
@@ -641,29 +676,24 @@ void SumValues(const internal::HeadPages& kv, int64_t ctx, int hd, const float* 
 template <typename Elem>
 void AttendPagesOf(const internal::PageQuery* queries, int count, const internal::HeadPages& kv,
                    int hd, float scale, int heads, float* scores) {
-  static constexpr auto kTileScores = TileScoresTable(std::make_index_sequence<kMaxGroup>());
   int64_t ctx = 0;
   for (int r = 0; r < count; ++r) {
     if (queries[r].ctx > ctx) ctx = queries[r].ctx;
   }
   const int64_t stride = (ctx + 15) / 16 * 16;
-  // Scores: the key tile of each 16 positions serves every query of the run and every head.
-  alignas(64) float tile[16 * kMaxHeadChunks * kKeyTile];
+  // Scores: each 16 positions' K rows serve every query of the run and every head.
+  PageCursor<Elem> cursor(kv.k, kv.page_tokens, hd, 0);
   for (int64_t p0 = 0; p0 < ctx; p0 += kKeyTile) {
     const int64_t near = Min(ctx, p0 + kKeyTilesAhead * kKeyTile);
     const int64_t far = Min(ctx, p0 + kTilesAheadL2 * kKeyTile);
     PrefetchRows<Elem>(kv.k, kv.page_tokens, hd, near, Min(ctx, near + kKeyTile));
     PrefetchRows<Elem, _MM_HINT_T1>(kv.k, kv.page_tokens, hd, far, Min(ctx, far + kKeyTile));
     PrefetchRows<Elem, _MM_HINT_T1>(kv.v, kv.page_tokens, hd, far, Min(ctx, far + kKeyTile));
-    KeyTile<Elem>(kv, p0, ctx, hd, tile);
-    for (int r = 0; r < count; ++r) {
-      if (queries[r].ctx <= p0) continue;
-      float* sr = scores + static_cast<int64_t>(r) * heads * stride + p0;
-      for (int h = 0; h < heads; h += kMaxGroup) {
-        const int g = Min(kMaxGroup, heads - h);
-        kTileScores[g](queries[r].q + h * hd, tile, hd, scale, sr + h * stride, stride);
-      }
+    const Elem* rows[kKeyTile];
+    for (int r = 0; r < kKeyTile; ++r) {
+      rows[r] = p0 + r < ctx ? cursor.Next() : reinterpret_cast<const Elem*>(kZeroRow);
     }
+    TileScores<Elem>(rows, queries, count, hd, scale, heads, p0, scores, stride);
   }
   // Softmax and the weighted V sum, per query and group of heads.
   alignas(64) float acc[kMaxGroup][16 * kMaxHeadChunks];

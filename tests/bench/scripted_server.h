@@ -33,8 +33,14 @@ struct Script {
   bool succeeds() const { return status == 200 && !error_event && send_done; }
 };
 
-// Times in this scripts' scenarios are far apart enough for a loaded 2-core machine.
+// Times in this scripts' scenarios are far apart enough for a loaded 2-core machine. Under
+// ThreadSanitizer every access of the client and the server is instrumented: 25 ms was missed
+// there (the tests still fail there if a time is off by more than their scenario's gaps).
+#if defined(__SANITIZE_THREAD__)
+constexpr double kTolMs = 75;
+#else
 constexpr double kTolMs = 25;
+#endif
 
 class ScriptedServer {
   using json = nlohmann::json;
