@@ -82,6 +82,12 @@ class ScopedOmpThreads {
 // the engine's own one-row decode read its weights at 54-62 GB/s.
 constexpr size_t kPrefetchBytes = 2048;
 
+uint64_t XorWords(const uint64_t* words, size_t n) {
+  uint64_t x = 0;
+  for (size_t i = 0; i < n; ++i) x ^= words[i];
+  return x;
+}
+
 #if defined(__x86_64__)
 template <bool kPrefetch>
 [[gnu::target("avx512f")]] uint64_t XorLinesAvx512(const uint8_t* p, size_t bytes) {
@@ -97,13 +103,9 @@ template <bool kPrefetch>
       acc[j] = _mm512_xor_si512(acc[j], _mm512_load_si512(p + i + j * kLineBytes));
     }
   }
-  alignas(64) uint64_t lanes[4][8];
-  for (int j = 0; j < 4; ++j) _mm512_store_si512(lanes[j], acc[j]);
-  uint64_t x = 0;
-  for (const auto& row : lanes) {
-    for (uint64_t v : row) x ^= v;
-  }
-  return x;
+  alignas(64) uint64_t lanes[4 * 8];
+  for (int j = 0; j < 4; ++j) _mm512_store_si512(lanes + 8 * j, acc[j]);
+  return XorWords(lanes, 4 * 8);
 }
 
 template <bool kPrefetch>
@@ -120,13 +122,9 @@ template <bool kPrefetch>
           acc[j], _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + j * 32)));
     }
   }
-  alignas(32) uint64_t lanes[4][4];
-  for (int j = 0; j < 4; ++j) _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[j]), acc[j]);
-  uint64_t x = 0;
-  for (const auto& row : lanes) {
-    for (uint64_t v : row) x ^= v;
-  }
-  return x;
+  alignas(32) uint64_t lanes[4 * 4];
+  for (int j = 0; j < 4; ++j) _mm256_store_si256(reinterpret_cast<__m256i*>(lanes + 4 * j), acc[j]);
+  return XorWords(lanes, 4 * 4);
 }
 #endif
 
@@ -167,6 +165,14 @@ uint64_t XorLines(const uint8_t* p, size_t bytes) {
 #endif
   return XorLinesPortable(p, bytes);
 }
+
+}  // namespace
+
+uint64_t XorAsProbeReads(const uint8_t* p, size_t bytes, bool prefetch) {
+  return prefetch ? XorLines<true>(p, bytes) : XorLines<false>(p, bytes);
+}
+
+namespace {
 
 // One slice per thread, whole lines, contiguous: the same split for the first touch
 // (placing pages near their reader) and for every timed pass.

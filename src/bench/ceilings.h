@@ -31,6 +31,11 @@ Result<double> MeasureGemmFlops(DType type, int m, int n, int k, int threads, do
 // sizes, ResourceExhausted if the buffer cannot be mapped.
 Result<double> MeasureMemoryBandwidth(size_t bytes, int threads, double seconds);
 
+// The XOR of every 64-bit word of [p, p + bytes) as the probe reads it (the widest loads the
+// CPU runs; `prefetch`: the prefetching pass). p is 64-byte aligned, bytes a multiple of 64.
+// For tests: every byte must be read.
+uint64_t XorAsProbeReads(const uint8_t* p, size_t bytes, bool prefetch);
+
 // The same measurement with the buffer kept between calls, for a benchmark that measures the
 // ceiling once per round: mapping, faulting in and unmapping 1 GiB every round leaves the
 // kernel busy for a while afterwards, and that slowed the figure measured next (a decode step

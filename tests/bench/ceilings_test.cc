@@ -1,6 +1,9 @@
 #include "bench/ceilings.h"
 
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
 
 #include <gtest/gtest.h>
 
@@ -10,6 +13,35 @@ namespace {
 // Only sanity: a rate is positive and finite. Speed itself is for `pdserve bench engine`.
 
 // f32 runs on every x86-64 oneDNN supports; bf16 needs AVX-512 (or AVX2-VNNI-2).
+// The probe's vector reads (AVX-512 or AVX2 where the CPU has them) cover every word: a word
+// changed anywhere, in a buffer of any whole number of lines, changes what they return.
+TEST(CeilingsTest, ProbeReadsEveryWord) {
+  for (size_t lines : {1, 2, 3, 4, 5, 7, 8, 1001}) {
+    const size_t words = lines * 8;
+    // 64-byte aligned, as the probe's own buffer is.
+    const std::unique_ptr<uint64_t[], decltype(&std::free)> owner(
+        static_cast<uint64_t*>(std::aligned_alloc(64, words * sizeof(uint64_t))), &std::free);
+    ASSERT_NE(owner, nullptr);
+    uint64_t* const buffer = owner.get();
+    uint64_t want = 0;
+    for (size_t i = 0; i < words; ++i) {
+      buffer[i] = (i + 1) * 0x9E3779B97F4A7C15ull;
+      want ^= buffer[i];
+    }
+    const auto* p = reinterpret_cast<const uint8_t*>(buffer);
+    for (bool prefetch : {false, true}) {
+      EXPECT_EQ(XorAsProbeReads(p, lines * 64, prefetch), want) << lines << " lines";
+      // The last word and the first: the ends a loop with a wrong bound would miss.
+      for (size_t i : {words - 1, size_t{0}, words / 2}) {
+        buffer[i] ^= 1;
+        EXPECT_EQ(XorAsProbeReads(p, lines * 64, prefetch), want ^ 1)
+            << lines << " lines, word " << i;
+        buffer[i] ^= 1;
+      }
+    }
+  }
+}
+
 TEST(CeilingsTest, F32GemmRateIsPositiveAndFinite) {
   const Result<double> flops =
       MeasureGemmFlops(DType::kF32, 16, 64, 128, /*threads=*/1, /*seconds=*/0.0);
