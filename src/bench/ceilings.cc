@@ -315,7 +315,7 @@ Result<double> MemoryBandwidthProbe::Measure(double seconds) {
   PD_RETURN_IF_ERROR(CheckDuration(seconds));
   uint8_t* const data = data_;
   const size_t lines = bytes_ / kLineBytes;
-  [[maybe_unused]] const int team = threads_;  // used in a pragma only (none in TSan builds)
+  const int team = threads_;
   // The XOR of everything read is kept so that the loads cannot be optimised away.
   // Passes alternate between the plain read and the prefetching one; the best of all counts.
   uint64_t sink = 0;

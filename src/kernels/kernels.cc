@@ -75,10 +75,8 @@ int64_t LongestContext(std::span<const AttentionQuery> queries, size_t first, si
   return ctx;
 }
 
-// Whether attention is worth an OpenMP team: its multiply-adds against kParallelMacs. (Used only
-// in a pragma, which the TSan build compiles without: see CMakeLists.txt.)
-[[maybe_unused]] bool AttentionIsParallel(std::span<const AttentionQuery> queries, int num_heads,
-                                          int hd) {
+// Whether attention is worth an OpenMP team: its multiply-adds against kParallelMacs.
+bool AttentionIsParallel(std::span<const AttentionQuery> queries, int num_heads, int hd) {
   int64_t macs = 0;
   for (const AttentionQuery& q : queries) macs += q.context_len;
   return macs * num_heads * 2 * hd >= kParallelMacs;

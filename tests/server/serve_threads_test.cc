@@ -59,10 +59,6 @@ int ThreadsAddedByGeneration(int threads) {
 }
 
 TEST(ServeThreadsTest, LoopThreadComputesWithTheTeamOfTheThreadsFlag) {
-#if defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "NOT RUN IN THE TSAN BUILD: there the OpenMP pragmas are off (CMakeLists.txt: "
-                  "libgomp is not instrumented) and no team is ever started; `make test` runs it";
-#endif
   const int added_one = ThreadsAddedByGeneration(1);
   const int added_two = ThreadsAddedByGeneration(2);
   ASSERT_GE(added_one, 0);
