@@ -94,7 +94,8 @@ struct KernelTable {
   // query) and one KV head, reading K and V from the pages as they are: the same values, bit for
   // bit, without copying the rows out. Keys are widened and transposed a key tile of positions
   // at a time (the path's own constant: one score vector, 8 positions on avx2, 16 on avx512)
-  // into a small tile that every query of the run shares. scores: count * heads * stride
+  // and shared by every query of the run (avx2: a small tile in L1; avx512: in registers, a
+  // block of head_dim at a time). scores: count * heads * stride
   // floats (stride: the longest ctx rounded up to 16). Required: every path has it (the
   // copying route, widen_bf16 + transpose_rows + attend_heads, is its reference in
   // tests/kernels/attend_pages_test.cc).
