@@ -129,20 +129,11 @@ Status Domain::OpenHandles(const fi_info* info) {
   if (rc != 0) return FabricError("fi_cq_open", rc);
   cq_.reset(cq);
 
-  fid_ep* ep = nullptr;
-  rc = fi_endpoint(domain_.get(), const_cast<fi_info*>(info), &ep, nullptr);
-  if (rc != 0) return FabricError("fi_endpoint", rc);
-  ep_.reset(ep);
-  if ((rc = fi_ep_bind(ep_.get(), &av_->fid, 0)) != 0) return FabricError("fi_ep_bind(av)", rc);
-  if ((rc = fi_ep_bind(ep_.get(), &cq_->fid, FI_TRANSMIT | FI_RECV)) != 0) {
-    return FabricError("fi_ep_bind(cq)", rc);
-  }
-  if ((rc = fi_enable(ep_.get())) != 0) return FabricError("fi_enable", rc);
-
-  char name[1024];
-  size_t name_len = sizeof(name);
-  if ((rc = fi_getname(&ep_->fid, name, &name_len)) != 0) return FabricError("fi_getname", rc);
-  endpoint_name_.assign(name, name_len);
+  PD_ASSIGN_OR_RETURN(
+      EnabledEndpoint endpoint,
+      OpenEnabledEndpoint(domain_.get(), const_cast<fi_info*>(info), av_.get(), cq_.get()));
+  ep_ = std::move(endpoint.ep);
+  endpoint_name_ = std::move(endpoint.name);
   return Status::Ok();
 }
 

@@ -56,18 +56,9 @@ Status RawWriteProbe::OpenHandles(Provider provider, size_t bytes) {
   rc = fi_mr_reg(d, buf_, bytes, FI_WRITE | FI_REMOTE_WRITE, 0, 1, 0, &mr, nullptr);
   if (rc != 0) return FabricError("fi_mr_reg", rc);
   mr_.reset(mr);
-  fid_ep* ep = nullptr;
-  if ((rc = fi_endpoint(d, info, &ep, nullptr)) != 0) return FabricError("fi_endpoint", rc);
-  ep_.reset(ep);
-  if ((rc = fi_ep_bind(ep, &av->fid, 0)) != 0) return FabricError("fi_ep_bind", rc);
-  if ((rc = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV)) != 0) {
-    return FabricError("fi_ep_bind", rc);
-  }
-  if ((rc = fi_enable(ep)) != 0) return FabricError("fi_enable", rc);
-  char name[1024];
-  size_t len = sizeof name;
-  if ((rc = fi_getname(&ep->fid, name, &len)) != 0) return FabricError("fi_getname", rc);
-  name_.assign(name, len);
+  PD_ASSIGN_OR_RETURN(EnabledEndpoint endpoint, OpenEnabledEndpoint(d, info, av, cq));
+  ep_ = std::move(endpoint.ep);
+  name_ = std::move(endpoint.name);
   return Status::Ok();
 }
 
