@@ -276,6 +276,13 @@ void DecodeMessenger::Connect(Peer& peer, Result<fabric::TransferEngineAddress> 
 }
 
 void DecodeMessenger::HandleHelloAck(Peer& peer, const HelloAck& ack) {
+  if (ack.hello_nonce != peer.own_nonce) {
+    // The answer to a Hello this node gave up on (timed out, then sent another): P answers
+    // the newer one too. Judging this one against the newer nonce would fail its proof and
+    // shut a healthy, merely slow peer out until it restarts.
+    PD_LOG_INFO("prefill peer {}: late answer to an earlier hello ignored", peer.spec.name);
+    return;
+  }
   Status s = VerifyClusterProof(options_.cluster_key, peer.own_nonce, ack.nonce, incarnation_,
                                 ack.incarnation, ack.proof);
   if (s.ok()) s = CheckPeerCompatible(ack.node, local_);

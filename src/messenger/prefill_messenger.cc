@@ -138,6 +138,7 @@ void PrefillMessenger::HandleHello(uint64_t instance, const Hello& hello) {
   p.last_heard = Clock::now();
   SendTo(*peer, HelloAck{.incarnation = incarnation_,
                          .nonce = p.own_nonce,
+                         .hello_nonce = p.peer_nonce,
                          .proof = MakeClusterProof(options_.cluster_key, p.own_nonce, p.peer_nonce,
                                                    incarnation_),
                          .node = local_});

@@ -161,6 +161,7 @@ void WriteBody(WireWriter& w, const Message& m) {
                         [&](const HelloAck& h) {
                           w.U64(h.incarnation);
                           WriteFixed(w, h.nonce);
+                          WriteFixed(w, h.hello_nonce);
                           WriteFixed(w, h.proof);
                           WriteNodeInfo(w, h.node);
                         },
@@ -273,6 +274,7 @@ Result<Message> ReadBody(WireReader& r, MessageType type, uint64_t request_id) {
       HelloAck h;
       PD_RETURN_IF_ERROR(r.U64("incarnation", &h.incarnation));
       PD_RETURN_IF_ERROR(ReadFixed(r, "nonce", &h.nonce));
+      PD_RETURN_IF_ERROR(ReadFixed(r, "hello nonce", &h.hello_nonce));
       PD_RETURN_IF_ERROR(ReadFixed(r, "proof", &h.proof));
       PD_RETURN_IF_ERROR(ReadNodeInfo(r, &h.node));
       return Message(std::move(h));

@@ -10,7 +10,8 @@
 //
 // Handshake (mutual challenge-response, see cluster_proof.h), D the initiator:
 //   D→P Hello{incarnation, nonce, reply_address}  (D's fabric address, so P can answer)
-//   P→D HelloAck{incarnation, nonce, proof, P's NodeInfo}   D checks the proof and layouts
+//   P→D HelloAck{incarnation, nonce, hello_nonce, proof, P's NodeInfo}
+//                                                           D checks the proof and layouts
 //   D→P HelloFinish{proof, D's NodeInfo}                    P checks the proof and layouts
 // or HandshakeRefused{reason} from either side. D's memory keys (which let a writer into D's
 // memory) are sent only after P has proven the secret; P's memory is never a write target.
@@ -32,7 +33,8 @@
 
 namespace pdserve::messenger {
 
-inline constexpr uint16_t kProtocolVersion = 1;
+// 2: HelloAck names the Hello it answers (hello_nonce).
+inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kHeaderBytes = 20;
 // Caps: far above real use, low enough that a hostile peer cannot make us allocate much.
 inline constexpr size_t kMaxMessageBytes = size_t{16} << 20;
@@ -78,6 +80,10 @@ struct Hello {
 struct HelloAck {
   uint64_t incarnation = 0;
   Nonce nonce{};
+  // The nonce of the Hello this answers. D sends a new Hello (new nonce) when one goes
+  // unanswered for its handshake timeout; a slow P's late answer to the old one is then told
+  // apart from a failed proof and ignored. Not trusted on its own: the proof covers D's nonce.
+  Nonce hello_nonce{};
   ClusterProof proof{};
   NodeInfo node;
   friend bool operator==(const HelloAck&, const HelloAck&) = default;

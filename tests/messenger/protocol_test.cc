@@ -1,5 +1,8 @@
 #include "messenger/protocol.h"
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <vector>
@@ -55,8 +58,11 @@ std::vector<Message> SampleMessages() {
   for (size_t i = 0; i < proof.size(); ++i) proof[i] = static_cast<uint8_t>(255 - i);
   return {
       Hello{.incarnation = 0xfedcba9876543210, .nonce = FilledNonce(1), .reply_address = "addr"},
-      HelloAck{
-          .incarnation = 42, .nonce = FilledNonce(9), .proof = proof, .node = SampleNode(2, 4)},
+      HelloAck{.incarnation = 42,
+               .nonce = FilledNonce(9),
+               .hello_nonce = FilledNonce(1),
+               .proof = proof,
+               .node = SampleNode(2, 4)},
       HelloFinish{.proof = proof, .node = SampleNode(8, 2)},
       HandshakeRefused{.reason = "model fingerprint differs"},
       SampleRequest(),
@@ -113,8 +119,23 @@ TEST(ProtocolTest, EncodingIsExplicitLittleEndian) {
   const std::string expected_body("\x01\x02\x03\x04\x05\x06\x07\x08", 8);
   ASSERT_EQ(bytes.size(), kHeaderBytes + 8);
   EXPECT_EQ(bytes.substr(kHeaderBytes), expected_body);
-  EXPECT_EQ(bytes.substr(4, 2), std::string("\x01\x00", 2));  // version 1
+  EXPECT_EQ(bytes.substr(4, 2), std::string("\x02\x00", 2));  // version 2
   EXPECT_EQ(bytes.substr(6, 2), std::string("\x09\x00", 2));  // type Heartbeat
+}
+
+// The fuzzer starts from these seeds; one the decoder refuses (say, of an older protocol
+// version) would only ever exercise the header checks.
+TEST(ProtocolTest, FuzzSeedsAreMessagesOfThisVersion) {
+  std::set<MessageType> types;
+  for (const auto& entry : std::filesystem::directory_iterator(PDSERVE_PROTOCOL_CORPUS_DIR)) {
+    std::ifstream in(entry.path(), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    Result<Message> m = DecodeMessage(bytes);
+    EXPECT_TRUE(m.ok()) << entry.path() << ": " << m.status().ToString();
+    if (!m.ok()) continue;
+    types.insert(TypeOf(*m));
+  }
+  EXPECT_EQ(types.size(), std::variant_size_v<Message>) << "a message type has no seed";
 }
 
 TEST(ProtocolTest, EveryTruncationIsRefused) {
@@ -160,7 +181,8 @@ TEST(ProtocolTest, CorruptLengthFieldsAreRefused) {
   const size_t page_count_at = token_count_at + 4 + 4 * request.token_ids.size();
   const HelloAck ack = std::get<HelloAck>(SampleMessages()[1]);
   const std::string hello_ack = Encode(ack);
-  const size_t kernel_path_at = kHeaderBytes + 8 + kNonceBytes + 32;
+  // incarnation, nonce, hello nonce, proof
+  const size_t kernel_path_at = kHeaderBytes + 8 + 2 * kNonceBytes + 32;
   const size_t fingerprint_at = kernel_path_at + 4 + ack.node.kernel_path.size();
   const size_t rank_count_at = fingerprint_at + 4 + ack.node.model_fingerprint.size() + 4;
   ASSERT_EQ(ReadU32(hello_ack, rank_count_at), 4u);
