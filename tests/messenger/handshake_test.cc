@@ -88,12 +88,12 @@ class ScriptedPrefill {
     auto bytes = messenger::EncodeMessage(ack);
     ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
     fabric::TransferCounter sent;
-    ASSERT_TRUE(engine_
-                    ->Send(*peer,
-                           std::span(reinterpret_cast<const std::byte*>(bytes->data()),
-                                     bytes->size()),
-                           fabric::Completion{nullptr, &sent})
-                    .ok());
+    ASSERT_TRUE(
+        engine_
+            ->Send(*peer,
+                   std::span(reinterpret_cast<const std::byte*>(bytes->data()), bytes->size()),
+                   fabric::Completion{nullptr, &sent})
+            .ok());
     ASSERT_TRUE(sent.WaitFor(1, Deadline::AfterMs(10000)));
     EXPECT_EQ(sent.succeeded(), 1u);
   }
@@ -123,11 +123,11 @@ messenger::NodeInfo ForeignNode() {
                         .kv = {.shards = *shards, .ranks = {}},
                         .rank_memory = {"unused"}};
   n.kv.ranks.push_back(KvLayout{.num_layers = 3,
-                                    .num_kv_heads = 2,
-                                    .head_dim = 8,
-                                    .page_tokens = 4,
-                                    .dtype = DType::kBF16,
-                                    .num_pages = 16});
+                                .num_kv_heads = 2,
+                                .head_dim = 8,
+                                .page_tokens = 4,
+                                .dtype = DType::kBF16,
+                                .num_pages = 16});
   return n;
 }
 
@@ -150,10 +150,9 @@ TEST_P(MessengerSlowHandshakeTest, LateAnswerToAnEarlierHelloIsNotARefusal) {
   // The handshake timeout is the decode node's --peer-timeout-ms.
   constexpr int kHandshakeTimeoutMs = 2000;
   auto decode = std::make_unique<NodeProcess>(
-      TinyModelDir(),
-      DecodeArgs(GetParam(), {prefill.port()},
-                 {"--heartbeat-ms", "100", "--peer-timeout-ms",
-                  std::to_string(kHandshakeTimeoutMs)}));
+      TinyModelDir(), DecodeArgs(GetParam(), {prefill.port()},
+                                 {"--heartbeat-ms", "100", "--peer-timeout-ms",
+                                  std::to_string(kHandshakeTimeoutMs)}));
   ASSERT_TRUE(decode->ok()) << decode->error();
   const int d = decode->port();
 
