@@ -31,15 +31,30 @@ std::string BenchCommand(const std::string& extra, const std::string& contexts =
 }
 
 // Every row of the table as "phase/batch" ("prefill 20/1,decode ctx 20/1,..."), each checked
-// to name `path` and to carry a ratio and its bound.
+// to name `path` and to carry a ratio and its bound, and a decode row its ratio to the bandwidth
+// ceiling alone: never above the ratio to the lower of the two ceilings, and equal to it where
+// the bandwidth binds.
 std::string TableRows(const std::string& out, const std::string& path) {
   const std::regex row(
-      R"(\| (prefill \d+|decode ctx \d+) \| ([a-z0-9]+) \| (\d+) \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ (GFLOP/s|GB/s) \| [0-9.]+ \| \d+% \| (bandwidth|GEMM) \|)");
+      R"(\| (prefill \d+|decode ctx \d+) \| ([a-z0-9]+) \| (\d+) \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ (GFLOP/s|GB/s) \| [0-9.]+ \| (\d+)% \| (bandwidth|GEMM) \| (-|\d+%) \|)");
   std::string rows;
   for (auto it = std::sregex_iterator(out.begin(), out.end(), row); it != std::sregex_iterator();
        ++it) {
-    EXPECT_EQ((*it)[2].str(), path) << out;
-    rows += (*it)[1].str() + "/" + (*it)[3].str() + ",";
+    const std::smatch& m = *it;
+    EXPECT_EQ(m[2].str(), path) << out;
+    const std::string of_bandwidth = m[7].str();
+    if (m[1].str().starts_with("prefill")) {
+      EXPECT_EQ(of_bandwidth, "-") << m[0];
+    } else {
+      EXPECT_NE(of_bandwidth, "-") << m[0];
+      if (of_bandwidth == "-") continue;
+      const int bandwidth_pct = std::stoi(of_bandwidth), pct = std::stoi(m[5].str());
+      EXPECT_LE(bandwidth_pct, pct) << m[0];
+      if (m[6].str() == "bandwidth") {
+        EXPECT_EQ(bandwidth_pct, pct) << m[0];
+      }
+    }
+    rows += m[1].str() + "/" + m[3].str() + ",";
   }
   return rows;
 }
