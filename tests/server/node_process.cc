@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "testing/processes.h"
 #include "testing/test_paths.h"
 
 namespace pdserve::testing {
@@ -85,6 +86,16 @@ httplib::Client NodeProcess::Client() const {
   c.set_read_timeout(60, 0);
   c.set_write_timeout(10, 0);
   return c;
+}
+
+NodeProcess::~NodeProcess() {
+  if (!process_ || !process_->running()) return;  // reaped: its pid may be another's by now
+  // Alive or an unreaped zombie: neither its pid nor, while it lives, its workers' can be
+  // reused yet. A worker already gone keeps its files (its pid is unknown here).
+  std::vector<pid_t> pids = ChildrenOf(process_->pid());
+  pids.push_back(process_->pid());
+  for (pid_t pid : pids) RemoveShmRegionsOf(pid);
+  process_.reset();
 }
 
 int NodeProcess::Terminate(int timeout_ms) {

@@ -46,6 +46,9 @@ class NodeProcess {
               const std::vector<std::pair<std::string, std::string>>& env = {});
   NodeProcess(const NodeProcess&) = delete;
   NodeProcess& operator=(const NodeProcess&) = delete;
+  // Kills the node and its rank workers, and removes the shm region files they leave (a
+  // SIGKILLed process cannot; they would pile up in /dev/shm run after run).
+  ~NodeProcess();
 
   bool ok() const { return port_ > 0; }
   const std::string& error() const { return error_; }

@@ -15,6 +15,17 @@ bool ProcessAlive(pid_t pid) {
   return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
 }
 
+int RemoveShmRegionsOf(pid_t pid) {
+  const std::string prefix = std::to_string(pid) + ":";
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    if (entry.path().filename().string().rfind(prefix, 0) != 0) continue;
+    if (std::filesystem::remove(entry.path(), ec)) ++removed;
+  }
+  return removed;
+}
+
 std::vector<pid_t> ChildrenOf(pid_t pid) {
   std::vector<pid_t> out;
   const std::filesystem::path tasks = "/proc/" + std::to_string(pid) + "/task";

@@ -22,6 +22,11 @@ std::string ProcFile(pid_t pid, const std::string& name);
 // Polls until none of `pids` is alive; false if one still is at the deadline.
 bool WaitAllGone(const std::vector<pid_t>& pids, Deadline deadline);
 
+// Removes the region files libfabric's shm provider names after `pid` (/dev/shm/PID:UID:N, one
+// per endpoint; docs/fabric.md), which a process killed with SIGKILL leaves behind. Call it only
+// while `pid` cannot be another process: alive, or dead but not yet reaped. Returns how many.
+int RemoveShmRegionsOf(pid_t pid);
+
 // How a command run by RunToCompletion ended.
 struct CommandRun {
   bool finished = false;  // false: it did not end by the deadline (it was killed) or never started
