@@ -51,6 +51,20 @@ Side MakeSide(int domains, size_t bytes, TransferEngineHandlers handlers = {},
   return s;
 }
 
+// A write of `pages` (the same page numbers on both sides, `bytes` apart and long) from `src`'s
+// region to `dst`'s, which `src` knows as `peer`. The write refers to `pages`: keep it alive.
+PagedWrite SamePagesWrite(const Side& src, PeerId peer, const Side& dst,
+                          const std::vector<uint32_t>& pages, size_t bytes) {
+  PagedWrite w;
+  w.src_region = src.region;
+  w.src_pages = pages;
+  w.dst_pages = pages;
+  w.peer = peer;
+  w.dst = &dst.descriptor;
+  w.length = w.src_stride = w.dst_stride = bytes;
+  return w;
+}
+
 TEST(TransferEngineTest, RejectsBadArgumentsWithClearErrors) {
   FabricConfig bad = TestConfig(Provider::kShm, 0);
   EXPECT_EQ(TransferEngine::Create(bad).status().code(), StatusCode::kInvalidArgument);
@@ -67,14 +81,7 @@ TEST(TransferEngineTest, RejectsBadArgumentsWithClearErrors) {
   auto self = a.engine->AddPeer(a.engine->address());
   ASSERT_TRUE(self.ok());
   const std::vector<uint32_t> one = {0}, two = {0, 1}, far = {4};
-  PagedWrite w;
-  w.src_region = a.region;
-  w.src_pages = one;
-  w.dst_pages = one;
-  w.peer = *self;
-  w.dst = &a.descriptor;
-  w.length = 1024;
-  w.src_stride = w.dst_stride = 1024;
+  PagedWrite w = SamePagesWrite(a, *self, a, one, 1024);
   EXPECT_TRUE(a.engine->PostPagedWrite(w, Completion{}).ok());
   w.dst_pages = two;
   EXPECT_EQ(a.engine->PostPagedWrite(w, Completion{}).code(), StatusCode::kInvalidArgument);
@@ -178,14 +185,8 @@ TEST(TransferEngineTest, ShmEndpointNameHeldByAStaleRegionIsPassedOver) {
   for (size_t i = 0; i < 4096; ++i) second.memory[i] = std::byte(i * 13 + 1);
   auto peer = second.engine->AddPeer(first.engine->address());
   ASSERT_TRUE(peer.ok()) << peer.status().ToString();
-  const std::vector<uint32_t> page = {0};
-  PagedWrite w;
-  w.src_region = second.region;
-  w.src_pages = page;
-  w.dst_pages = page;
-  w.peer = *peer;
-  w.dst = &first.descriptor;
-  w.length = w.src_stride = w.dst_stride = 4096;
+  const std::vector<uint32_t> page = {0};  // outlives the write, whose span points at it
+  const PagedWrite w = SamePagesWrite(second, *peer, first, page, 4096);
   TransferCounter counter;
   ASSERT_TRUE(second.engine->PostPagedWrite(w, Completion{nullptr, &counter}).ok());
   ASSERT_TRUE(counter.WaitFor(1, Deadline::AfterMs(20000)));
