@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "testing/processes.h"
+
 namespace pdserve::fabric::testing {
 
 std::string PeerBinary() { return FABRIC_TEST_PEER_PATH; }
@@ -22,7 +24,11 @@ Status PeerProcess::Start(const std::vector<std::string>& argv) {
   return Status::Ok();
 }
 
-void PeerProcess::Kill() { process_.reset(); }
+void PeerProcess::Kill() {
+  // Alive or unreaped: its pid is still its own (testing/processes.h).
+  if (process_ && process_->running()) pdserve::testing::RemoveShmRegionsOf(process_->pid());
+  process_.reset();
+}
 
 Result<std::string> PeerProcess::Command(const std::string& line, Deadline deadline) {
   if (!process_) return Status::FailedPrecondition("peer process not started");

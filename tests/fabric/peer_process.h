@@ -25,7 +25,8 @@ class PeerProcess {
   PeerProcess() = default;
   PeerProcess(const PeerProcess&) = delete;
   PeerProcess& operator=(const PeerProcess&) = delete;
-  // Destruction kills the child if still running.
+  // Destruction kills the child if still running (Kill).
+  ~PeerProcess() { Kill(); }
 
   Status Start(const std::vector<std::string>& argv);
   // Sends `line` and returns the text after "ok" of the reply; an "error ..." reply or a
@@ -33,6 +34,7 @@ class PeerProcess {
   Result<std::string> Command(const std::string& line, Deadline deadline);
   // Returns the first event line starting with `prefix` (without it).
   Result<std::string> WaitEvent(const std::string& prefix, Deadline deadline);
+  // Kills the child and removes the shm region files it would leave.
   void Kill();
   pid_t pid() const { return process_ ? process_->pid() : -1; }
 
