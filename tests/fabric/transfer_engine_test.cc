@@ -154,6 +154,13 @@ TEST(TransferEngineTest, StripesPagesOverDomainsOfBothSides) {
   }
 }
 
+// The engine's (one) endpoint name as text, without the NUL that shm's fi_getname includes.
+std::string EndpointName(const Side& side) {
+  std::string name = side.engine->address().endpoints.at(0);
+  name.erase(std::find(name.begin(), name.end(), '\0'), name.end());
+  return name;
+}
+
 // shm names an endpoint's region /dev/shm/PID:UID:N (N counts the process's endpoints) and
 // refuses to enable an endpoint whose file exists while the pid in it is alive. That is what a
 // process meets when it gets the pid of a SIGKILLed node whose file was never removed (it failed
@@ -162,8 +169,7 @@ TEST(TransferEngineTest, StripesPagesOverDomainsOfBothSides) {
 TEST(TransferEngineTest, ShmEndpointNameHeldByAStaleRegionIsPassedOver) {
   Side first = MakeSide(1, 64 * 1024);
   ASSERT_NE(first.engine, nullptr);
-  std::string name = first.engine->address().endpoints.at(0);
-  name.erase(std::find(name.begin(), name.end(), '\0'), name.end());
+  const std::string name = EndpointName(first);
   const std::string prefix = "fi_shm://";
   ASSERT_EQ(name.rfind(prefix, 0), 0u) << name;
   const std::string file = name.substr(prefix.size());
@@ -176,8 +182,7 @@ TEST(TransferEngineTest, ShmEndpointNameHeldByAStaleRegionIsPassedOver) {
 
   Side second = MakeSide(1, 64 * 1024);
   ASSERT_NE(second.engine, nullptr) << "the engine after a taken endpoint name did not open";
-  std::string second_name = second.engine->address().endpoints.at(0);
-  second_name.erase(std::find(second_name.begin(), second_name.end(), '\0'), second_name.end());
+  const std::string second_name = EndpointName(second);
   EXPECT_NE(second_name, prefix + taken);
   ::unlink(("/dev/shm/" + taken).c_str());  // libfabric removed it already; in case it did not
 

@@ -36,13 +36,13 @@ class ScriptedPrefill {
     config.provider = provider;
     if (provider == fabric::Provider::kTcp) config.node = "127.0.0.1";
     fabric::TransferEngineHandlers handlers;
-    handlers.on_message = [this](fabric::PeerId, uint64_t instance,
+    handlers.on_message = [this](fabric::PeerId, uint64_t /*instance*/,
                                  std::span<const std::byte> payload) {
       Result<messenger::Message> m = messenger::DecodeMessage(
           std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()));
       if (!m.ok() || !std::holds_alternative<Hello>(*m)) return;
       std::lock_guard lock(mu_);
-      hellos_.push_back({instance, std::get<Hello>(*m)});
+      hellos_.push_back(std::get<Hello>(*m));
       cv_.notify_all();
     };
     auto engine = fabric::TransferEngine::Create(config, std::move(handlers));
@@ -69,7 +69,7 @@ class ScriptedPrefill {
     std::unique_lock lock(mu_);
     cv_.wait_for(lock, std::chrono::milliseconds(deadline_ms), [&] { return hellos_.size() > n; });
     if (hellos_.size() <= n) return std::nullopt;
-    return hellos_[n].hello;
+    return hellos_[n];
   }
 
   // Answers `hello` with a proof of `key` and `node` as this peer's NodeInfo.
@@ -100,13 +100,9 @@ class ScriptedPrefill {
 
  private:
   static constexpr uint64_t kIncarnation = 0x5c417ed;
-  struct Received {
-    uint64_t instance;
-    Hello hello;
-  };
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<Received> hellos_;
+  std::vector<Hello> hellos_;
   std::unique_ptr<fabric::TransferEngine> engine_;
   httplib::Server http_;
   std::thread server_;
