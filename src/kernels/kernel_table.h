@@ -79,26 +79,16 @@ struct KernelTable {
   void (*rms_norm_row)(const float* x, const float* weight, float* out, int dim, float eps);
   void (*apply_rope)(float* x, int heads, int head_dim, const float* cos, const float* sin);
   void (*silu_mul)(const float* gate, const float* up, float* out, int n);
-  // BF16 -> F32 of n values (a page run of the KV cache).
-  void (*widen_bf16)(const uint16_t* src, float* dst, int64_t n);
-  // rows [n][cols] -> dst [cols][stride] (stride: n rounded up to 16); positions n..stride-1
-  // are zero.
-  void (*transpose_rows)(const float* rows, int64_t n, int cols, float* dst, int64_t stride);
-  // `heads` consecutive query heads of one query that share a KV head: softmax(q . K^T * scale)
-  // . V over positions [0, ctx), keys_t [hd][stride], values [ctx][hd]. A score is one lane per
-  // position summing over d in order (FMA); the softmax sum is 16 lanes (position mod 16) and
-  // the lane tree. scores: kMaxGroup * stride floats of scratch.
-  void (*attend_heads)(const float* q, const float* keys_t, int64_t stride, const float* values,
-                       int64_t ctx, int hd, float scale, float* out, float* scores, int heads);
-  // attend_heads for `count` queries of one sequence (a run of a prefill chunk, or a decode
-  // query) and one KV head, reading K and V from the pages as they are: the same values, bit for
-  // bit, without copying the rows out. Keys are widened and transposed a key tile of positions
-  // at a time (the path's own constant: one score vector, 8 positions on avx2, 16 on avx512)
-  // and shared by every query of the run (avx2: a small tile in L1; avx512: in registers, a
-  // block of head_dim at a time). scores: count * heads * stride
-  // floats (stride: the longest ctx rounded up to 16). Required: every path has it (the
-  // copying route, widen_bf16 + transpose_rows + attend_heads, is its reference in
-  // tests/kernels/attend_pages_test.cc).
+  // Attention of `count` queries of one sequence (a run of a prefill chunk, or a decode query)
+  // and one KV head, `heads` query heads each: softmax(q . K^T * scale) . V over positions
+  // [0, ctx) of each query, K and V read from the pages as they are, without copying rows out.
+  // Every path computes the generic path's values bit for bit (kernels_generic.cc spells the
+  // order out: a score sums over d in order with FMA, then is scaled; the softmax maximum and
+  // sum take 16 lanes by position mod 16 and the lane tree; each element of the V sum adds its
+  // positions in order), whatever the run, the page size and the tiles: the SIMD paths widen
+  // and transpose a tile of keys at a time (8 positions on avx2, 16 on avx512) for every query
+  // and head of the run. tests/kernels/attend_pages_test.cc compares each path with generic.
+  // scores: count * heads * stride floats of scratch (stride: the longest ctx rounded up to 16).
   void (*attend_pages)(const PageQuery* queries, int count, const HeadPages& kv, int hd,
                        float scale, int heads, float* scores);
 };
@@ -125,8 +115,5 @@ float SumLaneTree16(const float* v);
 // Pairs of the k dimension and 64-column blocks of a packed matrix.
 int Pairs(int k);
 int ColBlocks(int n);
-
-// Scalar transpose with the contract of KernelTable::transpose_rows.
-void TransposeRowsScalar(const float* rows, int64_t n, int cols, float* dst, int64_t stride);
 
 }  // namespace pdserve::kernels::internal

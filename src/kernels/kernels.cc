@@ -146,14 +146,6 @@ float SumLaneTree16(const float* v) {
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
-void TransposeRowsScalar(const float* rows, int64_t n, int cols, float* dst, int64_t stride) {
-  for (int c = 0; c < cols; ++c) {
-    float* out = dst + c * stride;
-    for (int64_t r = 0; r < n; ++r) out[r] = rows[r * cols + c];
-    std::fill(out + n, out + stride, 0.0f);
-  }
-}
-
 }  // namespace internal
 
 size_t PackedBF16Elements(int n, int k) {

@@ -321,19 +321,6 @@ void ToBF16Run(const float* src, uint16_t* dst, int64_t n) {
   }
 }
 
-void WidenBF16(const uint16_t* src, float* dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    _mm256_storeu_ps(dst + i,
-                     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16)));
-  }
-  for (; i < n; ++i) {
-    const uint32_t bits = uint32_t{src[i]} << 16;
-    std::memcpy(dst + i, &bits, sizeof(bits));
-  }
-}
-
 // An 8 x 8 transpose in registers: v[i] lane j becomes v[j] lane i.
 inline void Transpose8x8(__m256 (&v)[8]) {
   // Pairs of rows interleaved, then pairs of pairs, then the 128-bit halves.
@@ -351,24 +338,6 @@ inline void Transpose8x8(__m256 (&v)[8]) {
   for (int i = 0; i < 4; ++i) {
     v[i] = _mm256_permute2f128_ps(b[i], b[i + 4], 0x20);
     v[i + 4] = _mm256_permute2f128_ps(b[i], b[i + 4], 0x31);
-  }
-}
-
-// rows [n][cols] -> dst [cols][stride] in 8 x 8 blocks (values are copied, so any order gives
-// the same bits); rows past n load as zeros, which fills positions n..stride-1.
-void TransposeRows(const float* rows, int64_t n, int cols, float* dst, int64_t stride) {
-  for (int64_t r0 = 0; r0 < stride; r0 += 8) {
-    for (int c0 = 0; c0 < cols; c0 += 8) {
-      const int64_t live_cols = cols - c0;
-      __m256 v[8];
-      for (int i = 0; i < 8; ++i) {
-        v[i] = r0 + i < n ? LoadTail(rows + (r0 + i) * cols + c0, live_cols) : _mm256_setzero_ps();
-      }
-      Transpose8x8(v);
-      for (int i = 0; i < 8 && i < live_cols; ++i) {
-        _mm256_storeu_ps(dst + (c0 + i) * stride + r0, v[i]);
-      }
-    }
   }
 }
 
@@ -427,12 +396,11 @@ void RmsNormRow(const float* xr, const float* weight, float* yr, int dim, float 
 
 // ---- Attention ----
 //
-// G heads of one query that share a KV head (the avx512 AttendGroup on 8 lanes): scores take 8
-// positions per vector, one lane per position summing over d in order; the softmax sum keeps
-// the 16 lanes of avx512 as two halves; the weighted sum of V rows runs over positions in order
-// for each 8-column chunk of head_dim. Two front ends feed the same steps: AttendHeads reads
-// rows the walker copied out of the pages (K transposed), AttendPages reads the pages in place.
-// Each head's values depend only on its own q and the rows, never on how heads are grouped.
+// The generic path's values on 8 lanes (kernel_table.h): scores take 8 positions per vector,
+// one lane per position summing over d in order; the softmax sum keeps the 16 lanes of avx512
+// as two halves; the weighted sum of V rows runs over positions in order for each 8-column
+// chunk of head_dim. Each head's values depend only on its own q and the rows, never on how
+// heads are grouped.
 
 // Scores of positions [p0, p0 + 8) for G heads: keys [hd][key_stride] holds position p0 + i of
 // row d at keys[d * key_stride + i]. Stores scale * (q . k) to scores[h * stride + p0 + i].
@@ -543,24 +511,6 @@ void StoreOutputs(float (*acc)[16 * internal::kMaxHeadChunks], const float* inv_
 // while every 8-column chunk passes over them.
 constexpr int kValueBlock = 64;
 
-// One group of G heads over rows the walker copied: keys_t [hd][stride], values [ctx][hd].
-template <int G>
-void AttendGroup(const float* q, const float* keys_t, int64_t stride, const float* values,
-                 int64_t ctx, int hd, float scale, float* out, float* scores) {
-  // keys_t and scores rows hold `stride` (a multiple of 16) positions: whole vectors fit.
-  for (int64_t p0 = 0; p0 < ctx; p0 += 8) {
-    ScoreVector<G>(q, keys_t + p0, stride, hd, scale, scores, stride, p0);
-  }
-  float inv_sum[G];
-  for (int h = 0; h < G; ++h) inv_sum[h] = SoftmaxNumerators(scores + h * stride, ctx);
-  alignas(32) float acc[G][16 * internal::kMaxHeadChunks] = {};
-  for (int64_t p0 = 0; p0 < ctx; p0 += kValueBlock) {
-    const RowRun<float> run{values + p0 * hd, Min<int64_t>(ctx - p0, kValueBlock)};
-    AddValueRows<G>(&run, 1, p0, scores, stride, hd, acc);
-  }
-  StoreOutputs(acc, inv_sum, G, hd, out);
-}
-
 // Calls fn(std::integral_constant<int, G>) for G = g (1..kMaxGroup): the accumulators of a
 // group are a template argument, so that they stay in registers.
 template <typename Fn>
@@ -585,18 +535,6 @@ void WithGroup(int g, Fn&& fn) {
   }
 }
 static_assert(kMaxGroup == 8, "WithGroup covers 1..kMaxGroup");
-
-void AttendHeads(const float* q, const float* keys_t, int64_t stride, const float* values,
-                 int64_t ctx, int hd, float scale, float* out, float* scores, int heads) {
-  for (int h = 0; h < heads;) {
-    const int g = Min(kMaxGroup, heads - h);
-    WithGroup(g, [&](auto group) {
-      AttendGroup<group.value>(q + static_cast<size_t>(h) * hd, keys_t, stride, values, ctx, hd,
-                               scale, out + static_cast<size_t>(h) * hd, scores);
-    });
-    h += g;
-  }
-}
 
 #include "kernels/page_rows.inc"
 
@@ -751,9 +689,6 @@ const KernelTable kAvx2Kernels = {
     .rms_norm_row = RmsNormRow,
     .apply_rope = ApplyRope,
     .silu_mul = SiluMul,
-    .widen_bf16 = WidenBF16,
-    .transpose_rows = TransposeRows,
-    .attend_heads = AttendHeads,
     .attend_pages = AttendPages,
 };
 }  // namespace internal

@@ -250,15 +250,6 @@ inline __m512 Exp512(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   return _mm512_scalef_ps(p, n);
 }
-// BF16 -> F32 of n values (a page run of the KV cache), 16 at a time.
-void WidenBF16(const uint16_t* src, float* out, int64_t count) {
-  for (int64_t i = 0; i < count; i += 16) {
-    const __mmask16 mask = TailMask16(static_cast<int>(Min<int64_t>(16, count - i)));
-    const __m256i raw = _mm256_maskz_loadu_epi16(mask, src + i);
-    _mm512_mask_storeu_ps(out + i, mask,
-                          _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16)));
-  }
-}
 
 // One stage of an in-register 16 x 16 transpose: within every 2B x 2B block, swaps the
 // off-diagonal B x B blocks (row i, lanes with bit B set <-> row i + B, lanes with bit B clear).
@@ -282,28 +273,6 @@ inline void TransposeStage(__m512 (&v)[16]) {
   }
 }
 
-// rows [n][cols] (row-major) -> dst [cols][stride] (stride: n rounded up to 16); positions
-// n..stride-1 are zero.
-void TransposeRows(const float* rows, int64_t n, int cols, float* dst, int64_t stride) {
-  for (int64_t r0 = 0; r0 < stride; r0 += 16) {
-    for (int c0 = 0; c0 < cols; c0 += 16) {
-      const __mmask16 col_mask = TailMask16(cols - c0);
-      __m512 v[16];
-      for (int i = 0; i < 16; ++i) {
-        v[i] = r0 + i < n ? _mm512_maskz_loadu_ps(col_mask, rows + (r0 + i) * cols + c0)
-                          : _mm512_setzero_ps();
-      }
-      TransposeStage<8>(v);
-      TransposeStage<4>(v);
-      TransposeStage<2>(v);
-      TransposeStage<1>(v);
-      for (int i = 0; i < 16 && c0 + i < cols; ++i) {
-        _mm512_storeu_ps(dst + (c0 + i) * stride + r0, v[i]);
-      }
-    }
-  }
-}
-
 // scores [0, ctx) -> exp(score - max) in place, 16 positions at a time; returns 1 / their sum
 // (16 lanes by position mod 16, then the lane tree).
 float ExpInPlace(float* sh, int64_t ctx, float max) {
@@ -319,110 +288,13 @@ float ExpInPlace(float* sh, int64_t ctx, float max) {
   return 1.0f / _mm512_reduce_add_ps(vsum);
 }
 
-// Accumulators one AttendGroup may hold (of the 32 zmm registers).
-constexpr int kGroupRegisters = 28;
-constexpr int MaxGroup(int chunks) { return Min(kMaxGroup, kGroupRegisters / chunks); }
-
-// G consecutive query heads of one query (q, out: [G][hd]) that share a KV head:
-// softmax(q . K^T * scale) . V over positions [0, ctx), with K transposed (keys_t [hd][stride])
-// and V row-major (values [ctx][hd]). Scores take 16 positions per vector, one lane per
-// position summing over d in order; one load of K^T[d] or of a V row chunk feeds all G heads.
-// `Chunks` = ceil(hd / 16) and G are template arguments so that the accumulators stay in
-// registers. scores: G * stride floats of scratch.
-template <int G, int Chunks>
-void AttendGroup(const float* q, const float* keys_t, int64_t stride, const float* values,
-                 int64_t ctx, int hd, float scale, float* out, float* scores) {
-  static_assert(G * Chunks <= kGroupRegisters);
-  const __m512 vscale = _mm512_set1_ps(scale);
-  __m512 vmax[G];
-  for (int h = 0; h < G; ++h) vmax[h] = _mm512_set1_ps(-__builtin_inff());
-  for (int64_t p0 = 0; p0 < ctx; p0 += 16) {
-    __m512 acc[G];
-    for (int h = 0; h < G; ++h) acc[h] = _mm512_setzero_ps();
-    for (int d = 0; d < hd; ++d) {
-      const __m512 k = _mm512_loadu_ps(keys_t + d * stride + p0);
-      for (int h = 0; h < G; ++h) {
-        acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h * hd + d]), k, acc[h]);
-      }
-    }
-    const __mmask16 mask = TailMask16(static_cast<int>(Min<int64_t>(16, ctx - p0)));
-    for (int h = 0; h < G; ++h) {
-      const __m512 s = _mm512_mul_ps(acc[h], vscale);
-      _mm512_mask_storeu_ps(scores + h * stride + p0, mask, s);
-      vmax[h] = _mm512_mask_max_ps(vmax[h], mask, vmax[h], s);
-    }
-  }
-  // Softmax numerators and their sums, 16 positions at a time.
-  float inv_sum[G];
-  for (int h = 0; h < G; ++h) {
-    inv_sum[h] = ExpInPlace(scores + h * stride, ctx, _mm512_reduce_max_ps(vmax[h]));
-  }
-  // Weighted sum of V rows, in position order.
-  __m512 acc[G][Chunks];
-  for (int h = 0; h < G; ++h)
-    for (int c = 0; c < Chunks; ++c) acc[h][c] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < ctx; ++p) {
-    const float* v = values + p * hd;
-    for (int c = 0; c < Chunks; ++c) {
-      const __m512 vc = _mm512_maskz_loadu_ps(TailMask16(hd - 16 * c), v + 16 * c);
-      for (int h = 0; h < G; ++h) {
-        acc[h][c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[h * stride + p]), vc, acc[h][c]);
-      }
-    }
-  }
-  for (int h = 0; h < G; ++h) {
-    const __m512 vinv = _mm512_set1_ps(inv_sum[h]);
-    for (int c = 0; c < Chunks; ++c) {
-      _mm512_mask_storeu_ps(out + h * hd + 16 * c, TailMask16(hd - 16 * c),
-                            _mm512_mul_ps(acc[h][c], vinv));
-    }
-  }
-}
-
-using AttendGroupFn = void (*)(const float*, const float*, int64_t, const float*, int64_t, int,
-                               float, float*, float*);
-template <int G, int Chunks>
-constexpr AttendGroupFn GroupFn() {
-  if constexpr (G * Chunks <= kGroupRegisters) {
-    return &AttendGroup<G, Chunks>;
-  } else {
-    return nullptr;
-  }
-}
-template <int Chunks, size_t... G>
-constexpr Array<AttendGroupFn, kMaxGroup + 1> GroupRow(std::index_sequence<G...>) {
-  return {nullptr, GroupFn<static_cast<int>(G) + 1, Chunks>()...};
-}
-// kAttendGroup[chunks][g]: null where g * chunks exceeds the registers.
-template <size_t... C>
-constexpr Array<Array<AttendGroupFn, kMaxGroup + 1>, kMaxHeadChunks + 1> GroupTable(
-    std::index_sequence<C...>) {
-  return {Array<AttendGroupFn, kMaxGroup + 1>{},
-          GroupRow<static_cast<int>(C) + 1>(std::make_index_sequence<kMaxGroup>())...};
-}
-
-// The heads of one GQA group, as many at a time as fit the registers.
-void AttendHeads(const float* q, const float* keys_t, int64_t stride, const float* values,
-                 int64_t ctx, int hd, float scale, float* out, float* scores, int heads) {
-  static constexpr auto kAttendGroup = GroupTable(std::make_index_sequence<kMaxHeadChunks>());
-  const int chunks = (hd + 15) / 16;
-  const int max_group = MaxGroup(chunks);
-  for (int h = 0; h < heads;) {
-    const int g = Min(max_group, heads - h);
-    kAttendGroup[chunks][g](q + static_cast<size_t>(h) * hd, keys_t, stride, values, ctx, hd, scale,
-                            out + static_cast<size_t>(h) * hd, scores);
-    h += g;
-  }
-}
-
 // ---- Attention straight from the pages (KernelTable::attend_pages) ----
 //
-// The values of AttendGroup over the copied rows, bit for bit: a score is one lane per position
+// The generic path's values, bit for bit (kernel_table.h): a score is one lane per position
 // summing q . k over d in order (FMA) and then scaled; the softmax maximum and sum take 16 lanes
 // (position mod 16) and the lane tree; each element of the V sum adds its positions in order.
-// Only where the rows come from differs: K is transposed 16 positions at a time in registers
-// (a block of head_dim at a time) that every query and head of the run use, widened as it is
-// used, and V rows are widened as they load.
+// K is transposed 16 positions at a time in registers (a block of head_dim at a time) that every
+// query and head of the run use, widened as it is used, and V rows are widened as they load.
 
 // Positions per key tile: one 16-lane score vector (the avx2 path's tile holds 8, its width).
 constexpr int kKeyTile = 16;
@@ -572,8 +444,8 @@ void TileScores(const Elem* const* rows, const internal::PageQuery* queries, int
   }
 }
 
-// Turns the scores [0, ctx) of one head into softmax numerators in place, as AttendGroup does;
-// returns 1 / their sum.
+// Turns the scores [0, ctx) of one head into softmax numerators in place; returns 1 / their
+// sum.
 float SoftmaxNumerators(float* sh, int64_t ctx) {
   __m512 vmax = _mm512_set1_ps(-__builtin_inff());
   for (int64_t p = 0; p < ctx; p += 16) {
@@ -782,9 +654,6 @@ const KernelTable kAvx512Kernels = {
     .rms_norm_row = RmsNormRow,
     .apply_rope = ApplyRope,
     .silu_mul = SiluMul,
-    .widen_bf16 = WidenBF16,
-    .transpose_rows = TransposeRows,
-    .attend_heads = AttendHeads,
     .attend_pages = AttendPages,
 };
 }  // namespace internal

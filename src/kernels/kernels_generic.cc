@@ -106,10 +106,6 @@ void SiluMul(const float* gate, const float* up, float* out, int n) {
   }
 }
 
-void WidenBF16(const uint16_t* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = BF16ToF32(src[i]);
-}
-
 // A K or V row of head_dim elements, `step` apart, as floats.
 template <typename Elem>
 struct RowOf {
@@ -150,18 +146,6 @@ void AttendHead(const float* q, KeyAt key, ValueAt value, int64_t ctx, int hd, f
     for (int d = 0; d < hd; ++d) acc[d] = std::fma(scores[p], v[d], acc[d]);
   }
   for (int d = 0; d < hd; ++d) out[d] = acc[d] * inv_sum;
-}
-
-// Over rows the walker copied: keys_t [hd][stride], values [ctx][hd].
-void AttendHeads(const float* q, const float* keys_t, int64_t stride, const float* values,
-                 int64_t ctx, int hd, float scale, float* out, float* scores, int heads) {
-  static_assert(kMaxGroup >= 1);
-  auto key = [&](int64_t p) { return RowOf<float>{keys_t + p, stride}; };
-  auto value = [&](int64_t p) { return RowOf<float>{values + p * hd, 1}; };
-  for (int h = 0; h < heads; ++h) {
-    AttendHead(q + static_cast<size_t>(h) * hd, key, value, ctx, hd, scale,
-               out + static_cast<size_t>(h) * hd, scores);
-  }
 }
 
 // Straight from the pages, each query and head on its own (the values do not depend on how
@@ -206,9 +190,6 @@ const KernelTable kGenericKernels = {
     .rms_norm_row = RmsNormRow,
     .apply_rope = ApplyRope,
     .silu_mul = SiluMul,
-    .widen_bf16 = WidenBF16,
-    .transpose_rows = TransposeRowsScalar,
-    .attend_heads = AttendHeads,
     .attend_pages = AttendPages,
 };
 }  // namespace internal

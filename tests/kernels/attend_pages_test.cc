@@ -1,10 +1,10 @@
-// KernelTable::attend_pages (kernels/kernel_table.h) against the route it replaces, on every
-// kernel path compiled in: the rows copied out of the pages as floats (widen_bf16), K
-// transposed (transpose_rows), then attend_heads per query. The contract is "the same values,
-// bit for bit", so the test compares raw bits, for runs of queries of different lengths, page
-// sizes that straddle a key tile or hold several, head sizes with row tails and GQA groups
-// larger than the registers hold, an odd head size. It calls the path's table directly (this is the
-// kernels' own test): PagedAttention runs only attend_pages.
+// KernelTable::attend_pages (kernels/kernel_table.h) of every kernel path compiled in against
+// the generic path's, called for one query at a time. The contract is "the generic path's
+// values, bit for bit, however the queries are grouped into runs", so the test compares raw
+// bits, for runs of queries of different lengths, page sizes that straddle a key tile or hold
+// several, head sizes with row tails and GQA groups larger than the registers hold, an odd head
+// size. On the generic path itself it checks that a run gives each query's own values. It calls
+// the tables directly (this is the kernels' own test).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -98,26 +98,8 @@ Pages MakePages(const std::vector<float>& rows, int64_t ctx, int hd, int page_to
   return out;
 }
 
-// The copying route for one KV head: rows [ctx][hd] as floats, as the walker once gathered them.
-std::vector<float> CopyRows(const internal::KernelTable& path, const Pages& pages, int64_t ctx,
-                            int hd, int page_tokens, bool bf16) {
-  std::vector<float> rows(static_cast<size_t>(ctx) * hd);
-  for (int64_t p0 = 0, i = 0; p0 < ctx; p0 += page_tokens, ++i) {
-    const int64_t count = std::min<int64_t>(page_tokens, ctx - p0) * hd;
-    if (bf16) {
-      path.widen_bf16(static_cast<const uint16_t*>(pages.table[i]), &rows[p0 * hd], count);
-    } else {
-      std::memcpy(&rows[p0 * hd], pages.table[i], sizeof(float) * count);
-    }
-  }
-  return rows;
-}
-
-TEST_P(AttendPagesTest, EqualsTheCopyingRouteBitForBit) {
+TEST_P(AttendPagesTest, EqualsTheGenericPathOneQueryAtATimeBitForBit) {
   const internal::KernelTable& path = internal::Active();
-  if (path.attend_pages == nullptr) {
-    GTEST_SKIP() << "PATH " << path.name << " HAS NO attend_pages: PagedAttention copies";
-  }
   const PagesShape& s = std::get<1>(GetParam());
   const int hd = s.head_dim;
   int64_t ctx = 0;
@@ -149,21 +131,17 @@ TEST_P(AttendPagesTest, EqualsTheCopyingRouteBitForBit) {
                                .bf16 = s.bf16};
   path.attend_pages(run.data(), count, kv, hd, scale, s.heads, scores.data());
 
-  // The copy: K transposed over the run's longest context, each query its own prefix.
-  const std::vector<float> k_rows = CopyRows(path, k_pages, ctx, hd, s.page_tokens, s.bf16);
-  const std::vector<float> v_rows = CopyRows(path, v_pages, ctx, hd, s.page_tokens, s.bf16);
-  std::vector<float> keys_t(static_cast<size_t>(stride) * hd);
-  path.transpose_rows(k_rows.data(), ctx, hd, keys_t.data(), stride);
+  // The generic path, each query on its own (no key tile shared with another query).
   std::vector<float> want(count * q_floats, -2.0f);
-  std::vector<float> head_scores(static_cast<size_t>(stride) * internal::kMaxGroup);
   for (int r = 0; r < count; ++r) {
-    path.attend_heads(&q[r * q_floats], keys_t.data(), stride, v_rows.data(), s.contexts[r], hd,
-                      scale, &want[r * q_floats], head_scores.data(), s.heads);
+    internal::PageQuery one = run[r];
+    one.out = &want[r * q_floats];
+    internal::kGenericKernels.attend_pages(&one, 1, kv, hd, scale, s.heads, scores.data());
   }
   for (size_t i = 0; i < want.size(); ++i) {
     ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0)
         << "query " << i / q_floats << " head " << i % q_floats / hd << " element " << i % hd
-        << ": pages " << got[i] << ", copy " << want[i];
+        << ": " << path.name << " " << got[i] << ", generic " << want[i];
   }
 }
 
