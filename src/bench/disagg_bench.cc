@@ -72,7 +72,7 @@ Result<std::unique_ptr<Nodes>> StartNodes(const DisaggBenchOptions& o) {
   m.fabric.pin_progress_threads = false;  // as `pdserve serve` does
   m.cluster_key = "pdserve-bench-disagg";
   m.model_fingerprint = fingerprint;
-  m.kernel_path = std::string(kernels::ActivePath());
+  m.kernel_path = kernels::ArithmeticIdentity();
   m.prefill_timeout = std::chrono::seconds(o.timeout_s);
   // Long prefills on a loaded machine must not look like a dead peer.
   m.peer_timeout = std::chrono::seconds(30);

@@ -104,7 +104,7 @@ Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFla
                                    " needs a cluster secret: --cluster-key or PDSERVE_CLUSTER_KEY");
   }
   options.model_fingerprint = fingerprint;
-  options.kernel_path = std::string(kernels::ActivePath());
+  options.kernel_path = kernels::ArithmeticIdentity();
   options.heartbeat_interval = std::chrono::milliseconds(flags.heartbeat_ms);
   options.peer_timeout = std::chrono::milliseconds(flags.peer_timeout_ms);
   options.handshake_timeout = std::chrono::milliseconds(flags.peer_timeout_ms);

@@ -245,6 +245,10 @@ std::vector<std::string_view> SupportedPaths() {
 
 std::string_view ActivePath() { return internal::Active().name; }
 
+std::string ArithmeticIdentity() {
+  return std::string(ActivePath()) + " r" + std::to_string(kArithmeticRevision);
+}
+
 Status SelectPath(std::string_view name) {
   MutexLock lock(&g_mutex);
   return SelectLocked(name, HowFromName(name, false));

@@ -28,6 +28,13 @@ std::vector<std::string_view> SupportedPaths();
 // extended with the base path for "amx-model" ("amx-model+avx2").
 std::string_view ActivePath();
 
+// The revision of the kernels' arithmetic: raised whenever a path computes other bits for the
+// same inputs, so that nodes built before and after (whose tokens would differ) refuse to pair.
+// 2 (session 11): attention over a BF16 cache takes BF16 dot products (kernel_table.h).
+inline constexpr int kArithmeticRevision = 2;
+// What two nodes that exchange KV compare: the active path and the revision, "avx512 r2".
+std::string ArithmeticIdentity();
+
 // Makes `name` the active path. "auto" or "" selects the best supported path. Errors:
 // InvalidArgument for an unknown name, FailedPrecondition naming the CPU features missing
 // for a path this CPU cannot run.

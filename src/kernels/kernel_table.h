@@ -50,12 +50,22 @@ struct HeadPages {
   bool bf16;  // else F32
 };
 // One query of a run: its query heads that share the KV head (q, out: [heads][head_dim]) attend
-// to positions [0, ctx).
+// to positions [0, ctx). Over a BF16 cache the scores are BF16 dot products (vdpbf16ps on
+// avx512), so q is taken rounded to BF16 (RoundQueryHeads): q holds the rounded values as
+// floats, q_bf16 the same values as BF16, [heads][QueryPairs(head_dim) * 2], each head's odd
+// tail padded with a zero. Over an F32 cache q is as computed and q_bf16 unused.
 struct PageQuery {
   const float* q;
+  const uint16_t* q_bf16;
   float* out;
   int64_t ctx;
 };
+// Pairs of head_dim in a row of PageQuery::q_bf16: (hd + 1) / 2.
+int QueryPairs(int hd);
+// `heads` rows of head_dim values of q -> rounded (floats) and pairs (PageQuery::q_bf16): round
+// to nearest even, and a value that rounds to a BF16 denormal becomes a zero of its sign (the
+// instruction treats denormal inputs as zero; so does every path, by never seeing one).
+void RoundQueryHeads(const float* q, int heads, int hd, float* rounded, uint16_t* pairs);
 
 // One kernel path: the ISA-specific pieces behind the public functions of kernels.h. The
 // walkers, packing and scratch management that do not depend on the ISA live in kernels.cc.
@@ -82,12 +92,15 @@ struct KernelTable {
   // Attention of `count` queries of one sequence (a run of a prefill chunk, or a decode query)
   // and one KV head, `heads` query heads each: softmax(q . K^T * scale) . V over positions
   // [0, ctx) of each query, K and V read from the pages as they are, without copying rows out.
-  // Every path computes the generic path's values bit for bit (kernels_generic.cc spells the
-  // order out: a score sums over d in order with FMA, then is scaled; the softmax maximum and
-  // sum take 16 lanes by position mod 16 and the lane tree; each element of the V sum adds its
-  // positions in order), whatever the run, the page size and the tiles: the SIMD paths widen
-  // and transpose a tile of keys at a time (8 positions on avx2, 16 on avx512) for every query
-  // and head of the run. tests/kernels/attend_pages_test.cc compares each path with generic.
+  // Every path computes the generic path's values bit for bit, whatever the run, the page size
+  // and the tiles (kernels_generic.cc's AttendHead spells the order out). A score sums over d
+  // with FMA, then is scaled; the softmax maximum and sum take 16 lanes by position mod 16 and
+  // the lane tree; each element of the V sum adds its positions in order. Over a BF16 cache
+  // both products are BF16 dot products, as vdpbf16ps computes them: q and the softmax
+  // numerators are rounded to BF16, and the sums go pair by pair (elements d, d + 1 of a score;
+  // positions p, p + 1 of the V sum), the odd one's product first. The SIMD paths transpose a
+  // tile of keys at a time (8 positions on avx2, 16 on avx512) for every query and head of the
+  // run. tests/kernels/attend_pages_test.cc compares each path with generic.
   // scores: count * heads * stride floats of scratch (stride: the longest ctx rounded up to 16).
   void (*attend_pages)(const PageQuery* queries, int count, const HeadPages& kv, int hd,
                        float scale, int heads, float* scores);

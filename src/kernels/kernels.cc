@@ -101,6 +101,8 @@ void PageAttention(std::span<const AttentionQuery> queries, const KvCache& cache
     // Per thread, kept across calls: the pages' K and V rows of one KV head, and the scores.
     thread_local std::vector<const void*> k_pages, v_pages;
     thread_local std::vector<float> scores;
+    thread_local std::vector<float> q_rounded;
+    thread_local std::vector<uint16_t> q_pairs;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < work; ++i) {
       const auto [first, last] = runs[i / kv_heads];
@@ -119,14 +121,30 @@ void PageAttention(std::span<const AttentionQuery> queries, const KvCache& cache
       if (scores.size() < score_floats) scores.resize(score_floats);
       internal::PageQuery run[kPageRun];
       const size_t h = static_cast<size_t>(kv_head) * group * hd;
-      for (size_t q = first; q < last; ++q) {
-        run[q - first] = {
-            .q = queries[q].q + h, .out = queries[q].out + h, .ctx = queries[q].context_len};
-      }
       const internal::HeadPages kv{.k = k_pages.data(),
                                    .v = v_pages.data(),
                                    .page_tokens = layout.page_tokens,
                                    .bf16 = layout.dtype == DType::kBF16};
+      const size_t rounded_floats = static_cast<size_t>(group) * hd;
+      const size_t pair_values = static_cast<size_t>(group) * 2 * internal::QueryPairs(hd);
+      if (kv.bf16) {
+        q_rounded.resize((last - first) * rounded_floats);
+        q_pairs.resize((last - first) * pair_values);
+      }
+      for (size_t q = first; q < last; ++q) {
+        internal::PageQuery& one = run[q - first];
+        one = {.q = queries[q].q + h,
+               .q_bf16 = nullptr,
+               .out = queries[q].out + h,
+               .ctx = queries[q].context_len};
+        if (kv.bf16) {
+          float* rounded = &q_rounded[(q - first) * rounded_floats];
+          uint16_t* pairs = &q_pairs[(q - first) * pair_values];
+          internal::RoundQueryHeads(one.q, group, hd, rounded, pairs);
+          one.q = rounded;
+          one.q_bf16 = pairs;
+        }
+      }
       path.attend_pages(run, static_cast<int>(last - first), kv, hd, scale, group, scores.data());
     }
   }
@@ -138,6 +156,22 @@ namespace internal {
 
 int Pairs(int k) { return (k + 1) / 2; }
 int ColBlocks(int n) { return (n + kBlockCols - 1) / kBlockCols; }
+int QueryPairs(int hd) { return (hd + 1) / 2; }
+
+void RoundQueryHeads(const float* q, int heads, int hd, float* rounded, uint16_t* pairs) {
+  const int row = 2 * QueryPairs(hd);
+  for (int h = 0; h < heads; ++h) {
+    for (int d = 0; d < row; ++d) {
+      uint16_t b = 0;
+      if (d < hd) {
+        b = F32ToBF16(q[h * hd + d]);
+        if ((b & 0x7f80) == 0) b &= 0x8000;  // zero or denormal: a zero of its sign
+        rounded[h * hd + d] = BF16ToF32(b);
+      }
+      pairs[h * row + d] = b;
+    }
+  }
+}
 
 float SumLaneTree16(const float* v) {
   float s8[8], s4[4];

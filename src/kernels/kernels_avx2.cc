@@ -404,16 +404,29 @@ void RmsNormRow(const float* xr, const float* weight, float* yr, int dim, float 
 
 // Scores of positions [p0, p0 + 8) for G heads: keys [hd][key_stride] holds position p0 + i of
 // row d at keys[d * key_stride + i]. Stores scale * (q . k) to scores[h * stride + p0 + i].
-template <int G>
+// kPairs (a BF16 cache): d goes pair by pair, odd element first, a missing one adding 0 x 0.
+template <int G, bool kPairs>
 void ScoreVector(const float* q, const float* keys, int64_t key_stride, int hd, float scale,
                  float* scores, int64_t stride, int64_t p0) {
   __m256 acc[G];
   for (int h = 0; h < G; ++h) acc[h] = _mm256_setzero_ps();
-  for (int d = 0; d < hd; ++d) {
+  auto add_column = [&](int d) {
     const __m256 k = _mm256_loadu_ps(keys + d * key_stride);
     for (int h = 0; h < G; ++h) {
       acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(q[h * hd + d]), k, acc[h]);
     }
+  };
+  if constexpr (kPairs) {
+    for (int d = 0; d < hd; d += 2) {
+      if (d + 1 < hd) {
+        add_column(d + 1);
+      } else {
+        for (int h = 0; h < G; ++h) acc[h] = _mm256_add_ps(acc[h], _mm256_setzero_ps());
+      }
+      add_column(d);
+    }
+  } else {
+    for (int d = 0; d < hd; ++d) add_column(d);
   }
   const __m256 vscale = _mm256_set1_ps(scale);
   for (int h = 0; h < G; ++h) {
@@ -424,6 +437,9 @@ void ScoreVector(const float* q, const float* keys, int64_t key_stride, int hd, 
 // Turns scores [0, ctx) of one head into softmax numerators in place; returns 1 / their sum.
 // The maximum takes 8 lanes (position mod 8) in position order, then the lanes in order; the
 // sum 16 lanes (position mod 16) and the lane tree.
+// kWeightsBF16 (a BF16 cache): each numerator rounded to BF16 (nearest even; a denormal result
+// flushed to +0) before it is stored and summed, as the generic path's WeightBF16.
+template <bool kWeightsBF16>
 float SoftmaxNumerators(float* sh, int64_t ctx) {
   __m256 vmax = _mm256_set1_ps(-__builtin_inff());
   for (int64_t p = 0; p < ctx; p += 8) {
@@ -438,7 +454,17 @@ float SoftmaxNumerators(float* sh, int64_t ctx) {
   __m256 vsum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t p = 0; p < ctx; p += 8) {
     const __m256 live = _mm256_castsi256_ps(TailMask8(ctx - p));
-    const __m256 e = _mm256_and_ps(Exp256(_mm256_sub_ps(_mm256_loadu_ps(sh + p), vm)), live);
+    __m256 e = Exp256(_mm256_sub_ps(_mm256_loadu_ps(sh + p), vm));
+    if constexpr (kWeightsBF16) {  // e > 0 and finite: no NaN case
+      const __m256i u = _mm256_castps_si256(e);
+      const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+      __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+      r = _mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
+      // Positive: a denormal (exponent 0) is below 0x00800000 as a signed integer too.
+      const __m256i normal = _mm256_cmpgt_epi32(r, _mm256_set1_epi32(0x007fffff));
+      e = _mm256_castsi256_ps(_mm256_and_si256(r, normal));
+    }
+    e = _mm256_and_ps(e, live);
     _mm256_storeu_ps(sh + p, e);
     vsum[(p / 8) % 2] = _mm256_add_ps(vsum[(p / 8) % 2], e);
   }
@@ -460,34 +486,36 @@ inline __m256 LoadRow8(const uint16_t* at, int live) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
 }
 
-// Consecutive V rows of one page: `count` rows of head_dim elements from `row` on.
-template <typename Elem>
-struct RowRun {
-  const Elem* row;
-  int64_t count;
-};
-
-// acc[h][0, hd) += sum over the rows of scores[h * stride + p] * row p, position by position,
-// for the positions p0, p0 + 1, ... of the rows in `runs` (G heads; acc rows of
-// 16 * kMaxHeadChunks floats, 32-byte aligned). Between 8-column chunks the accumulators wait in
-// acc (storing a float changes nothing), so the caller may split the positions into blocks
-// that stay in L1 across the chunks.
-template <int G, typename Elem>
-void AddValueRows(const RowRun<Elem>* runs, int num_runs, int64_t p0, const float* scores,
-                  int64_t stride, int hd, float (*acc)[16 * internal::kMaxHeadChunks]) {
+// acc[h][0, hd) += the weighted sum of the V rows rows[0, n) (positions p0, p0 + 1, ...;
+// weights scores[h * stride + p0 + i]), G heads; acc rows of 16 * kMaxHeadChunks floats,
+// 32-byte aligned. In position order, or (kPairs, a BF16 cache; p0 even) pair by pair, the odd
+// position first, a missing odd position (n odd: the end of the context) adding 0 x 0. Between
+// 8-column chunks the accumulators wait in acc (storing a float changes nothing), so the caller
+// may split the positions into blocks that stay in L1 across the chunks.
+template <int G, bool kPairs, typename Elem>
+void AddValueRows(const Elem* const* rows, int n, int64_t p0, const float* scores, int64_t stride,
+                  int hd, float (*acc)[16 * internal::kMaxHeadChunks]) {
   const float* sh[G];
   for (int h = 0; h < G; ++h) sh[h] = scores + h * stride + p0;
   auto chunk = [&](int c, auto full) {
     const int live = full.value ? 8 : hd - c;
     __m256 a[G];
     for (int h = 0; h < G; ++h) a[h] = _mm256_load_ps(acc[h] + c);
-    int64_t i = 0;  // position within the block
-    for (int r = 0; r < num_runs; ++r) {
-      const Elem* row = runs[r].row + c;
-      for (const int64_t end = i + runs[r].count; i < end; ++i, row += hd) {
-        const __m256 vc = LoadRow8(row, live);
-        for (int h = 0; h < G; ++h) a[h] = _mm256_fmadd_ps(_mm256_set1_ps(sh[h][i]), vc, a[h]);
+    auto add_row = [&](int i) {
+      const __m256 vc = LoadRow8(rows[i] + c, live);
+      for (int h = 0; h < G; ++h) a[h] = _mm256_fmadd_ps(_mm256_set1_ps(sh[h][i]), vc, a[h]);
+    };
+    if constexpr (kPairs) {
+      for (int i = 0; i < n; i += 2) {
+        if (i + 1 < n) {
+          add_row(i + 1);
+        } else {
+          for (int h = 0; h < G; ++h) a[h] = _mm256_add_ps(a[h], _mm256_setzero_ps());
+        }
+        add_row(i);
       }
+    } else {
+      for (int i = 0; i < n; ++i) add_row(i);
     }
     for (int h = 0; h < G; ++h) _mm256_store_ps(acc[h] + c, a[h]);
   };
@@ -624,16 +652,17 @@ void AttendPagesOf(const internal::PageQuery* queries, int count, const internal
       for (int h = 0; h < heads;) {
         const int g = Min(kMaxGroup, heads - h);
         WithGroup(g, [&](auto group) {
-          ScoreVector<group.value>(queries[r].q + h * hd, tile, 8, hd, scale, sr + h * stride,
-                                   stride, p0);
+          ScoreVector<group.value, sizeof(Elem) == sizeof(uint16_t)>(
+              queries[r].q + h * hd, tile, 8, hd, scale, sr + h * stride, stride, p0);
         });
         h += g;
       }
     }
   }
   // Softmax and the weighted V sum, per query and group of heads, V in blocks of positions.
+  constexpr bool kBF16 = sizeof(Elem) == sizeof(uint16_t);
   alignas(32) float acc[kMaxGroup][16 * internal::kMaxHeadChunks];
-  RowRun<Elem> runs[kValueBlock];  // a block's pages
+  const Elem* rows[kValueBlock];
   for (int r = 0; r < count; ++r) {
     const int64_t qctx = queries[r].ctx;
     for (int h = 0; h < heads;) {
@@ -641,24 +670,18 @@ void AttendPagesOf(const internal::PageQuery* queries, int count, const internal
       const float* sh = scores + (static_cast<int64_t>(r) * heads + h) * stride;
       float inv_sum[kMaxGroup];
       for (int i = 0; i < g; ++i) {
-        inv_sum[i] =
-            SoftmaxNumerators(scores + (static_cast<int64_t>(r) * heads + h + i) * stride, qctx);
+        inv_sum[i] = SoftmaxNumerators<kBF16>(
+            scores + (static_cast<int64_t>(r) * heads + h + i) * stride, qctx);
         std::memset(acc[i], 0, sizeof(acc[i]));
       }
-      // Blocks of whole pages: kValueBlock positions or more (at least one page).
-      for (int64_t p0 = 0, page = 0; p0 < qctx;) {
-        int num_runs = 0;
-        int64_t p1 = p0;
-        while (p1 < qctx && p1 - p0 < kValueBlock) {
-          const int64_t rows = Min<int64_t>(kv.page_tokens, qctx - p1);
-          runs[num_runs++] = {static_cast<const Elem*>(kv.v[page++]), rows};
-          p1 += rows;
-        }
-        PrefetchRows<Elem>(kv.v, kv.page_tokens, hd, p1, Min(qctx, p1 + kValueBlock));
+      PageCursor<Elem> cursor(kv.v, kv.page_tokens, hd, 0);
+      for (int64_t p0 = 0; p0 < qctx; p0 += kValueBlock) {
+        const int n = static_cast<int>(Min<int64_t>(kValueBlock, qctx - p0));
+        for (int i = 0; i < n; ++i) rows[i] = cursor.Next();
+        PrefetchRows<Elem>(kv.v, kv.page_tokens, hd, p0 + n, Min(qctx, p0 + n + kValueBlock));
         WithGroup(g, [&](auto group) {
-          AddValueRows<group.value>(runs, num_runs, p0, sh, stride, hd, acc);
+          AddValueRows<group.value, kBF16>(rows, n, p0, sh, stride, hd, acc);
         });
-        p0 = p1;
       }
       StoreOutputs(acc, inv_sum, g, hd, queries[r].out + h * hd);
       h += g;

@@ -38,8 +38,9 @@ struct Array {
 };
 
 inline __mmask16 TailMask16(int remaining) {
-  return remaining >= 16 ? static_cast<__mmask16>(0xffff)
-                         : static_cast<__mmask16>((1u << remaining) - 1);
+  return remaining >= 16  ? static_cast<__mmask16>(0xffff)
+         : remaining <= 0 ? static_cast<__mmask16>(0)
+                          : static_cast<__mmask16>((1u << remaining) - 1);
 }
 
 // Horizontal sums of 16 vectors at once: lane i of the result is the sum of the lanes of v[i].
@@ -274,13 +275,24 @@ inline void TransposeStage(__m512 (&v)[16]) {
 }
 
 // scores [0, ctx) -> exp(score - max) in place, 16 positions at a time; returns 1 / their sum
-// (16 lanes by position mod 16, then the lane tree).
+// (16 lanes by position mod 16, then the lane tree). kWeightsBF16: each numerator rounded to
+// BF16 (nearest even; a denormal result flushed to +0) before it is stored and summed, as the
+// generic path's WeightBF16.
+template <bool kWeightsBF16>
 float ExpInPlace(float* sh, int64_t ctx, float max) {
   const __m512 vm = _mm512_set1_ps(max);
   __m512 vsum = _mm512_setzero_ps();
   for (int64_t p = 0; p < ctx; p += 16) {
     const __mmask16 mask = TailMask16(static_cast<int>(Min<int64_t>(16, ctx - p)));
     __m512 e = Exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, sh + p), vm));
+    if constexpr (kWeightsBF16) {  // e > 0 and finite: no NaN case
+      const __m512i u = _mm512_castps_si512(e);
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+      __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+      r = _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+      const __mmask16 normal = _mm512_cmpge_epu32_mask(r, _mm512_set1_epi32(0x00800000));
+      e = _mm512_castsi512_ps(_mm512_maskz_mov_epi32(normal, r));
+    }
     e = _mm512_maskz_mov_ps(mask, e);
     _mm512_mask_storeu_ps(sh + p, mask, e);
     vsum = _mm512_add_ps(vsum, e);
@@ -330,13 +342,14 @@ inline void Transpose16x16(__m512 (&v)[16]) {
 }
 
 // Scores straight from the K rows: a block of the rows' columns is loaded and transposed in
-// registers (BF16: 16 x 16 32-bit words, 32 elements of head_dim, widened as they are used;
-// F32: 16 elements), and every query and head of the run multiplies it while it is there, so
-// the transposed keys never go through memory. Across blocks a score's sum waits in the
-// scores array (storing a float changes nothing): the sum over d stays in order.
+// registers (BF16: 16 x 16 32-bit words, 16 pairs of head_dim, as vdpbf16ps takes them; F32:
+// 16 elements), and every query and head of the run multiplies it while it is there, so the
+// transposed keys never go through memory. Across blocks a score's sum waits in the scores
+// array (storing a float changes nothing): the sum over d stays in order.
 
 // rows[0, 16) -> v[w] lane i: 32-bit word w of row i's block at element c0 (BF16: elements
-// c0 + 2w, c0 + 2w + 1; F32: element c0 + w). `mask` covers the block's live elements.
+// c0 + 2w, c0 + 2w + 1; F32: element c0 + w). `mask` covers the block's live elements; the
+// others are zeros.
 inline void LoadBlockBF16(const uint16_t* const* rows, int c0, __mmask32 mask, __m512 (&v)[16]) {
   for (int r = 0; r < 16; ++r) {
     v[r] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mask, rows[r] + c0));
@@ -348,45 +361,46 @@ inline void LoadBlockF32(const float* const* rows, int c0, __mmask16 mask, __m51
   Transpose16x16(v);
 }
 
-// Element d0 + e of the block's keys for 16 positions: BF16 word e / 2, low half (even e,
-// shifted up) or high half (odd e, low half cleared); F32 vector e.
-template <typename Elem>
-[[gnu::always_inline]] inline __m512 KeyColumn(const __m512 (&v)[16], int e) {
-  if constexpr (sizeof(Elem) == sizeof(uint16_t)) {
-    const __m512i word = _mm512_castps_si512(v[e / 2]);
-    return _mm512_castsi512_ps(
-        e % 2 == 0 ? _mm512_slli_epi32(word, 16)
-                   : _mm512_and_si512(word, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
-  } else {
-    return v[e];
-  }
-}
-
-// G heads (q [G][hd]) over the block's `live` elements from d0: scores[h * stride, + 16)
-// holds head h's sums so far (`first`: none yet); on the `last` block they are scaled.
+// One query's G heads over the block's `live` elements from d0: scores[h * stride, + 16) holds
+// head h's sums so far (`first`: none yet); on the `last` block they are scaled. q: the heads'
+// rows (BF16: PageQuery::q_bf16, rows of `row` values; F32: PageQuery::q, rows of hd).
 template <typename Elem, int G, bool kFull>
-[[gnu::always_inline]] inline void BlockScores(const __m512 (&v)[16], int live, const float* q,
-                                               int hd, int d0, float* scores, int64_t stride,
+[[gnu::always_inline]] inline void BlockScores(const __m512 (&v)[16], int live, const void* q,
+                                               int row, int d0, float* scores, int64_t stride,
                                                bool first, bool last, float scale) {
-  constexpr int kBlock = sizeof(Elem) == sizeof(uint16_t) ? 32 : 16;
   __m512 acc[G];
   for (int h = 0; h < G; ++h) {
     acc[h] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(scores + h * stride);
   }
-  if constexpr (kFull) {
-    // Unrolled, so that every v[e / 2] is a register (a loop indexes them on the stack).
-#pragma GCC unroll 32
-    for (int e = 0; e < kBlock; ++e) {
-      const __m512 k = KeyColumn<Elem>(v, e);
-      for (int h = 0; h < G; ++h) {
-        acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h * hd + d0 + e]), k, acc[h]);
+  if constexpr (sizeof(Elem) == sizeof(uint16_t)) {
+    // A pair of q (two BF16 values, one 32-bit word) times word w of 16 positions' keys.
+    const uint16_t* qp = static_cast<const uint16_t*>(q) + d0;
+    auto pair = [&](int h, int w) {
+      uint32_t bits;
+      std::memcpy(&bits, qp + h * row + 2 * w, sizeof(bits));
+      return (__m512bh)_mm512_set1_epi32(static_cast<int>(bits));
+    };
+    if constexpr (kFull) {
+#pragma GCC unroll 16
+      for (int w = 0; w < 16; ++w) {  // unrolled, so that every v[w] is a register
+        for (int h = 0; h < G; ++h) {
+          acc[h] = _mm512_dpbf16_ps(acc[h], (__m512bh)_mm512_castps_si512(v[w]), pair(h, w));
+        }
+      }
+    } else {
+      for (int w = 0; w < (live + 1) / 2; ++w) {
+        for (int h = 0; h < G; ++h) {
+          acc[h] = _mm512_dpbf16_ps(acc[h], (__m512bh)_mm512_castps_si512(v[w]), pair(h, w));
+        }
       }
     }
   } else {
-    for (int e = 0; e < live; ++e) {
-      const __m512 k = KeyColumn<Elem>(v, e);
+    const float* qf = static_cast<const float*>(q) + d0;
+    const int n = kFull ? 16 : live;
+#pragma GCC unroll 16
+    for (int e = 0; e < n; ++e) {
       for (int h = 0; h < G; ++h) {
-        acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h * hd + d0 + e]), k, acc[h]);
+        acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(qf[h * row + e]), v[e], acc[h]);
       }
     }
   }
@@ -400,10 +414,10 @@ template <typename Elem, int G, bool kFull>
 // (a table of function pointers would pass the block through memory).
 template <typename Elem, bool kFull, int... G>
 [[gnu::always_inline]] inline void GroupBlockScores(std::integer_sequence<int, G...>, int g,
-                                                    const __m512 (&v)[16], int live, const float* q,
-                                                    int hd, int d0, float* scores, int64_t stride,
+                                                    const __m512 (&v)[16], int live, const void* q,
+                                                    int row, int d0, float* scores, int64_t stride,
                                                     bool first, bool last, float scale) {
-  (void)((g == G + 1 ? (BlockScores<Elem, G + 1, kFull>(v, live, q, hd, d0, scores, stride, first,
+  (void)((g == G + 1 ? (BlockScores<Elem, G + 1, kFull>(v, live, q, row, d0, scores, stride, first,
                                                         last, scale),
                         true)
                      : false) ||
@@ -415,11 +429,13 @@ template <typename Elem, bool kFull, int... G>
 template <typename Elem>
 void TileScores(const Elem* const* rows, const internal::PageQuery* queries, int count, int hd,
                 float scale, int heads, int64_t p0, float* scores, int64_t stride) {
-  constexpr int kBlock = sizeof(Elem) == sizeof(uint16_t) ? 32 : 16;
+  constexpr bool kBF16 = sizeof(Elem) == sizeof(uint16_t);
+  constexpr int kBlock = kBF16 ? 32 : 16;
+  const int row = kBF16 ? (hd + 1) / 2 * 2 : hd;  // a row of PageQuery::q_bf16 or q
   for (int d0 = 0; d0 < hd; d0 += kBlock) {
     const int live = Min(kBlock, hd - d0);
     __m512 v[16];
-    if constexpr (sizeof(Elem) == sizeof(uint16_t)) {
+    if constexpr (kBF16) {
       LoadBlockBF16(rows, d0, live >= 32 ? ~__mmask32{0} : (__mmask32{1} << live) - 1, v);
     } else {
       LoadBlockF32(rows, d0, TailMask16(live), v);
@@ -430,13 +446,18 @@ void TileScores(const Elem* const* rows, const internal::PageQuery* queries, int
       float* sr = scores + static_cast<int64_t>(r) * heads * stride + p0;
       for (int h = 0; h < heads; h += kMaxGroup) {
         const int g = Min(kMaxGroup, heads - h);
-        const float* q = queries[r].q + h * hd;
+        const void* q;
+        if constexpr (kBF16) {
+          q = queries[r].q_bf16 + h * row;
+        } else {
+          q = queries[r].q + h * row;
+        }
         constexpr auto kGroups = std::make_integer_sequence<int, kMaxGroup>();
         if (live == kBlock) {
-          GroupBlockScores<Elem, true>(kGroups, g, v, live, q, hd, d0, sr + h * stride, stride,
+          GroupBlockScores<Elem, true>(kGroups, g, v, live, q, row, d0, sr + h * stride, stride,
                                        first, last, scale);
         } else {
-          GroupBlockScores<Elem, false>(kGroups, g, v, live, q, hd, d0, sr + h * stride, stride,
+          GroupBlockScores<Elem, false>(kGroups, g, v, live, q, row, d0, sr + h * stride, stride,
                                         first, last, scale);
         }
       }
@@ -444,15 +465,16 @@ void TileScores(const Elem* const* rows, const internal::PageQuery* queries, int
   }
 }
 
-// Turns the scores [0, ctx) of one head into softmax numerators in place; returns 1 / their
-// sum.
+// Turns the scores [0, ctx) of one head into softmax numerators in place (BF16 values over a
+// BF16 cache); returns 1 / their sum.
+template <typename Elem>
 float SoftmaxNumerators(float* sh, int64_t ctx) {
   __m512 vmax = _mm512_set1_ps(-__builtin_inff());
   for (int64_t p = 0; p < ctx; p += 16) {
     const __mmask16 mask = TailMask16(static_cast<int>(Min<int64_t>(16, ctx - p)));
     vmax = _mm512_mask_max_ps(vmax, mask, vmax, _mm512_maskz_loadu_ps(mask, sh + p));
   }
-  return ExpInPlace(sh, ctx, _mm512_reduce_max_ps(vmax));
+  return ExpInPlace<sizeof(Elem) == sizeof(uint16_t)>(sh, ctx, _mm512_reduce_max_ps(vmax));
 }
 
 // 16 elements of a V row as floats: all 16 (kMasked false), or the lanes of `mask` (the others
@@ -460,12 +482,6 @@ float SoftmaxNumerators(float* sh, int64_t ctx) {
 template <bool kMasked>
 inline __m512 LoadRow16(const float* at, __mmask16 mask) {
   return kMasked ? _mm512_maskz_loadu_ps(mask, at) : _mm512_loadu_ps(at);
-}
-template <bool kMasked>
-inline __m512 LoadRow16(const uint16_t* at, __mmask16 mask) {
-  const __m256i raw = kMasked ? _mm256_maskz_loadu_epi16(mask, at)
-                              : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
 // Accumulators of a group of heads between blocks, one row of 16 * kMaxHeadChunks per head.
@@ -545,6 +561,110 @@ void SumValues(const internal::HeadPages& kv, int64_t ctx, int hd, const float* 
   }
 }
 
+// ---- The V sum over a BF16 cache: BF16 dot products over pairs of positions ----
+//
+// Two V rows (positions 2i, 2i + 1) interleaved element by element are 16 words of pairs, and
+// the two weights (BF16 numerators) one broadcast word: vdpbf16ps adds the odd position's
+// product, then the even one's, into each element's sum (generic's order). The interleave
+// (vpunpcklwd / vpunpckhwd, within 128-bit lanes) puts 32 elements of head_dim into two
+// accumulators in the order lo: 0-3, 8-11, 16-19, 24-27 and hi: 4-7, 12-15, 20-23, 28-31; they
+// wait between blocks in that order and are put back in place once, at the output.
+
+// acc[h][32 * c, + 32) += the weighted sum of the row pairs (rows[2i], rows[2i + 1]) for
+// i < pairs, weights w[h][i] (G heads; kTail: the 32-element chunk c is partial).
+template <int G, bool kTail>
+void AddValuePairs(const uint16_t* const* rows, int pairs, const uint32_t (*w)[kValueBlock / 2],
+                   int hd, int c, HeadAccumulators acc) {
+  const int live = hd - 32 * c;
+  const __mmask32 mask = live >= 32 ? ~__mmask32{0} : (__mmask32{1} << live) - 1;
+  __m512 lo[G], hi[G];
+  for (int h = 0; h < G; ++h) {
+    lo[h] = _mm512_load_ps(acc[h] + 32 * c);
+    hi[h] = _mm512_load_ps(acc[h] + 32 * c + 16);
+  }
+  for (int i = 0; i < pairs; ++i) {
+    const uint16_t* even = rows[2 * i] + 32 * c;
+    const uint16_t* odd = rows[2 * i + 1] + 32 * c;
+    const __m512i a = kTail ? _mm512_maskz_loadu_epi16(mask, even) : _mm512_loadu_si512(even);
+    const __m512i b = kTail ? _mm512_maskz_loadu_epi16(mask, odd) : _mm512_loadu_si512(odd);
+    const __m512bh vlo = (__m512bh)_mm512_unpacklo_epi16(a, b);
+    const __m512bh vhi = (__m512bh)_mm512_unpackhi_epi16(a, b);
+    for (int h = 0; h < G; ++h) {
+      const __m512bh weights = (__m512bh)_mm512_set1_epi32(static_cast<int>(w[h][i]));
+      lo[h] = _mm512_dpbf16_ps(lo[h], vlo, weights);
+      hi[h] = _mm512_dpbf16_ps(hi[h], vhi, weights);
+    }
+  }
+  for (int h = 0; h < G; ++h) {
+    _mm512_store_ps(acc[h] + 32 * c, lo[h]);
+    _mm512_store_ps(acc[h] + 32 * c + 16, hi[h]);
+  }
+}
+
+using ValuePairsFn = void (*)(const uint16_t* const*, int, const uint32_t (*)[kValueBlock / 2], int,
+                              int, HeadAccumulators);
+template <bool kTail, size_t... G>
+constexpr Array<ValuePairsFn, kMaxGroup + 1> ValuePairsOf(std::index_sequence<G...>) {
+  return {nullptr, &AddValuePairs<static_cast<int>(G) + 1, kTail>...};
+}
+
+// The weighted V sum of g <= kMaxGroup heads over positions [0, ctx) into acc (in the
+// interleaved order), blocks of kValueBlock positions: each block's weights are packed into
+// pairs (positions past ctx weigh 0, and an odd last position is paired with a zero row), then
+// every 32-element chunk passes over the block while it sits in L1.
+void SumValuePairs(const internal::HeadPages& kv, int64_t ctx, int hd, const float* sh,
+                   int64_t stride, int g, HeadAccumulators acc) {
+  static constexpr Array<Array<ValuePairsFn, kMaxGroup + 1>, 2> kValuePairs = {
+      ValuePairsOf<false>(std::make_index_sequence<kMaxGroup>()),
+      ValuePairsOf<true>(std::make_index_sequence<kMaxGroup>())};
+  const int chunks = (hd + 31) / 32;
+  const uint16_t* rows[kValueBlock];
+  alignas(64) uint32_t w[kMaxGroup][kValueBlock / 2];
+  PageCursor<uint16_t> cursor(kv.v, kv.page_tokens, hd, 0);
+  for (int64_t p0 = 0; p0 < ctx; p0 += kValueBlock) {
+    const int n = static_cast<int>(Min<int64_t>(kValueBlock, ctx - p0));
+    for (int i = 0; i < n; ++i) rows[i] = cursor.Next();
+    if (n % 2 != 0) rows[n] = reinterpret_cast<const uint16_t*>(kZeroRow);
+    PrefetchRows<uint16_t>(kv.v, kv.page_tokens, hd, p0 + n, Min(ctx, p0 + n + kValueBlock));
+    for (int h = 0; h < g; ++h) {
+      // The numerators are BF16 values already (ExpInPlace): converting them is exact.
+      for (int j = 0; j < n; j += 32) {
+        const float* at = sh + h * stride + p0 + j;
+        const __m512 first = _mm512_maskz_loadu_ps(TailMask16(n - j), at);
+        const __m512 second = _mm512_maskz_loadu_ps(TailMask16(n - j - 16), at + 16);
+        _mm512_store_si512(&w[h][j / 2], (__m512i)_mm512_cvtne2ps_pbh(second, first));
+      }
+    }
+    const int pairs = (n + 1) / 2;
+    for (int c = 0; c < chunks; ++c) {
+      kValuePairs[32 * (c + 1) > hd][g](rows, pairs, w, hd, c, acc);
+    }
+  }
+}
+
+// out[h] = acc[h] * inv_sum[h] for g heads, the elements of SumValuePairs' accumulators put
+// back in order.
+void StorePairOutputs(HeadAccumulators acc, const float* inv_sum, int g, int hd, float* out) {
+  alignas(64) static constexpr int32_t kFirst[16] = {0, 1, 2, 3, 16, 17, 18, 19,
+                                                     4, 5, 6, 7, 20, 21, 22, 23};
+  alignas(64) static constexpr int32_t kSecond[16] = {8,  9,  10, 11, 24, 25, 26, 27,
+                                                      12, 13, 14, 15, 28, 29, 30, 31};
+  const __m512i first = _mm512_load_si512(kFirst);
+  const __m512i second = _mm512_load_si512(kSecond);
+  for (int h = 0; h < g; ++h) {
+    const __m512 vinv = _mm512_set1_ps(inv_sum[h]);
+    for (int c = 0; 32 * c < hd; ++c) {
+      const __m512 lo = _mm512_load_ps(acc[h] + 32 * c);
+      const __m512 hi = _mm512_load_ps(acc[h] + 32 * c + 16);
+      float* at = out + h * hd + 32 * c;
+      _mm512_mask_storeu_ps(at, TailMask16(hd - 32 * c),
+                            _mm512_mul_ps(_mm512_permutex2var_ps(lo, first, hi), vinv));
+      _mm512_mask_storeu_ps(at + 16, TailMask16(hd - 32 * c - 16),
+                            _mm512_mul_ps(_mm512_permutex2var_ps(lo, second, hi), vinv));
+    }
+  }
+}
+
 template <typename Elem>
 void AttendPagesOf(const internal::PageQuery* queries, int count, const internal::HeadPages& kv,
                    int hd, float scale, int heads, float* scores) {
@@ -576,16 +696,21 @@ void AttendPagesOf(const internal::PageQuery* queries, int count, const internal
       float* sh = scores + (static_cast<int64_t>(r) * heads + h) * stride;
       float inv_sum[kMaxGroup];
       for (int i = 0; i < g; ++i) {
-        inv_sum[i] = SoftmaxNumerators(sh + i * stride, qctx);
+        inv_sum[i] = SoftmaxNumerators<Elem>(sh + i * stride, qctx);
         std::memset(acc[i], 0, sizeof(acc[i]));
       }
-      SumValues<Elem>(kv, qctx, hd, sh, stride, g, acc);
       float* out = queries[r].out + static_cast<size_t>(h) * hd;
-      for (int i = 0; i < g; ++i) {
-        const __m512 vinv = _mm512_set1_ps(inv_sum[i]);
-        for (int c = 0; c < hd; c += 16) {
-          _mm512_mask_storeu_ps(out + i * hd + c, TailMask16(hd - c),
-                                _mm512_mul_ps(_mm512_load_ps(acc[i] + c), vinv));
+      if constexpr (sizeof(Elem) == sizeof(uint16_t)) {
+        SumValuePairs(kv, qctx, hd, sh, stride, g, acc);
+        StorePairOutputs(acc, inv_sum, g, hd, out);
+      } else {
+        SumValues<Elem>(kv, qctx, hd, sh, stride, g, acc);
+        for (int i = 0; i < g; ++i) {
+          const __m512 vinv = _mm512_set1_ps(inv_sum[i]);
+          for (int c = 0; c < hd; c += 16) {
+            _mm512_mask_storeu_ps(out + i * hd + c, TailMask16(hd - c),
+                                  _mm512_mul_ps(_mm512_load_ps(acc[i] + c), vinv));
+          }
         }
       }
     }

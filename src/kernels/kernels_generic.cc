@@ -120,30 +120,67 @@ struct RowOf {
   }
 };
 
-// One query head: scores one position at a time over d in order, softmax with a 16-lane sum
-// (lane = position mod 16) and the lane tree, then the weighted sum of V rows in position order.
-// key(p) and value(p) give row p of K and V (RowOf).
-template <typename KeyAt, typename ValueAt>
+// A softmax numerator as the V sum of a BF16 cache weighs it: rounded to BF16 (nearest even),
+// a denormal result flushed to +0 (vdpbf16ps would read it as zero). The weights are positive.
+inline float WeightBF16(float e) {
+  uint16_t b = F32ToBF16(e);
+  if ((b & 0x7f80) == 0) b = 0;
+  return BF16ToF32(b);
+}
+
+// One query head: scores one position at a time, softmax with a 16-lane sum (lane = position
+// mod 16) and the lane tree, then the weighted sum of V rows in position order. key(p) and
+// value(p) give row p of K and V (RowOf).
+//
+// kPairs (a BF16 cache): the products are BF16 dot products as vdpbf16ps computes them, each
+// step one FMA (a BF16 x BF16 product is exact in F32). Scores: q is rounded to BF16 (by the
+// caller) and the sum over d goes pair by pair (d, d + 1), the odd element's product first; a
+// missing odd element (odd hd) adds 0 x 0. V sum: the numerators are rounded to BF16
+// (WeightBF16) before the sum of the softmax and the V sum use them, and positions go pair by
+// pair (p, p + 1) from 0, odd position first; a missing odd position adds 0 x 0.
+template <bool kPairs, typename KeyAt, typename ValueAt>
 void AttendHead(const float* q, KeyAt key, ValueAt value, int64_t ctx, int hd, float scale,
                 float* out, float* scores) {
   float max_score = -INFINITY;
   for (int64_t p = 0; p < ctx; ++p) {
     const auto k = key(p);
     float acc = 0.0f;
-    for (int d = 0; d < hd; ++d) acc = std::fma(q[d], k[d], acc);
+    if constexpr (kPairs) {
+      for (int d = 0; d < hd; d += 2) {
+        const bool odd = d + 1 < hd;
+        acc = std::fma(odd ? q[d + 1] : 0.0f, odd ? k[d + 1] : 0.0f, acc);
+        acc = std::fma(q[d], k[d], acc);
+      }
+    } else {
+      for (int d = 0; d < hd; ++d) acc = std::fma(q[d], k[d], acc);
+    }
     scores[p] = acc * scale;
     max_score = max_score > scores[p] ? max_score : scores[p];
   }
   float lanes[16] = {};
   for (int64_t p = 0; p < ctx; ++p) {
     scores[p] = Exp(scores[p] - max_score);
+    if constexpr (kPairs) scores[p] = WeightBF16(scores[p]);
     lanes[p % 16] = lanes[p % 16] + scores[p];
   }
   const float inv_sum = 1.0f / SumLaneTree16(lanes);
   float acc[16 * internal::kMaxHeadChunks] = {};
-  for (int64_t p = 0; p < ctx; ++p) {
-    const auto v = value(p);
-    for (int d = 0; d < hd; ++d) acc[d] = std::fma(scores[p], v[d], acc[d]);
+  if constexpr (kPairs) {
+    for (int64_t p = 0; p < ctx; p += 2) {
+      const auto v = value(p);
+      if (p + 1 < ctx) {
+        const auto v_odd = value(p + 1);
+        for (int d = 0; d < hd; ++d) acc[d] = std::fma(scores[p + 1], v_odd[d], acc[d]);
+      } else {
+        for (int d = 0; d < hd; ++d) acc[d] = std::fma(0.0f, 0.0f, acc[d]);
+      }
+      for (int d = 0; d < hd; ++d) acc[d] = std::fma(scores[p], v[d], acc[d]);
+    }
+  } else {
+    for (int64_t p = 0; p < ctx; ++p) {
+      const auto v = value(p);
+      for (int d = 0; d < hd; ++d) acc[d] = std::fma(scores[p], v[d], acc[d]);
+    }
   }
   for (int d = 0; d < hd; ++d) out[d] = acc[d] * inv_sum;
 }
@@ -161,8 +198,9 @@ void AttendPagesOf(const internal::PageQuery* queries, int count, const internal
   auto value = [&](int64_t p) { return row(kv.v, p); };
   for (int r = 0; r < count; ++r) {
     for (int h = 0; h < heads; ++h) {
-      AttendHead(queries[r].q + static_cast<size_t>(h) * hd, key, value, queries[r].ctx, hd, scale,
-                 queries[r].out + static_cast<size_t>(h) * hd, scores);
+      AttendHead<sizeof(Elem) == sizeof(uint16_t)>(
+          queries[r].q + static_cast<size_t>(h) * hd, key, value, queries[r].ctx, hd, scale,
+          queries[r].out + static_cast<size_t>(h) * hd, scores);
     }
   }
 }

@@ -118,10 +118,22 @@ TEST_P(AttendPagesTest, EqualsTheGenericPathOneQueryAtATimeBitForBit) {
   const float scale = 0.125f;
 
   // Straight from the pages, the whole run in one call.
+  // Over a BF16 cache the query goes in rounded to BF16, as PagedAttention passes it.
+  const size_t pair_values = static_cast<size_t>(s.heads) * 2 * internal::QueryPairs(hd);
+  std::vector<float> q_rounded(q.size());
+  std::vector<uint16_t> q_pairs(count * pair_values);
   std::vector<float> got(count * q_floats, -1.0f);
   std::vector<internal::PageQuery> run;
   for (int r = 0; r < count; ++r) {
-    run.push_back({.q = &q[r * q_floats], .out = &got[r * q_floats], .ctx = s.contexts[r]});
+    const float* query = &q[r * q_floats];
+    const uint16_t* pairs = nullptr;
+    if (s.bf16) {
+      internal::RoundQueryHeads(query, s.heads, hd, &q_rounded[r * q_floats],
+                                &q_pairs[r * pair_values]);
+      query = &q_rounded[r * q_floats];
+      pairs = &q_pairs[r * pair_values];
+    }
+    run.push_back({.q = query, .q_bf16 = pairs, .out = &got[r * q_floats], .ctx = s.contexts[r]});
   }
   const int64_t stride = (ctx + 15) / 16 * 16;
   std::vector<float> scores(count * s.heads * stride);
