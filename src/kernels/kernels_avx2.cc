@@ -404,6 +404,25 @@ void RmsNormRow(const float* xr, const float* weight, float* yr, int dim, float 
 
 // Scores of positions [p0, p0 + 8) for G heads: keys [hd][key_stride] holds position p0 + i of
 // row d at keys[d * key_stride + i]. Stores scale * (q . k) to scores[h * stride + p0 + i].
+// add(i) for i in [0, n) in the order of a sum: i in order, or (kPairs: a BF16 dot product)
+// pair by pair, the odd index first, where a missing odd index (n odd) calls add_zero (the
+// 0 x 0 that vdpbf16ps adds) instead.
+template <bool kPairs, typename Add, typename AddZero>
+[[gnu::always_inline]] inline void InSumOrder(int n, Add&& add, AddZero&& add_zero) {
+  if constexpr (kPairs) {
+    for (int i = 0; i < n; i += 2) {
+      if (i + 1 < n) {
+        add(i + 1);
+      } else {
+        add_zero();
+      }
+      add(i);
+    }
+  } else {
+    for (int i = 0; i < n; ++i) add(i);
+  }
+}
+
 // kPairs (a BF16 cache): d goes pair by pair, odd element first, a missing one adding 0 x 0.
 template <int G, bool kPairs>
 void ScoreVector(const float* q, const float* keys, int64_t key_stride, int hd, float scale,
@@ -416,18 +435,9 @@ void ScoreVector(const float* q, const float* keys, int64_t key_stride, int hd, 
       acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(q[h * hd + d]), k, acc[h]);
     }
   };
-  if constexpr (kPairs) {
-    for (int d = 0; d < hd; d += 2) {
-      if (d + 1 < hd) {
-        add_column(d + 1);
-      } else {
-        for (int h = 0; h < G; ++h) acc[h] = _mm256_add_ps(acc[h], _mm256_setzero_ps());
-      }
-      add_column(d);
-    }
-  } else {
-    for (int d = 0; d < hd; ++d) add_column(d);
-  }
+  InSumOrder<kPairs>(hd, add_column, [&] {
+    for (int h = 0; h < G; ++h) acc[h] = _mm256_add_ps(acc[h], _mm256_setzero_ps());
+  });
   const __m256 vscale = _mm256_set1_ps(scale);
   for (int h = 0; h < G; ++h) {
     _mm256_storeu_ps(scores + h * stride + p0, _mm256_mul_ps(acc[h], vscale));
@@ -505,18 +515,9 @@ void AddValueRows(const Elem* const* rows, int n, int64_t p0, const float* score
       const __m256 vc = LoadRow8(rows[i] + c, live);
       for (int h = 0; h < G; ++h) a[h] = _mm256_fmadd_ps(_mm256_set1_ps(sh[h][i]), vc, a[h]);
     };
-    if constexpr (kPairs) {
-      for (int i = 0; i < n; i += 2) {
-        if (i + 1 < n) {
-          add_row(i + 1);
-        } else {
-          for (int h = 0; h < G; ++h) a[h] = _mm256_add_ps(a[h], _mm256_setzero_ps());
-        }
-        add_row(i);
-      }
-    } else {
-      for (int i = 0; i < n; ++i) add_row(i);
-    }
+    InSumOrder<kPairs>(n, add_row, [&] {
+      for (int h = 0; h < G; ++h) a[h] = _mm256_add_ps(a[h], _mm256_setzero_ps());
+    });
     for (int h = 0; h < G; ++h) _mm256_store_ps(acc[h] + c, a[h]);
   };
   int c = 0;
