@@ -98,7 +98,8 @@ void PageAttention(std::span<const AttentionQuery> queries, const KvCache& cache
   const int64_t work = static_cast<int64_t>(runs.size()) * kv_heads;
 #pragma omp parallel if (AttentionIsParallel(queries, num_heads, hd))
   {
-    // Per thread, kept across calls: the pages' K and V rows of one KV head, and the scores.
+    // Per thread, kept across calls: the pages' K and V rows of one KV head, the scores, and
+    // (a BF16 cache) the run's queries rounded to BF16 as attend_pages takes them.
     thread_local std::vector<const void*> k_pages, v_pages;
     thread_local std::vector<float> scores;
     thread_local std::vector<float> q_rounded;
