@@ -477,25 +477,19 @@ float SoftmaxNumerators(float* sh, int64_t ctx) {
   return ExpInPlace<sizeof(Elem) == sizeof(uint16_t)>(sh, ctx, _mm512_reduce_max_ps(vmax));
 }
 
-// 16 elements of a V row as floats: all 16 (kMasked false), or the lanes of `mask` (the others
-// zero; the load reads no further).
-template <bool kMasked>
-inline __m512 LoadRow16(const float* at, __mmask16 mask) {
-  return kMasked ? _mm512_maskz_loadu_ps(mask, at) : _mm512_loadu_ps(at);
-}
-
 // Accumulators of a group of heads between blocks, one row of 16 * kMaxHeadChunks per head.
 using HeadAccumulators = float (*)[16 * kMaxHeadChunks];
 
-// acc[h][16 * c0, + 16 * C) += scores of head h times the V rows rows[0, n), position by
+// An F32 cache's V sum: acc[h][16 * c0, + 16 * C) += scores of head h times the V rows
+// rows[0, n), position by
 // position in order (G heads, C <= 2 chunks; sh[h]: head h's numerators from the block's first
 // position on); kTail: the last chunk is partial. Between blocks the accumulators wait in acc
 // (storing a float changes nothing). Written so that GCC 12 keeps the accumulators in
 // registers: it stored all of them to the stack on every row with a [G][C] array, with a loop
 // over runs of pages, or with a masked load (a builtin that may read any memory) in the loop;
 // only a partial last chunk needs the masked load.
-template <int G, int C, bool kTail, typename Elem>
-void AddValueRows(const Elem* const* rows, int n, const float* const* sh, int hd, int c0,
+template <int G, int C, bool kTail>
+void AddValueRows(const float* const* rows, int n, const float* const* sh, int hd, int c0,
                   HeadAccumulators acc) {
   static_assert(C == 1 || C == 2);
   const __mmask16 tail = TailMask16(hd - 16 * (c0 + C - 1));
@@ -505,10 +499,13 @@ void AddValueRows(const Elem* const* rows, int n, const float* const* sh, int hd
     if constexpr (C == 2) a1[h] = _mm512_load_ps(acc[h] + 16 * (c0 + 1));
   }
   for (int i = 0; i < n; ++i) {
-    const Elem* row = rows[i] + 16 * c0;
-    const __m512 v0 = LoadRow16 < kTail && C == 1 > (row, tail);
+    // A whole chunk, or (the partial last one) the lanes of `tail`, the others zero.
+    const float* row = rows[i] + 16 * c0;
+    const __m512 v0 = kTail && C == 1 ? _mm512_maskz_loadu_ps(tail, row) : _mm512_loadu_ps(row);
     __m512 v1 = _mm512_setzero_ps();
-    if constexpr (C == 2) v1 = LoadRow16<kTail>(row + 16, tail);
+    if constexpr (C == 2) {
+      v1 = kTail ? _mm512_maskz_loadu_ps(tail, row + 16) : _mm512_loadu_ps(row + 16);
+    }
     for (int h = 0; h < G; ++h) {
       const __m512 s = _mm512_set1_ps(sh[h][i]);
       a0[h] = _mm512_fmadd_ps(s, v0, a0[h]);
@@ -521,37 +518,31 @@ void AddValueRows(const Elem* const* rows, int n, const float* const* sh, int hd
   }
 }
 
-// kValueRows<Elem>[tail][g][c]: AddValueRows<g, c, tail>.
-template <typename Elem>
-using ValueRowsFn = void (*)(const Elem* const*, int, const float* const*, int, int,
+// kValueRows[tail][g][c]: AddValueRows<g, c, tail>.
+using ValueRowsFn = void (*)(const float* const*, int, const float* const*, int, int,
                              HeadAccumulators);
-template <typename Elem, bool kTail, size_t... G>
-constexpr Array<Array<ValueRowsFn<Elem>, 3>, kMaxGroup + 1> ValueRowsOf(std::index_sequence<G...>) {
-  return {
-      Array<ValueRowsFn<Elem>, 3>{},
-      Array<ValueRowsFn<Elem>, 3>{nullptr, &AddValueRows<static_cast<int>(G) + 1, 1, kTail, Elem>,
-                                  &AddValueRows<static_cast<int>(G) + 1, 2, kTail, Elem>}...};
-}
-template <typename Elem>
-constexpr Array<Array<Array<ValueRowsFn<Elem>, 3>, kMaxGroup + 1>, 2> ValueRowsTable() {
-  return {ValueRowsOf<Elem, false>(std::make_index_sequence<kMaxGroup>()),
-          ValueRowsOf<Elem, true>(std::make_index_sequence<kMaxGroup>())};
+template <bool kTail, size_t... G>
+constexpr Array<Array<ValueRowsFn, 3>, kMaxGroup + 1> ValueRowsOf(std::index_sequence<G...>) {
+  return {Array<ValueRowsFn, 3>{},
+          Array<ValueRowsFn, 3>{nullptr, &AddValueRows<static_cast<int>(G) + 1, 1, kTail>,
+                                &AddValueRows<static_cast<int>(G) + 1, 2, kTail>}...};
 }
 
-// The weighted V sum of g <= kMaxGroup heads over positions [0, ctx) into acc: blocks of
-// kValueBlock positions, each passed over 2 chunks at a time while it sits in L1.
-template <typename Elem>
+// An F32 cache's weighted V sum of g <= kMaxGroup heads over positions [0, ctx) into acc:
+// blocks of kValueBlock positions, each passed over 2 chunks at a time while it sits in L1.
 void SumValues(const internal::HeadPages& kv, int64_t ctx, int hd, const float* sh, int64_t stride,
                int g, HeadAccumulators acc) {
-  static constexpr auto kValueRows = ValueRowsTable<Elem>();
+  static constexpr Array<Array<Array<ValueRowsFn, 3>, kMaxGroup + 1>, 2> kValueRows = {
+      ValueRowsOf<false>(std::make_index_sequence<kMaxGroup>()),
+      ValueRowsOf<true>(std::make_index_sequence<kMaxGroup>())};
   const int chunks = (hd + 15) / 16;
-  const Elem* rows[kValueBlock];
+  const float* rows[kValueBlock];
   const float* rows_of[kMaxGroup];
-  PageCursor<Elem> cursor(kv.v, kv.page_tokens, hd, 0);
+  PageCursor<float> cursor(kv.v, kv.page_tokens, hd, 0);
   for (int64_t p0 = 0; p0 < ctx; p0 += kValueBlock) {
     const int n = static_cast<int>(Min<int64_t>(kValueBlock, ctx - p0));
     for (int i = 0; i < n; ++i) rows[i] = cursor.Next();
-    PrefetchRows<Elem>(kv.v, kv.page_tokens, hd, p0 + n, Min(ctx, p0 + n + kValueBlock));
+    PrefetchRows<float>(kv.v, kv.page_tokens, hd, p0 + n, Min(ctx, p0 + n + kValueBlock));
     for (int h = 0; h < g; ++h) rows_of[h] = sh + h * stride + p0;
     for (int c0 = 0; c0 < chunks; c0 += kPassChunks) {
       const int c = Min(kPassChunks, chunks - c0);
@@ -704,7 +695,7 @@ void AttendPagesOf(const internal::PageQuery* queries, int count, const internal
         SumValuePairs(kv, qctx, hd, sh, stride, g, acc);
         StorePairOutputs(acc, inv_sum, g, hd, out);
       } else {
-        SumValues<Elem>(kv, qctx, hd, sh, stride, g, acc);
+        SumValues(kv, qctx, hd, sh, stride, g, acc);
         for (int i = 0; i < g; ++i) {
           const __m512 vinv = _mm512_set1_ps(inv_sum[i]);
           for (int c = 0; c < hd; c += 16) {
