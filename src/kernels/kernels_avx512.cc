@@ -323,13 +323,13 @@ constexpr int kTilesAheadL2 = 4;
 // Positions of V summed per block: a block (8 KB at head_dim 64 in BF16) stays in L1 while
 // every chunk pass goes over it.
 constexpr int kValueBlock = 64;
-// 16-column chunks of head_dim summed in one pass over a block: up to kMaxGroup heads x 2
-// chunks keep 16 accumulators, 2 V chunks and a score broadcast in registers; the V chunks are
-// widened once either way.
+// An F32 cache's 16-column chunks of head_dim summed in one pass over a block: up to kMaxGroup
+// heads x 2 chunks keep 16 accumulators, 2 V chunks and a score broadcast in registers (a
+// BF16 cache's pass covers 32 elements, AddValuePairs).
 constexpr int kPassChunks = 2;
 
 // A zero row (head_dim <= 16 * kMaxHeadChunks) for the positions of a key tile past the
-// context, whose pages may not exist.
+// context, whose pages may not exist, and the partner of an odd last V row (SumValuePairs).
 alignas(64) constexpr float kZeroRow[16 * kMaxHeadChunks] = {};
 
 #include "kernels/page_rows.inc"

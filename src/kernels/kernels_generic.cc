@@ -13,7 +13,6 @@ namespace {
 
 using internal::kBlockCols;
 using internal::kGroupCols;
-using internal::kMaxGroup;
 using internal::kPairElems;
 using internal::SumLaneTree16;
 
