@@ -71,16 +71,19 @@ class ScopedOmpThreads {
 };
 
 // XOR of every 64-bit word in [p, p + bytes); bytes is a multiple of kLineBytes and p is
-// page-aligned. Four independent vector accumulators keep several loads in flight. With
-// kPrefetch, one software prefetch per four lines runs kPrefetchBytes ahead: on the dev VM that
-// read ~10% faster than the hardware prefetchers alone (which stop at each 4 KB page), and on
-// other machines it may be slower, so the probe times both (see Measure).
+// page-aligned. Four independent vector accumulators keep several loads in flight. kAhead > 0:
+// every line is also prefetched kAhead bytes ahead (the hardware prefetchers stop at each 4 KB
+// page). Which read streams fastest depends on the machine, so the probe times each (see
+// Measure). On the Zen 5 dev VM in session 12 (best of 24 passes on two threads, twice): plain
+// 52-53 GB/s, one prefetch per four lines 2 KB ahead (the only prefetching pass until then)
+// 49-51, every line 2 KB ahead 52-55, every line 4 KB ahead 59-63; the engine's one-row decode
+// tiles prefetch every line, and read their weights at up to 112% of the old probe's figure.
 //
 // The binary targets baseline x86-64, so the reads are compiled for the widest vectors the CPU
 // has (chosen at run time, as the kernels' paths are): compiled for the baseline only, the
 // probe read with 16-byte loads and no prefetch, and on a Zen 5 host it measured 45 GB/s while
 // the engine's own one-row decode read its weights at 54-62 GB/s.
-constexpr size_t kPrefetchBytes = 2048;
+constexpr size_t kPassAhead[kProbePasses] = {0, 2048, 4096};
 
 uint64_t XorWords(const uint64_t* words, size_t n) {
   uint64_t x = 0;
@@ -89,14 +92,16 @@ uint64_t XorWords(const uint64_t* words, size_t n) {
 }
 
 #if defined(__x86_64__)
-template <bool kPrefetch>
+template <size_t kAhead>
 [[gnu::target("avx512f")]] uint64_t XorLinesAvx512(const uint8_t* p, size_t bytes) {
   __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
                     _mm512_setzero_si512()};
   for (size_t i = 0; i < bytes; i += 4 * kLineBytes) {
-    if constexpr (kPrefetch) {
+    if constexpr (kAhead > 0) {
       // Past the end of the slice this only touches the next slice or is dropped.
-      _mm_prefetch(reinterpret_cast<const char*>(p + i + kPrefetchBytes), _MM_HINT_T0);
+      for (size_t j = 0; j < 4; ++j) {
+        _mm_prefetch(reinterpret_cast<const char*>(p + i + kAhead + j * kLineBytes), _MM_HINT_T0);
+      }
     }
     const size_t lines = std::min<size_t>(4, (bytes - i) / kLineBytes);
     for (size_t j = 0; j < lines; ++j) {
@@ -108,13 +113,14 @@ template <bool kPrefetch>
   return XorWords(lanes, 4 * 8);
 }
 
-template <bool kPrefetch>
+template <size_t kAhead>
 [[gnu::target("avx2")]] uint64_t XorLinesAvx2(const uint8_t* p, size_t bytes) {
   __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                     _mm256_setzero_si256()};
   for (size_t i = 0; i < bytes; i += 2 * kLineBytes) {
-    if constexpr (kPrefetch) {
-      _mm_prefetch(reinterpret_cast<const char*>(p + i + kPrefetchBytes), _MM_HINT_T0);
+    if constexpr (kAhead > 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(p + i + kAhead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(p + i + kAhead + kLineBytes), _MM_HINT_T0);
     }
     const size_t halves = std::min<size_t>(4, (bytes - i) / 32);
     for (size_t j = 0; j < halves; ++j) {
@@ -151,14 +157,14 @@ int ReadWidth() {
   return width;
 }
 
-template <bool kPrefetch>
+template <size_t kAhead>
 uint64_t XorLines(const uint8_t* p, size_t bytes) {
 #if defined(__x86_64__)
   switch (ReadWidth()) {
     case 2:
-      return XorLinesAvx512<kPrefetch>(p, bytes);
+      return XorLinesAvx512<kAhead>(p, bytes);
     case 1:
-      return XorLinesAvx2<kPrefetch>(p, bytes);
+      return XorLinesAvx2<kAhead>(p, bytes);
     default:
       break;
   }
@@ -166,10 +172,23 @@ uint64_t XorLines(const uint8_t* p, size_t bytes) {
   return XorLinesPortable(p, bytes);
 }
 
+// Pass `pass` of the probe (kPassAhead[pass]).
+uint64_t XorPass(const uint8_t* p, size_t bytes, int pass) {
+  static_assert(kProbePasses == 3);
+  switch (pass) {
+    case 1:
+      return XorLines<kPassAhead[1]>(p, bytes);
+    case 2:
+      return XorLines<kPassAhead[2]>(p, bytes);
+    default:
+      return XorLines<kPassAhead[0]>(p, bytes);
+  }
+}
+
 }  // namespace
 
-uint64_t XorAsProbeReads(const uint8_t* p, size_t bytes, bool prefetch) {
-  return prefetch ? XorLines<true>(p, bytes) : XorLines<false>(p, bytes);
+uint64_t XorAsProbeReads(const uint8_t* p, size_t bytes, int pass) {
+  return XorPass(p, bytes, pass);
 }
 
 namespace {
@@ -317,19 +336,18 @@ Result<double> MemoryBandwidthProbe::Measure(double seconds) {
   const size_t lines = bytes_ / kLineBytes;
   const int team = threads_;
   // The XOR of everything read is kept so that the loads cannot be optimised away.
-  // Passes alternate between the plain read and the prefetching one; the best of all counts.
+  // Passes take the reads of kPassAhead in turn; the best of all counts.
   uint64_t sink = 0;
-  bool prefetch = false;
+  int kind = 0;
   const double best = BestRunSeconds(seconds, [&] {
     uint64_t pass = 0;
 #pragma omp parallel num_threads(team) reduction(^ : pass)
     {
       const Slice s = SliceOf(lines, omp_get_thread_num(), omp_get_num_threads());
-      pass ^= prefetch ? XorLines<true>(data + s.begin, s.bytes)
-                       : XorLines<false>(data + s.begin, s.bytes);
+      pass ^= XorPass(data + s.begin, s.bytes, kind);
     }
     sink ^= pass;
-    prefetch = !prefetch;
+    kind = (kind + 1) % kProbePasses;
   });
   asm volatile("" : : "r"(sink));
   return static_cast<double>(bytes_) / best;

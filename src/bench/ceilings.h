@@ -25,16 +25,20 @@ Result<double> MeasureGemmFlops(DType type, int m, int n, int k, int threads, do
 
 // Bytes read per second streaming through a buffer of `bytes` (choose it well above the
 // last-level cache, e.g. 1 GiB) with `threads` OpenMP threads (<= 0: OpenMP's default), each
-// reading its own contiguous slice with 64-byte vector loads, passes alternating between a
-// plain read and one with software prefetch ahead (whichever the machine streams faster).
+// reading its own contiguous slice with 64-byte vector loads, passes taking kProbePasses reads
+// in turn: plain, and every line prefetched 2 KB or 4 KB ahead (whichever the machine streams
+// fastest counts).
 // Best full pass within about `seconds` (at least one after a warm-up). InvalidArgument on bad
 // sizes, ResourceExhausted if the buffer cannot be mapped.
 Result<double> MeasureMemoryBandwidth(size_t bytes, int threads, double seconds);
 
-// The XOR of every 64-bit word of [p, p + bytes) as the probe reads it (the widest loads the
-// CPU runs; `prefetch`: the prefetching pass). p is 64-byte aligned, bytes a multiple of 64.
+// The kinds of pass MemoryBandwidthProbe takes in turn.
+inline constexpr int kProbePasses = 3;
+
+// The XOR of every 64-bit word of [p, p + bytes) as pass `pass` (0 .. kProbePasses - 1) of the
+// probe reads it (the widest loads the CPU runs). p is 64-byte aligned, bytes a multiple of 64.
 // For tests: every byte must be read.
-uint64_t XorAsProbeReads(const uint8_t* p, size_t bytes, bool prefetch);
+uint64_t XorAsProbeReads(const uint8_t* p, size_t bytes, int pass);
 
 // The same measurement with the buffer kept between calls, for a benchmark that measures the
 // ceiling once per round: mapping, faulting in and unmapping 1 GiB every round leaves the
