@@ -50,13 +50,20 @@ class MemoryBandwidthProbe {
   MemoryBandwidthProbe(MemoryBandwidthProbe&&) noexcept;
   MemoryBandwidthProbe& operator=(MemoryBandwidthProbe&&) noexcept;
   ~MemoryBandwidthProbe();
+  // The best pass within about `seconds` (at least one after a warm-up pass), bytes per second.
   Result<double> Measure(double seconds);
+  // One timed pass over the whole buffer, the next kind of read in turn: bytes per second. For
+  // a benchmark that interleaves passes with the work the ceiling bounds, so that both see the
+  // same neighbours (the caller takes the best).
+  double Pass();
 
  private:
   MemoryBandwidthProbe(uint8_t* data, size_t bytes, int threads);
   uint8_t* data_ = nullptr;
   size_t bytes_ = 0;
   int threads_ = 0;
+  int next_kind_ = 0;  // the read the next pass takes (XorAsProbeReads' pass)
+  uint64_t sink_ = 0;  // the XOR of everything read, so that the loads cannot be optimised away
 };
 
 }  // namespace pdserve

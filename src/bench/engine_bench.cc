@@ -1,12 +1,14 @@
 // How `pdserve bench engine` measures (see engine_bench.h).
 //
-// Like is compared with like. A ceiling is the best run of its probe within a window
-// (kWindowSeconds); the figure beside it is the best run of the engine within a window of the
-// same length, taken right after it (at least decode_steps runs of one decode step on
-// identical work, or at least 3 prefills). On a shared host both sides are disturbed by
-// neighbours, and the best run of each is what the machine can do. The median run is printed
-// too, for what a user sees typically. Each figure is measured in `repeats` rounds, every time
-// right after its own ceiling, and the medians over the rounds are printed.
+// Like is compared with like. A ceiling is the best run of its probe within a window; the
+// figure beside it is the best run of the engine within a window as long and as close to it as
+// it can be: a prefill's window (kWindowSeconds, at least 3 prefills) right after the GEMM
+// ceiling's, and a decode step's runs (at least decode_steps of one decode step on identical
+// work) interleaved with the bandwidth probe's passes in one window of 2 x kWindowSeconds
+// (the GEMM ceiling of a decode row is measured just before it). On a shared host both sides
+// are disturbed by neighbours, and the best run of each is what the machine can do. The median
+// run is printed too, for what a user sees typically. Each figure is measured in `repeats`
+// rounds, every time with its own ceilings, and the medians over the rounds are printed.
 #include "bench/engine_bench.h"
 
 #include <algorithm>
@@ -63,12 +65,17 @@ Result<RunTimes> TimeRuns(int min_runs, Fn&& once) {
   return RunTimes{.best = *std::min_element(runs.begin(), runs.end()), .median = Median(runs)};
 }
 
-// Times one decode step of `batch` sequences that each already hold `context` tokens. Every
-// run repeats the same step (the token at position `context`, whose K/V it rewrites), so all
-// runs do identical work. The KV content does not change the work (no path depends on it):
-// sequence 0's pages hold what the prefill wrote, the others zeros.
+// Times one decode step of `batch` sequences that each already hold `context` tokens, in turn
+// with passes of the bandwidth probe, so that the step and its ceiling see the same neighbours
+// (on the dev VM the read rate moved by up to 2x between consecutive 0.3 s windows, and a step
+// timed after its ceiling read faster than it in some rounds). After one untimed step and one
+// untimed pass, steps and passes alternate until 2 x kWindowSeconds have passed and at least
+// `min_steps` steps were timed; *bandwidth receives the best pass. Every run repeats the same
+// step (the token at position `context`, whose K/V it rewrites), so all runs do identical
+// work. The KV content does not change the work (no path depends on it): sequence 0's pages
+// hold what the prefill wrote, the others zeros.
 Result<RunTimes> DecodeStepTimes(Transformer& model, KvCache& cache, int batch, int context,
-                                 int min_steps) {
+                                 int min_steps, MemoryBandwidthProbe& probe, double* bandwidth) {
   const int page_tokens = cache.layout().page_tokens;
   const int pages_per_seq = (context + 1 + page_tokens - 1) / page_tokens;
   std::vector<std::vector<PageId>> tables(batch);
@@ -84,7 +91,18 @@ Result<RunTimes> DecodeStepTimes(Transformer& model, KvCache& cache, int batch, 
                       .want_logits = true});
   }
   std::vector<float> logits;
-  return TimeRuns(min_steps, [&] { return model.Forward(chunks, cache, &logits); });
+  PD_RETURN_IF_ERROR(model.Forward(chunks, cache, &logits));
+  (void)probe.Pass();
+  *bandwidth = 0.0;
+  std::vector<double> runs;
+  const auto start = std::chrono::steady_clock::now();
+  while (static_cast<int>(runs.size()) < min_steps || Seconds(start) < 2 * kWindowSeconds) {
+    *bandwidth = std::max(*bandwidth, probe.Pass());
+    const auto t0 = std::chrono::steady_clock::now();
+    PD_RETURN_IF_ERROR(model.Forward(chunks, cache, &logits));
+    runs.push_back(Seconds(t0));
+  }
+  return RunTimes{.best = *std::min_element(runs.begin(), runs.end()), .median = Median(runs)};
 }
 
 // One row of the table: per round, a ceiling measured right before the figure it bounds, so
@@ -221,8 +239,9 @@ Status RunEngineBench(ModelDir& dir, const EngineBenchOptions& f) {
       DecodeRow& d = decode.emplace_back(DecodeRow{.context = ctx, .batch = b, .row = {}});
       for (int r = 0; r < f.repeats; ++r) {
         PD_ASSIGN_OR_RETURN(double gemm, gemm_rate());
-        PD_ASSIGN_OR_RETURN(double bandwidth, probe.Measure(kWindowSeconds));
-        PD_ASSIGN_OR_RETURN(RunTimes t, DecodeStepTimes(model, *cache, b, ctx, f.decode_steps));
+        double bandwidth = 0.0;
+        PD_ASSIGN_OR_RETURN(
+            RunTimes t, DecodeStepTimes(model, *cache, b, ctx, f.decode_steps, probe, &bandwidth));
         bandwidths.push_back(bandwidth);
         gemm_rates.push_back(gemm);
         // A step reads every weight once whatever the batch, and each sequence's K/V; past the
@@ -253,7 +272,8 @@ Status RunEngineBench(ModelDir& dir, const EngineBenchOptions& f) {
       2 * c.intermediate_size, c.hidden_size, Median(bandwidths) / 1e9);
   std::printf(
       "medians of %d rounds; in each round the best run of a %.1f s window, against the best run "
-      "of its ceiling in a window as long, measured just before; a decode ceiling is read "
+      "of its ceiling in a window as long (a prefill: measured just before; a decode step: its "
+      "runs alternate with the bandwidth probe's passes in one window); a decode ceiling is read "
       "bandwidth over weights + K/V bytes per step, or the GEMM rate where that is lower; "
       "\"of bandwidth\" is a decode row's ratio to the bandwidth ceiling alone\n\n",
       f.repeats, kWindowSeconds);

@@ -80,6 +80,17 @@ TEST(CeilingsTest, BandwidthIsPositiveAndFinite) {
   EXPECT_GT(*odd, 0.0);
 }
 
+// The single passes a benchmark interleaves with its work: every kind of read, in turn.
+TEST(CeilingsTest, ProbePassesArePositiveAndFinite) {
+  Result<MemoryBandwidthProbe> probe = MemoryBandwidthProbe::Create(4 << 20, /*threads=*/2);
+  ASSERT_TRUE(probe.ok()) << probe.status().ToString();
+  for (int i = 0; i < 2 * kProbePasses; ++i) {
+    const double rate = probe->Pass();
+    EXPECT_GT(rate, 0.0) << "pass " << i;
+    EXPECT_TRUE(std::isfinite(rate)) << "pass " << i;
+  }
+}
+
 TEST(CeilingsTest, BadArgumentsAreErrors) {
   EXPECT_EQ(MeasureGemmFlops(DType::kBF16, 0, 8, 8, 1, 0.0).status().code(),
             StatusCode::kInvalidArgument);
