@@ -39,23 +39,17 @@ void ParallelFor(int64_t n, bool parallel, Body&& body) {
 }
 
 // Walks a product's tiles: weight blocks in parallel, token blocks of kTokenBlock rows in
-// sequence (so they stay in L2 while every weight block streams past), at most tile_tokens rows
-// per tile. tile(block, first_row, rows) computes one tile. A token block is cut into as few
-// tiles as it needs, of sizes that differ by at most one (32 rows in tiles of up to 6: 6, 6, 5,
-// 5, 5, 5, not 6 x 5 and 2): every tile re-reads the weight block, and a small one does little
-// work for that. Small products run on the calling thread: waking the team costs more than it
-// saves.
+// sequence (so they stay in L2 while every weight block streams past), tile_tokens rows per
+// tile. tile(block, first_row, rows) computes one tile. Small products run on the calling
+// thread: waking the team costs more than it saves.
 template <typename TileAt>
 void ForEachTile(int m, int n, int k, int weight_blocks, int tile_tokens, TileAt&& tile) {
   const bool parallel = static_cast<int64_t>(std::min(m, kTokenBlock)) * n * k >= kParallelMacs;
   for (int tb = 0; tb < m; tb += kTokenBlock) {
-    const int rows = std::min(m - tb, kTokenBlock);
-    const int tiles = (rows + tile_tokens - 1) / tile_tokens;
+    const int t_end = std::min(m, tb + kTokenBlock);
     ParallelFor(weight_blocks, parallel, [&](int64_t b) {
-      for (int i = 0, t = tb; i < tiles; ++i) {
-        const int size = rows / tiles + (i < rows % tiles ? 1 : 0);
-        tile(static_cast<int>(b), t, size);
-        t += size;
+      for (int t = tb; t < t_end; t += tile_tokens) {
+        tile(static_cast<int>(b), t, std::min(tile_tokens, t_end - t));
       }
     });
   }
