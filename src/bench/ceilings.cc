@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <string_view>
 
+#include "common/check.h"
 #include "common/dtype.h"
 #include "kernels/dispatch.h"
 
@@ -174,15 +175,10 @@ uint64_t XorLines(const uint8_t* p, size_t bytes) {
 
 // Pass `pass` of the probe (kPassAhead[pass]).
 uint64_t XorPass(const uint8_t* p, size_t bytes, int pass) {
-  static_assert(kProbePasses == 3);
-  switch (pass) {
-    case 1:
-      return XorLines<kPassAhead[1]>(p, bytes);
-    case 2:
-      return XorLines<kPassAhead[2]>(p, bytes);
-    default:
-      return XorLines<kPassAhead[0]>(p, bytes);
-  }
+  static constexpr uint64_t (*kReads[kProbePasses])(const uint8_t*, size_t) = {
+      XorLines<kPassAhead[0]>, XorLines<kPassAhead[1]>, XorLines<kPassAhead[2]>};
+  PD_CHECK(pass >= 0 && pass < kProbePasses);
+  return kReads[pass](p, bytes);
 }
 
 }  // namespace
@@ -351,14 +347,8 @@ double MemoryBandwidthProbe::Pass() {
 Result<double> MemoryBandwidthProbe::Measure(double seconds) {
   PD_RETURN_IF_ERROR(CheckDuration(seconds));
   // Passes take the reads of kPassAhead in turn; the best of all counts.
-  double best = 0.0;
-  bool warm = false;  // BestRunSeconds' first call is its warm-up: not counted
-  (void)BestRunSeconds(seconds, [&] {
-    const double rate = Pass();
-    if (warm) best = std::max(best, rate);
-    warm = true;
-  });
-  return best;
+  const double best = BestRunSeconds(seconds, [&] { (void)Pass(); });
+  return static_cast<double>(bytes_) / best;
 }
 
 Result<double> MeasureMemoryBandwidth(size_t bytes, int threads, double seconds) {

@@ -50,14 +50,17 @@ struct RunTimes {
 
 constexpr double kWindowSeconds = 0.3;
 
-// Runs `once` (after one untimed warm-up) until kWindowSeconds have passed and at least
-// `min_runs` runs were timed.
-template <typename Fn>
-Result<RunTimes> TimeRuns(int min_runs, Fn&& once) {
+// Runs `once` until `window` seconds have passed and at least `min_runs` runs were timed, each
+// run after a call of `between` (untimed: the ceiling's probe, where it shares the window).
+// One untimed run of each comes first, as a warm-up.
+template <typename Fn, typename Between>
+Result<RunTimes> TimeRuns(int min_runs, double window, Fn&& once, Between&& between) {
   PD_RETURN_IF_ERROR(once());
+  between();
   std::vector<double> runs;
   const auto start = std::chrono::steady_clock::now();
-  while (static_cast<int>(runs.size()) < min_runs || Seconds(start) < kWindowSeconds) {
+  while (static_cast<int>(runs.size()) < min_runs || Seconds(start) < window) {
+    between();
     const auto t0 = std::chrono::steady_clock::now();
     PD_RETURN_IF_ERROR(once());
     runs.push_back(Seconds(t0));
@@ -91,22 +94,20 @@ Result<RunTimes> DecodeStepTimes(Transformer& model, KvCache& cache, int batch, 
                       .want_logits = true});
   }
   std::vector<float> logits;
-  PD_RETURN_IF_ERROR(model.Forward(chunks, cache, &logits));
-  (void)probe.Pass();
   *bandwidth = 0.0;
-  std::vector<double> runs;
-  const auto start = std::chrono::steady_clock::now();
-  while (static_cast<int>(runs.size()) < min_steps || Seconds(start) < 2 * kWindowSeconds) {
-    *bandwidth = std::max(*bandwidth, probe.Pass());
-    const auto t0 = std::chrono::steady_clock::now();
-    PD_RETURN_IF_ERROR(model.Forward(chunks, cache, &logits));
-    runs.push_back(Seconds(t0));
-  }
-  return RunTimes{.best = *std::min_element(runs.begin(), runs.end()), .median = Median(runs)};
+  bool warm = false;  // TimeRuns' first pass is the warm-up: not counted
+  return TimeRuns(
+      min_steps, 2 * kWindowSeconds, [&] { return model.Forward(chunks, cache, &logits); },
+      [&] {
+        const double rate = probe.Pass();
+        if (warm) *bandwidth = std::max(*bandwidth, rate);
+        warm = true;
+      });
 }
 
-// One row of the table: per round, a ceiling measured right before the figure it bounds, so
-// that the host's load drifting between the two does not skew the ratio. Medians are printed.
+// One row of the table: per round, a ceiling measured beside the figure it bounds (just before
+// it, or in the same window), so that the host's load drifting between the two does not skew
+// the ratio. Medians are printed.
 // `tokens` are processed per run; `work` units (FLOP or bytes) are done per run.
 // Decode rows also keep the ratio to the bandwidth ceiling alone (`by_bandwidth`, tokens/s),
 // whichever ceiling binds: the figure a decode node's memory-bound goal is stated in.
@@ -224,7 +225,7 @@ Status RunEngineBench(ModelDir& dir, const EngineBenchOptions& f) {
   std::vector<double> gemm_rates, bandwidths;
   for (int r = 0; r < f.repeats; ++r) {
     PD_ASSIGN_OR_RETURN(double gemm, gemm_rate());
-    PD_ASSIGN_OR_RETURN(RunTimes t, TimeRuns(3, prefill_once));
+    PD_ASSIGN_OR_RETURN(RunTimes t, TimeRuns(3, kWindowSeconds, prefill_once, [] {}));
     gemm_rates.push_back(gemm);
     prefill.Add(t, f.prompt_len, prefill_flops, gemm / (prefill_flops / f.prompt_len));
   }
