@@ -69,12 +69,20 @@ void RoundQueryHeads(const float* q, int heads, int hd, float* rounded, uint16_t
 
 // One kernel path: the ISA-specific pieces behind the public functions of kernels.h. The
 // walkers, packing and scratch management that do not depend on the ISA live in kernels.cc.
+// The share of the next weight block that a tile brings toward L2 while it computes: `bytes`
+// from `at` (none: null). Only a hint for the memory system; it never changes a value.
+struct BlockAhead {
+  const void* at = nullptr;
+  int64_t bytes = 0;
+};
+
 struct KernelTable {
   const char* name;
   // One tile of MatMulBF16: `groups` 16-column groups of the packed block at `block` (first
-  // column c0) x `tokens` rows of x from t0; tokens <= packed_tile_tokens.
+  // column c0) x `tokens` rows of x from t0; tokens <= packed_tile_tokens. A path may spread
+  // software prefetches of `ahead` over the tile's k pairs, or ignore it.
   void (*packed_tile)(const uint16_t* x, const uint16_t* block, float* y, int n, int k, int c0,
-                      int t0, int groups, int tokens);
+                      int t0, int groups, int tokens, BlockAhead ahead);
   // Rows of x per packed_tile call (its `tokens` never exceed it): kTokens for the vector
   // paths, 16 for the AMX tiles.
   int packed_tile_tokens;

@@ -41,7 +41,7 @@ struct ModelTiles {
 };
 
 void PackedTile(const uint16_t* x, const uint16_t* block, float* y, int n, int k, int c0, int t0,
-                int groups, int tokens) {
+                int groups, int tokens, internal::BlockAhead /*ahead: not used*/) {
   ModelTiles tiles;  // one thread's tile registers, as the hardware keeps them per thread
   AmxPackedTile(tiles, x, block, y, n, k, c0, t0, groups, tokens);
 }

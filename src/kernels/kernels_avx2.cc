@@ -226,7 +226,7 @@ void RowsTile(const uint16_t* x, const uint16_t* block, float* y, int n, int k, 
 }
 
 void PackedTile(const uint16_t* x, const uint16_t* block, float* y, int n, int k, int c0, int t0,
-                int groups, int tokens) {
+                int groups, int tokens, internal::BlockAhead /*ahead: not used*/) {
   static_assert(kTokens <= 6, "ChunkColumns<2, 6> holds at most 6 rows");
   if (tokens >= 2) {
     RowsTile(x, block, y, n, k, c0, t0, groups, tokens);

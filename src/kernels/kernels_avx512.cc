@@ -146,11 +146,12 @@ constexpr int kPrefetchMinTokens = 4;
 // One tile: G groups of 16 columns of one block x T rows of x.
 template <int G, int T>
 struct TilePacked {
-  static void Run(const uint16_t* x, const uint16_t* block, float* y, int n, int k, int c0, int t0);
+  static void Run(const uint16_t* x, const uint16_t* block, float* y, int n, int k, int c0, int t0,
+                  internal::BlockAhead ahead);
 };
 template <int G, int T>
 void TilePacked<G, T>::Run(const uint16_t* x, const uint16_t* block, float* y, int n, int k, int c0,
-                           int t0) {
+                           int t0, internal::BlockAhead ahead) {
   __m512 acc[G][T];
   for (int g = 0; g < G; ++g)
     for (int t = 0; t < T; ++t) acc[g][t] = _mm512_setzero_ps();
@@ -179,8 +180,18 @@ void TilePacked<G, T>::Run(const uint16_t* x, const uint16_t* block, float* y, i
       for (int g = 0; g < G; ++g) acc[g][t] = _mm512_dpbf16_ps(acc[g][t], xv, wv[g]);
     }
   };
+  // The next block's share (BlockAhead), into L2 a line at a time, evenly over the k pairs: a
+  // Bresenham count of `lines` per `pairs`.
+  const char* ahead_line = static_cast<const char*>(ahead.at);
+  const int64_t ahead_lines = ahead.at != nullptr ? (ahead.bytes + 63) / 64 : 0;
+  const int64_t pairs = internal::Pairs(k);
+  int64_t owed = 0;
   const int full_pairs = k / 2;
   for (int p = 0; p < full_pairs; ++p) {
+    for (owed += ahead_lines; owed >= pairs; owed -= pairs) {
+      _mm_prefetch(ahead_line, _MM_HINT_T1);
+      ahead_line += 64;
+    }
     step(p, [](const uint16_t* row, int q) {
       uint32_t bits;
       std::memcpy(&bits, row + 2 * q, sizeof(bits));
@@ -198,7 +209,8 @@ void TilePacked<G, T>::Run(const uint16_t* x, const uint16_t* block, float* y, i
   }
 }
 
-using PackedTileFn = void (*)(const uint16_t*, const uint16_t*, float*, int, int, int, int);
+using PackedTileFn = void (*)(const uint16_t*, const uint16_t*, float*, int, int, int, int,
+                              internal::BlockAhead);
 
 template <int G, size_t... T>
 constexpr Array<PackedTileFn, kTokens + 1> PackedTiles(std::index_sequence<T...>) {
@@ -718,9 +730,9 @@ void AttendPages(const internal::PageQuery* queries, int count, const internal::
 }
 
 void PackedTile(const uint16_t* x, const uint16_t* block, float* y, int n, int k, int c0, int t0,
-                int groups, int tokens) {
+                int groups, int tokens, internal::BlockAhead ahead) {
   static constexpr auto kTiles = PackedTileTable(std::make_index_sequence<kBlockGroups>());
-  kTiles[groups][tokens](x, block, y, n, k, c0, t0);
+  kTiles[groups][tokens](x, block, y, n, k, c0, t0, ahead);
 }
 
 void F32Tile(const float* x, const float* w, float* y, int n, int k, int r0, int t0, int rows,

@@ -23,7 +23,7 @@ inline void PairOf(const uint16_t* row, int k, int p, float* even, float* odd) {
 }
 
 void PackedTile(const uint16_t* x, const uint16_t* block, float* y, int n, int k, int c0, int t0,
-                int groups, int tokens) {
+                int groups, int tokens, internal::BlockAhead /*ahead: not used*/) {
   const int cols = groups * kGroupCols;
   const int pairs = internal::Pairs(k);
   float acc[kBlockCols];

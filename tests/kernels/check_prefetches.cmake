@@ -1,7 +1,9 @@
 # ctest script: fails if the page-attention functions (AttendPagesOf<T>) of the avx2 or avx512 kernel
-# object have lost their software prefetches. GCC once deleted every call of a helper that only
-# prefetched (it was treated as a function without effects), silently: no value changes, only
-# the speed of attention at long context (~70 -> ~48 ms a step on the avx2 path once restored).
+# object have lost their software prefetches, or the avx512 product tiles (TilePacked<G, T>::Run)
+# their L2 prefetches of the next weight block (prefetcht1). GCC once deleted every call of a
+# helper that only prefetched (it was treated as a function without effects), silently: no
+# value changes, only the speed of attention at long context (~70 -> ~48 ms a step on the avx2
+# path once restored).
 # Arguments: -DOBJDUMP=objdump -DOBJECTS=a.o|b.o (objects not named kernels_avx* are ignored).
 string(REPLACE "|" ";" objects "${OBJECTS}")
 set(checked 0)
@@ -18,20 +20,30 @@ foreach(obj IN LISTS objects)
   string(REPLACE ";" "," out "${out}")
   string(REPLACE "\n\n" ";" blocks "${out}")
   set(functions 0)
+  set(tiles 0)
   foreach(block IN LISTS blocks)
-    if(block MATCHES "^[0-9a-f]+ <[^\n]*AttendPagesOf<[^\n]*>:")
+    string(REGEX MATCH "^[0-9a-f]+ <[^\n]*>:" head "${block}")
+    if(head MATCHES "AttendPagesOf<")
       math(EXPR functions "${functions} + 1")
       if(NOT block MATCHES "\tprefetcht[012] ")
-        string(REGEX MATCH "<[^\n]*>" name "${block}")
-        message(FATAL_ERROR "${obj}: ${name} has no prefetch instruction left (a prefetch-only "
+        message(FATAL_ERROR "${obj}: ${head} has no prefetch instruction left (a prefetch-only "
                             "helper optimised away?)")
+      endif()
+    elseif(obj MATCHES "avx512" AND head MATCHES "TilePacked<[^\n]*>::Run")
+      math(EXPR tiles "${tiles} + 1")
+      if(NOT block MATCHES "\tprefetcht1 ")
+        message(FATAL_ERROR "${obj}: ${head} has no prefetcht1 (the next block's share) left")
       endif()
     endif()
   endforeach()
   if(functions EQUAL 0)
     message(FATAL_ERROR "${obj}: no AttendPagesOf function found")
   endif()
-  message(STATUS "${obj}: ${functions} AttendPagesOf functions, each with prefetches")
+  if(obj MATCHES "avx512" AND tiles EQUAL 0)
+    message(FATAL_ERROR "${obj}: no TilePacked<G, T>::Run function found")
+  endif()
+  message(STATUS "${obj}: ${functions} AttendPagesOf functions, each with prefetches; "
+                 "${tiles} product tiles, each with prefetcht1")
   math(EXPR checked "${checked} + 1")
 endforeach()
 if(NOT checked EQUAL 2)
