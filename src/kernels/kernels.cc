@@ -40,8 +40,12 @@ void ParallelFor(int64_t n, bool parallel, Body&& body) {
 
 // Walks a product's tiles: weight blocks in parallel, token blocks of kTokenBlock rows in
 // sequence (so they stay in L2 while every weight block streams past), tile_tokens rows per
-// tile. tile(block, first_row, rows) computes one tile. Small products run on the calling
-// thread: waking the team costs more than it saves.
+// tile. tile(block, first_row, rows, token_block) computes one tile of the token block
+// [token_block.first, token_block.end). Small products run on the calling thread: waking the
+// team costs more than it saves.
+struct TokenBlock {
+  int first, end;
+};
 template <typename TileAt>
 void ForEachTile(int m, int n, int k, int weight_blocks, int tile_tokens, TileAt&& tile) {
   const bool parallel = static_cast<int64_t>(std::min(m, kTokenBlock)) * n * k >= kParallelMacs;
@@ -49,7 +53,7 @@ void ForEachTile(int m, int n, int k, int weight_blocks, int tile_tokens, TileAt
     const int t_end = std::min(m, tb + kTokenBlock);
     ParallelFor(weight_blocks, parallel, [&](int64_t b) {
       for (int t = tb; t < t_end; t += tile_tokens) {
-        tile(static_cast<int>(b), t, std::min(tile_tokens, t_end - t));
+        tile(static_cast<int>(b), t, std::min(tile_tokens, t_end - t), TokenBlock{tb, t_end});
       }
     });
   }
@@ -216,24 +220,26 @@ void MatMulBF16(const uint16_t* x, const uint16_t* packed_w, float* y, int m, in
   const internal::KernelTable& path = Active();
   const size_t block_elems = static_cast<size_t>(internal::Pairs(k)) * kPairElems;
   const int blocks = internal::ColBlocks(n);
-  // A block's first tile reads it from memory and every later tile from L2, so the first tile
-  // waits on the memory while the later ones leave it idle. With one token block (a decode
-  // batch) of at least three tiles, the later tiles bring the next block (the thread's next
-  // one under ParallelFor's static schedule) toward L2, in shares by rows, so that its stream
-  // runs under their compute. With fewer rows the product is bound by the stream itself and
-  // the hint only costs: the decode step's products (scratch harness, alternating in one
-  // process, Zen 5) took 8 rows +20%, 16 rows +3%, 18 rows -2%, 19-32 rows -7 to -10%, 64 and
-  // 96 rows -5%.
+  // Within a token block, a weight block's first tile reads it from memory and every later tile
+  // from L2, so the first tile waits on the memory while the later ones leave it idle. In a
+  // token block of at least three tiles, the later tiles bring the next weight block (the
+  // thread's next one under ParallelFor's static schedule) toward L2, in shares by rows, so that
+  // its stream runs under their compute. With fewer rows the product is bound by the stream
+  // itself and the hint only costs. The products of a decode step or a prefill chunk with the
+  // hint in every later tile against none (scratch harness, alternating in one process, Zen 5):
+  // 8 rows +20% time, 16 rows +3%, 18 rows -2%, 19-32 rows -7 to -10%, 64 to 128 rows -5%, 256
+  // rows -3%.
   const int first_rows = path.packed_tile_tokens;
-  const bool ahead = m >= 3 * first_rows && m <= kTokenBlock;
   const int64_t block_bytes = static_cast<int64_t>(block_elems * sizeof(uint16_t));
-  ForEachTile(m, n, k, blocks, path.packed_tile_tokens, [&](int b, int t, int tokens) {
+  ForEachTile(m, n, k, blocks, first_rows, [&](int b, int t, int tokens, TokenBlock tb) {
     const int c0 = b * kBlockCols;
     const int groups = std::min(kBlockGroups, (n - c0 + kGroupCols - 1) / kGroupCols);
+    const int rows = tb.end - tb.first;
+    const int later = t - tb.first - first_rows;  // rows of the later tiles before this one
     internal::BlockAhead next;
-    if (ahead && t >= first_rows && b + 1 < blocks) {
-      const int64_t from = block_bytes * (t - first_rows) / (m - first_rows) / 64 * 64;
-      const int64_t to = block_bytes * (t + tokens - first_rows) / (m - first_rows);
+    if (rows >= 3 * first_rows && later >= 0 && b + 1 < blocks) {
+      const int64_t from = block_bytes * later / (rows - first_rows) / 64 * 64;
+      const int64_t to = block_bytes * (later + tokens) / (rows - first_rows);
       next = {.at = reinterpret_cast<const uint8_t*>(packed_w + (b + 1) * block_elems) + from,
               .bytes = to - from};
     }
@@ -243,7 +249,7 @@ void MatMulBF16(const uint16_t* x, const uint16_t* packed_w, float* y, int m, in
 
 void MatMulF32(const float* x, const float* w, float* y, int m, int n, int k) {
   const internal::KernelTable& path = Active();
-  ForEachTile(m, n, k, (n + kRows - 1) / kRows, kTokens, [&](int b, int t, int tokens) {
+  ForEachTile(m, n, k, (n + kRows - 1) / kRows, kTokens, [&](int b, int t, int tokens, TokenBlock) {
     const int r0 = b * kRows;
     path.f32_tile(x, w, y, n, k, r0, t, std::min(kRows, n - r0), tokens);
   });
