@@ -67,8 +67,6 @@ int QueryPairs(int hd);
 // instruction treats denormal inputs as zero; so does every path, by never seeing one).
 void RoundQueryHeads(const float* q, int heads, int hd, float* rounded, uint16_t* pairs);
 
-// One kernel path: the ISA-specific pieces behind the public functions of kernels.h. The
-// walkers, packing and scratch management that do not depend on the ISA live in kernels.cc.
 // The share of the next weight block that a tile brings toward L2 while it computes: `bytes`
 // from `at` (none: null). Only a hint for the memory system; it never changes a value.
 struct BlockAhead {
@@ -76,6 +74,8 @@ struct BlockAhead {
   int64_t bytes = 0;
 };
 
+// One kernel path: the ISA-specific pieces behind the public functions of kernels.h. The
+// walkers, packing and scratch management that do not depend on the ISA live in kernels.cc.
 struct KernelTable {
   const char* name;
   // One tile of MatMulBF16: `groups` 16-column groups of the packed block at `block` (first
