@@ -317,8 +317,9 @@ float ExpInPlace(float* sh, int64_t ctx, float max) {
 // The generic path's values, bit for bit (kernel_table.h): a score is one lane per position
 // summing q . k over d in order (FMA) and then scaled; the softmax maximum and sum take 16 lanes
 // (position mod 16) and the lane tree; each element of the V sum adds its positions in order.
-// K is transposed 16 positions at a time in registers (a block of head_dim at a time) that every
-// query and head of the run use, widened as it is used, and V rows are widened as they load.
+// K is transposed 16 positions (a key tile) at a time for every query and head of the run: over
+// a BF16 cache two tiles at a time into words in L1 (PassScores), over an F32 cache in
+// registers, a block of head_dim at a time (TileScoresF32); V rows are used as they load.
 
 // Positions per key tile: one 16-lane score vector (the avx2 path's tile holds 8, its width).
 constexpr int kKeyTile = 16;
@@ -353,12 +354,6 @@ inline void Transpose16x16(__m512 (&v)[16]) {
   TransposeStage<1>(v);
 }
 
-// Scores straight from the K rows: a block of the rows' columns is loaded and transposed in
-// registers (BF16: 16 x 16 32-bit words, 16 pairs of head_dim, as vdpbf16ps takes them; F32:
-// 16 elements), and every query and head of the run multiplies it while it is there, so the
-// transposed keys never go through memory. Across blocks a score's sum waits in the scores
-// array (storing a float changes nothing): the sum over d stays in order.
-
 // rows[0, 16) -> v[w] lane i: 32-bit word w of row i's block at element c0 (BF16: elements
 // c0 + 2w, c0 + 2w + 1; F32: element c0 + w). `mask` covers the block's live elements; the
 // others are zeros.
@@ -373,47 +368,30 @@ inline void LoadBlockF32(const float* const* rows, int c0, __mmask16 mask, __m51
   Transpose16x16(v);
 }
 
+// ---- Scores over an F32 cache, straight from the K rows ----
+//
+// A block of 16 columns of a key tile's rows is loaded and transposed in registers
+// (LoadBlockF32), and every query and head of the run multiplies it while it is there, so the
+// transposed keys never go through memory. Across blocks a score's sum waits in the scores
+// array (storing a float changes nothing): the sum over d stays in order.
+
 // One query's G heads over the block's `live` elements from d0: scores[h * stride, + 16) holds
 // head h's sums so far (`first`: none yet); on the `last` block they are scaled. q: the heads'
-// rows (BF16: PageQuery::q_bf16, rows of `row` values; F32: PageQuery::q, rows of hd).
-template <typename Elem, int G, bool kFull>
-[[gnu::always_inline]] inline void BlockScores(const __m512 (&v)[16], int live, const void* q,
-                                               int row, int d0, float* scores, int64_t stride,
+// rows of PageQuery::q (hd values each).
+template <int G, bool kFull>
+[[gnu::always_inline]] inline void BlockScores(const __m512 (&v)[16], int live, const float* q,
+                                               int hd, int d0, float* scores, int64_t stride,
                                                bool first, bool last, float scale) {
   __m512 acc[G];
   for (int h = 0; h < G; ++h) {
     acc[h] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(scores + h * stride);
   }
-  if constexpr (sizeof(Elem) == sizeof(uint16_t)) {
-    // A pair of q (two BF16 values, one 32-bit word) times word w of 16 positions' keys.
-    const uint16_t* qp = static_cast<const uint16_t*>(q) + d0;
-    auto pair = [&](int h, int w) {
-      uint32_t bits;
-      std::memcpy(&bits, qp + h * row + 2 * w, sizeof(bits));
-      return (__m512bh)_mm512_set1_epi32(static_cast<int>(bits));
-    };
-    if constexpr (kFull) {
+  const float* qf = q + d0;
+  const int n = kFull ? 16 : live;
 #pragma GCC unroll 16
-      for (int w = 0; w < 16; ++w) {  // unrolled, so that every v[w] is a register
-        for (int h = 0; h < G; ++h) {
-          acc[h] = _mm512_dpbf16_ps(acc[h], (__m512bh)_mm512_castps_si512(v[w]), pair(h, w));
-        }
-      }
-    } else {
-      for (int w = 0; w < (live + 1) / 2; ++w) {
-        for (int h = 0; h < G; ++h) {
-          acc[h] = _mm512_dpbf16_ps(acc[h], (__m512bh)_mm512_castps_si512(v[w]), pair(h, w));
-        }
-      }
-    }
-  } else {
-    const float* qf = static_cast<const float*>(q) + d0;
-    const int n = kFull ? 16 : live;
-#pragma GCC unroll 16
-    for (int e = 0; e < n; ++e) {
-      for (int h = 0; h < G; ++h) {
-        acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(qf[h * row + e]), v[e], acc[h]);
-      }
+  for (int e = 0; e < n; ++e) {  // unrolled, so that every v[e] is a register
+    for (int h = 0; h < G; ++h) {
+      acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(qf[h * hd + e]), v[e], acc[h]);
     }
   }
   const __m512 vscale = _mm512_set1_ps(scale);
@@ -424,55 +402,132 @@ template <typename Elem, int G, bool kFull>
 
 // BlockScores for g heads, 1 <= g <= kMaxGroup: a chain of comparisons the compiler inlines
 // (a table of function pointers would pass the block through memory).
-template <typename Elem, bool kFull, int... G>
+template <bool kFull, int... G>
 [[gnu::always_inline]] inline void GroupBlockScores(std::integer_sequence<int, G...>, int g,
-                                                    const __m512 (&v)[16], int live, const void* q,
-                                                    int row, int d0, float* scores, int64_t stride,
+                                                    const __m512 (&v)[16], int live, const float* q,
+                                                    int hd, int d0, float* scores, int64_t stride,
                                                     bool first, bool last, float scale) {
-  (void)((g == G + 1 ? (BlockScores<Elem, G + 1, kFull>(v, live, q, row, d0, scores, stride, first,
-                                                        last, scale),
-                        true)
-                     : false) ||
+  (void)((g == G + 1
+              ? (BlockScores<G + 1, kFull>(v, live, q, hd, d0, scores, stride, first, last, scale),
+                 true)
+              : false) ||
          ...);
 }
 
 // The scores of positions [p0, p0 + 16) (rows[i]: position p0 + i's K row, or a zero row past
 // the context) for every query of the run that reaches p0 and every head.
-template <typename Elem>
-void TileScores(const Elem* const* rows, const internal::PageQuery* queries, int count, int hd,
-                float scale, int heads, int64_t p0, float* scores, int64_t stride) {
-  constexpr bool kBF16 = sizeof(Elem) == sizeof(uint16_t);
-  constexpr int kBlock = kBF16 ? 32 : 16;
-  const int row = kBF16 ? (hd + 1) / 2 * 2 : hd;  // a row of PageQuery::q_bf16 or q
-  for (int d0 = 0; d0 < hd; d0 += kBlock) {
-    const int live = Min(kBlock, hd - d0);
+void TileScoresF32(const float* const* rows, const internal::PageQuery* queries, int count, int hd,
+                   float scale, int heads, int64_t p0, float* scores, int64_t stride) {
+  for (int d0 = 0; d0 < hd; d0 += 16) {
+    const int live = Min(16, hd - d0);
     __m512 v[16];
-    if constexpr (kBF16) {
-      LoadBlockBF16(rows, d0, live >= 32 ? ~__mmask32{0} : (__mmask32{1} << live) - 1, v);
-    } else {
-      LoadBlockF32(rows, d0, TailMask16(live), v);
-    }
-    const bool first = d0 == 0, last = d0 + kBlock >= hd;
+    LoadBlockF32(rows, d0, TailMask16(live), v);
+    const bool first = d0 == 0, last = d0 + 16 >= hd;
     for (int r = 0; r < count; ++r) {
       if (queries[r].ctx <= p0) continue;
       float* sr = scores + static_cast<int64_t>(r) * heads * stride + p0;
       for (int h = 0; h < heads; h += kMaxGroup) {
         const int g = Min(kMaxGroup, heads - h);
-        const void* q;
-        if constexpr (kBF16) {
-          q = queries[r].q_bf16 + h * row;
-        } else {
-          q = queries[r].q + h * row;
-        }
+        const float* q = queries[r].q + h * hd;
         constexpr auto kGroups = std::make_integer_sequence<int, kMaxGroup>();
-        if (live == kBlock) {
-          GroupBlockScores<Elem, true>(kGroups, g, v, live, q, row, d0, sr + h * stride, stride,
-                                       first, last, scale);
+        if (live == 16) {
+          GroupBlockScores<true>(kGroups, g, v, live, q, hd, d0, sr + h * stride, stride, first,
+                                 last, scale);
         } else {
-          GroupBlockScores<Elem, false>(kGroups, g, v, live, q, row, d0, sr + h * stride, stride,
-                                        first, last, scale);
+          GroupBlockScores<false>(kGroups, g, v, live, q, hd, d0, sr + h * stride, stride, first,
+                                  last, scale);
         }
       }
+    }
+  }
+}
+
+// ---- Scores over a BF16 cache: two key tiles at a time from transposed words in L1 ----
+//
+// The key tiles' rows are transposed (LoadBlockBF16) into words once, into an L1 buffer that
+// every query and head of the run reads: word w of a tile is 16 positions' elements 2w, 2w + 1,
+// the operand vdpbf16ps multiplies a broadcast q pair with. A pass over the words takes two
+// tiles, so that each head keeps two independent chains of vdpbf16ps (2 x G in flight, more
+// than the instruction's latency covers) and each q pair is broadcast once for both tiles; the
+// words of both tiles and the accumulators fit in registers (2 x kMaxGroup + 3). A score sums
+// its words in order in one register, then is scaled (the generic path's order). Against one
+// tile a pass with the keys transposed in registers (sessions 7-12): attention of batch 1 x
+// 1024 in L2 ~6% faster, of batch 32 x 2048 from memory ~5% (scratch harness, Zen 5); a
+// standalone loop over transposed words took 0.78 cycles a vdpbf16ps with 7 chains (one tile)
+// and 0.55 with 14 (two), against a peak of 0.5.
+
+// Words of the tiles of one pass: tile t, word w.
+using TileWords = __m512[2][16 * kMaxHeadChunks / 2];
+
+// rows[0, 16) (a key tile) -> words[0, (hd + 1) / 2).
+inline void TransposeTileWords(const uint16_t* const* rows, int hd, __m512* words) {
+  for (int d0 = 0; d0 < hd; d0 += 32) {
+    const int live = Min(32, hd - d0);
+    __m512 v[16];
+    LoadBlockBF16(rows, d0, live >= 32 ? ~__mmask32{0} : (__mmask32{1} << live) - 1, v);
+    if (live == 32) {  // unrolled, so that v stays in registers (a loop became a memcpy)
+#pragma GCC unroll 16
+      for (int w = 0; w < 16; ++w) _mm512_store_ps(words + d0 / 2 + w, v[w]);
+    } else {
+      for (int w = 0; w < (live + 1) / 2; ++w) _mm512_store_ps(words + d0 / 2 + w, v[w]);
+    }
+  }
+}
+
+// The scores of T tiles (16 positions each, 16 * T apart in `scores`) for G heads of one query:
+// scores[h * stride + 16 t, + 16) = scale * (q pairs of head h . the words of tile t). q: the
+// heads' pairs (PageQuery::q_bf16), rows of 2 * words values.
+template <int G, int T>
+[[gnu::always_inline]] inline void TileWordScores(const TileWords& tiles, int words,
+                                                  const uint16_t* q, float* scores, int64_t stride,
+                                                  float scale) {
+  __m512 acc[T][G];
+  for (int t = 0; t < T; ++t) {
+    for (int h = 0; h < G; ++h) acc[t][h] = _mm512_setzero_ps();
+  }
+  for (int w = 0; w < words; ++w) {
+    __m512bh k[T];
+    for (int t = 0; t < T; ++t) k[t] = (__m512bh)_mm512_castps_si512(tiles[t][w]);
+    for (int h = 0; h < G; ++h) {
+      uint32_t bits;
+      std::memcpy(&bits, q + (h * words + w) * 2, sizeof(bits));
+      const __m512bh pair = (__m512bh)_mm512_set1_epi32(static_cast<int>(bits));
+      for (int t = 0; t < T; ++t) acc[t][h] = _mm512_dpbf16_ps(acc[t][h], k[t], pair);
+    }
+  }
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int t = 0; t < T; ++t) {
+    for (int h = 0; h < G; ++h) {
+      _mm512_storeu_ps(scores + h * stride + 16 * t, _mm512_mul_ps(acc[t][h], vscale));
+    }
+  }
+}
+
+// TileWordScores for g heads, 1 <= g <= kMaxGroup (a chain of comparisons the compiler
+// inlines, as GroupBlockScores).
+template <int T, int... G>
+[[gnu::always_inline]] inline void GroupTileWordScores(std::integer_sequence<int, G...>, int g,
+                                                       const TileWords& tiles, int words,
+                                                       const uint16_t* q, float* scores,
+                                                       int64_t stride, float scale) {
+  (void)((g == G + 1 ? (TileWordScores<G + 1, T>(tiles, words, q, scores, stride, scale), true)
+                     : false) ||
+         ...);
+}
+
+// The scores of positions [p0, p0 + 16 * T) for every query of the run that reaches p0 and
+// every head, from the T tiles' words.
+template <int T>
+void PassScores(const TileWords& tiles, const internal::PageQuery* queries, int count, int hd,
+                float scale, int heads, int64_t p0, float* scores, int64_t stride) {
+  const int words = internal::QueryPairs(hd);
+  for (int r = 0; r < count; ++r) {
+    if (queries[r].ctx <= p0) continue;
+    float* sr = scores + static_cast<int64_t>(r) * heads * stride + p0;
+    for (int h = 0; h < heads; h += kMaxGroup) {
+      const int g = Min(kMaxGroup, heads - h);
+      GroupTileWordScores<T>(std::make_integer_sequence<int, kMaxGroup>(), g, tiles, words,
+                             queries[r].q_bf16 + h * 2 * words, sr + h * stride, stride, scale);
     }
   }
 }
@@ -676,19 +731,39 @@ void AttendPagesOf(const internal::PageQuery* queries, int count, const internal
     if (queries[r].ctx > ctx) ctx = queries[r].ctx;
   }
   const int64_t stride = (ctx + 15) / 16 * 16;
-  // Scores: each 16 positions' K rows serve every query of the run and every head.
+  // Scores: each pass's key tiles (two over a BF16 cache, PassScores; one over F32) serve every
+  // query of the run and every head.
+  constexpr bool kBF16 = sizeof(Elem) == sizeof(uint16_t);
+  constexpr int kPassTiles = kBF16 ? 2 : 1;
+  constexpr int kPass = kPassTiles * kKeyTile;
   PageCursor<Elem> cursor(kv.k, kv.page_tokens, hd, 0);
-  for (int64_t p0 = 0; p0 < ctx; p0 += kKeyTile) {
+  [[maybe_unused]] alignas(64) TileWords key_words;  // a BF16 pass's tiles, transposed
+  for (int64_t p0 = 0; p0 < ctx; p0 += kPass) {
     const int64_t near = Min(ctx, p0 + kKeyTilesAhead * kKeyTile);
     const int64_t far = Min(ctx, p0 + kTilesAheadL2 * kKeyTile);
-    PrefetchRows<Elem>(kv.k, kv.page_tokens, hd, near, Min(ctx, near + kKeyTile));
-    PrefetchRows<Elem, _MM_HINT_T1>(kv.k, kv.page_tokens, hd, far, Min(ctx, far + kKeyTile));
-    PrefetchRows<Elem, _MM_HINT_T1>(kv.v, kv.page_tokens, hd, far, Min(ctx, far + kKeyTile));
-    const Elem* rows[kKeyTile];
-    for (int r = 0; r < kKeyTile; ++r) {
-      rows[r] = p0 + r < ctx ? cursor.Next() : reinterpret_cast<const Elem*>(kZeroRow);
+    PrefetchRows<Elem>(kv.k, kv.page_tokens, hd, near, Min(ctx, near + kPass));
+    PrefetchRows<Elem, _MM_HINT_T1>(kv.k, kv.page_tokens, hd, far, Min(ctx, far + kPass));
+    PrefetchRows<Elem, _MM_HINT_T1>(kv.v, kv.page_tokens, hd, far, Min(ctx, far + kPass));
+    const int tiles = p0 + kKeyTile < ctx ? kPassTiles : 1;
+    for (int t = 0; t < tiles; ++t) {
+      const Elem* rows[kKeyTile];
+      for (int r = 0; r < kKeyTile; ++r) {
+        const int64_t p = p0 + kKeyTile * t + r;
+        rows[r] = p < ctx ? cursor.Next() : reinterpret_cast<const Elem*>(kZeroRow);
+      }
+      if constexpr (kBF16) {
+        TransposeTileWords(rows, hd, key_words[t]);
+      } else {
+        TileScoresF32(rows, queries, count, hd, scale, heads, p0, scores, stride);
+      }
     }
-    TileScores<Elem>(rows, queries, count, hd, scale, heads, p0, scores, stride);
+    if constexpr (kBF16) {
+      if (tiles == 2) {
+        PassScores<2>(key_words, queries, count, hd, scale, heads, p0, scores, stride);
+      } else {
+        PassScores<1>(key_words, queries, count, hd, scale, heads, p0, scores, stride);
+      }
+    }
   }
   // Softmax and the weighted V sum, per query and group of heads.
   alignas(64) float acc[kMaxGroup][16 * kMaxHeadChunks];
