@@ -1,8 +1,9 @@
-// Internals of src/kernels, shared by the three kernel paths (kernels_avx512.cc, kernels_avx2.cc,
-// kernels_generic.cc) and the code common to them (kernels.cc, dispatch.cc). Not for use
-// outside src/kernels, but for the kernels' own tests (tests/kernels/attend_pages_test.cc calls
-// a path's table to compare its two attention routes). Everything here is safe from any
-// thread; KernelTable entries follow the threading rules of kernels.h.
+// Internals of src/kernels, shared by the kernel paths (kernels_avx512.cc and
+// kernels_avx512_attention.cc, kernels_avx2.cc, kernels_generic.cc, the AMX files) and the code
+// common to them (kernels.cc, dispatch.cc). Not for use outside src/kernels, but for the kernels'
+// own tests (tests/kernels/attend_pages_test.cc calls a path's table to compare its two attention
+// routes). Everything here is safe from any thread; KernelTable entries follow the threading rules
+// of kernels.h.
 //
 // One rule keeps the paths apart: an ISA file is compiled with its own -m flags, so nothing it
 // defines may be an inline function or template that other files define too, or the linker may
@@ -119,6 +120,9 @@ extern const KernelTable kGenericKernels;
 #if defined(__x86_64__)
 extern const KernelTable kAvx2Kernels;
 extern const KernelTable kAvx512Kernels;
+// kAvx512Kernels.attend_pages, defined apart in kernels_avx512_attention.cc.
+void Avx512AttendPages(const PageQuery* queries, int count, const HeadPages& kv, int hd,
+                       float scale, int heads, float* scores);
 // AMX tile products (kernels_amx.cc): name and packed_tile* only; dispatch.cc adds the rest.
 extern const KernelTable kAmxKernels;
 #endif
