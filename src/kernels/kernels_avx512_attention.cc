@@ -527,21 +527,16 @@ void AttendPagesOf(const internal::PageQuery* queries, int count, const internal
   }
 }
 
-void AttendPages(const internal::PageQuery* queries, int count, const internal::HeadPages& kv,
-                 int hd, float scale, int heads, float* scores) {
-  if (kv.bf16) {
-    AttendPagesOf<uint16_t>(queries, count, kv, hd, scale, heads, scores);
-  } else {
-    AttendPagesOf<float>(queries, count, kv, hd, scale, heads, scores);
-  }
-}
-
 }  // namespace
 
 namespace internal {
 void Avx512AttendPages(const PageQuery* queries, int count, const HeadPages& kv, int hd,
                        float scale, int heads, float* scores) {
-  AttendPages(queries, count, kv, hd, scale, heads, scores);
+  if (kv.bf16) {
+    AttendPagesOf<uint16_t>(queries, count, kv, hd, scale, heads, scores);
+  } else {
+    AttendPagesOf<float>(queries, count, kv, hd, scale, heads, scores);
+  }
 }
 }  // namespace internal
 
