@@ -55,19 +55,23 @@ float ExpInPlace(float* sh, int64_t ctx, float max) {
 
 // Positions per key tile: one 16-lane score vector (the avx2 path's tile holds 8, its width).
 constexpr int kKeyTile = 16;
-// Software prefetch: the K rows of the key tile kKeyTilesAhead tiles ahead into L1, and the K
-// and V rows kTilesAheadL2 tiles ahead into L2, so that the V sum, which starts once every
-// score is known, finds its rows there; then the next value block into L1. A tile is one page
-// slice of 16 tokens at head_dim 64 (2 KB of BF16), too short for the hardware prefetchers to
-// train on. Scratch timing on the Zen 4 host (qwen2.5-0.5b's shape, batch 8 x 2048, one
-// thread): 26 ms a step with these distances, 34 ms without the V prefetch into L2, 47 ms
-// with no software prefetch at all (22 ms with K and V in L1); 1, 2 or 8 tiles ahead were
-// within the host's noise of these.
+// Software prefetch: the K rows of the key tile kKeyTilesAhead tiles ahead into L1 and
+// kTilesAheadL2 tiles ahead into L2 while the scores are computed; the V rows kValueBlocksAhead
+// value blocks ahead into L2 and the next value block into L1 while V is summed (its first
+// blocks during the softmax). A tile is one page slice of 16 tokens at head_dim 64 (2 KB of
+// BF16), too short for the hardware prefetchers to train on. V used to come into L2 with K,
+// during the scores: that asked the memory for K and V at once in one phase and for nothing in
+// the other, and one core cannot keep enough misses in flight for both (scratch, the Zen 5
+// host, batch 32 x 2048 of qwen2.5-0.5b's shape, a 24-layer step: 36 -> 33.5 ms on two
+// threads, 65 -> 57 ms on one; ~42 ms on one with K and V in L2). Earlier scratch timing on
+// the Zen 4 host (batch 8 x 2048, one thread): 26 ms a step with K and V prefetched, 47 ms
+// with no software prefetch at all (22 ms with K and V in L1).
 constexpr int kKeyTilesAhead = 2;
 constexpr int kTilesAheadL2 = 4;
 // Positions of V summed per block: a block (8 KB at head_dim 64 in BF16) stays in L1 while
 // every chunk pass goes over it.
 constexpr int kValueBlock = 64;
+constexpr int kValueBlocksAhead = 2;
 // An F32 cache's 16-column chunks of head_dim summed in one pass over a block: up to kMaxGroup
 // heads x 2 chunks keep 16 accumulators, 2 V chunks and a score broadcast in registers (a
 // BF16 cache's pass covers 32 elements, AddValuePairs).
@@ -78,6 +82,16 @@ constexpr int kPassChunks = 2;
 alignas(64) constexpr float kZeroRow[16 * kMaxHeadChunks] = {};
 
 #include "kernels/page_rows.inc"
+
+// While the V block before position `next` is summed: the block from `next` into L1 and the
+// one kValueBlocksAhead blocks past the summed one into L2 (those between are on their way).
+template <typename Elem>
+[[gnu::always_inline]] inline void PrefetchValueBlocks(const internal::HeadPages& kv, int64_t ctx,
+                                                       int hd, int64_t next) {
+  PrefetchRows<Elem>(kv.v, kv.page_tokens, hd, next, Min(ctx, next + kValueBlock));
+  const int64_t far = Min(ctx, next + (kValueBlocksAhead - 1) * kValueBlock);
+  PrefetchRows<Elem, _MM_HINT_T1>(kv.v, kv.page_tokens, hd, far, Min(ctx, far + kValueBlock));
+}
 
 inline void Transpose16x16(__m512 (&v)[16]) {
   TransposeStage<8>(v);
@@ -341,7 +355,7 @@ void SumValues(const internal::HeadPages& kv, int64_t ctx, int hd, const float* 
   for (int64_t p0 = 0; p0 < ctx; p0 += kValueBlock) {
     const int n = static_cast<int>(Min<int64_t>(kValueBlock, ctx - p0));
     for (int i = 0; i < n; ++i) rows[i] = cursor.Next();
-    PrefetchRows<float>(kv.v, kv.page_tokens, hd, p0 + n, Min(ctx, p0 + n + kValueBlock));
+    PrefetchValueBlocks<float>(kv, ctx, hd, p0 + n);
     for (int h = 0; h < g; ++h) rows_of[h] = sh + h * stride + p0;
     for (int c0 = 0; c0 < chunks; c0 += kPassChunks) {
       const int c = Min(kPassChunks, chunks - c0);
@@ -415,7 +429,7 @@ void SumValuePairs(const internal::HeadPages& kv, int64_t ctx, int hd, const flo
     const int n = static_cast<int>(Min<int64_t>(kValueBlock, ctx - p0));
     for (int i = 0; i < n; ++i) rows[i] = cursor.Next();
     if (n % 2 != 0) rows[n] = reinterpret_cast<const uint16_t*>(kZeroRow);
-    PrefetchRows<uint16_t>(kv.v, kv.page_tokens, hd, p0 + n, Min(ctx, p0 + n + kValueBlock));
+    PrefetchValueBlocks<uint16_t>(kv, ctx, hd, p0 + n);
     for (int h = 0; h < g; ++h) {
       // The numerators are BF16 values already (ExpInPlace): converting them is exact.
       for (int j = 0; j < n; j += 32) {
@@ -475,7 +489,6 @@ void AttendPagesOf(const internal::PageQuery* queries, int count, const internal
     const int64_t far = Min(ctx, p0 + kTilesAheadL2 * kKeyTile);
     PrefetchRows<Elem>(kv.k, kv.page_tokens, hd, near, Min(ctx, near + kPass));
     PrefetchRows<Elem, _MM_HINT_T1>(kv.k, kv.page_tokens, hd, far, Min(ctx, far + kPass));
-    PrefetchRows<Elem, _MM_HINT_T1>(kv.v, kv.page_tokens, hd, far, Min(ctx, far + kPass));
     const int tiles = p0 + kKeyTile < ctx ? kPassTiles : 1;
     for (int t = 0; t < tiles; ++t) {
       const Elem* rows[kKeyTile];
@@ -498,6 +511,8 @@ void AttendPagesOf(const internal::PageQuery* queries, int count, const internal
     }
   }
   // Softmax and the weighted V sum, per query and group of heads.
+  PrefetchRows<Elem, _MM_HINT_T1>(kv.v, kv.page_tokens, hd, 0,
+                                  Min<int64_t>(ctx, kValueBlocksAhead * kValueBlock));
   alignas(64) float acc[kMaxGroup][16 * kMaxHeadChunks];
   for (int r = 0; r < count; ++r) {
     const int64_t qctx = queries[r].ctx;
