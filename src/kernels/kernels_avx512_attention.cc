@@ -93,6 +93,28 @@ template <typename Elem>
   PrefetchRows<Elem, _MM_HINT_T1>(kv.v, kv.page_tokens, hd, far, Min(ctx, far + kValueBlock));
 }
 
+// One stage of an in-register 16 x 16 transpose: within every 2B x 2B block, swaps the
+// off-diagonal B x B blocks (row i, lanes with bit B set <-> row i + B, lanes with bit B clear).
+template <int B>
+inline void TransposeStage(__m512 (&v)[16]) {
+  alignas(64) static constexpr auto kIndex = [] {
+    Array<Array<int32_t, 16>, 2> idx{};  // permutex2var: 0-15 first row, 16-31 second
+    for (int l = 0; l < 16; ++l) {
+      idx[0][l] = (l & B) != 0 ? 16 + l - B : l;
+      idx[1][l] = (l & B) != 0 ? 16 + l : l + B;
+    }
+    return idx;
+  }();
+  const __m512i lo = _mm512_load_si512(kIndex[0].v);
+  const __m512i hi = _mm512_load_si512(kIndex[1].v);
+  for (int i = 0; i < 16; ++i) {
+    if ((i & B) != 0) continue;
+    const __m512 a = v[i], b = v[i + B];
+    v[i] = _mm512_permutex2var_ps(a, lo, b);
+    v[i + B] = _mm512_permutex2var_ps(a, hi, b);
+  }
+}
+
 inline void Transpose16x16(__m512 (&v)[16]) {
   TransposeStage<8>(v);
   TransposeStage<4>(v);
