@@ -34,10 +34,13 @@ struct Script {
 };
 
 // Times in this scripts' scenarios are far apart enough for a loaded 2-core machine. Under
-// ThreadSanitizer every access of the client and the server is instrumented: 25 ms was missed
-// there (the tests still fail there if a time is off by more than their scenario's gaps).
+// ThreadSanitizer every access of the client and the server is instrumented, and the first
+// race report of the process, even one tests/tsan.supp then silences (libcpp-httplib's), stops
+// every thread while the runtime reads the binaries' debug information to symbolize it: a
+// stream's chunk came 170-240 ms late there. So under TSan the times are checked only to
+// within that stall; the Release and ASan builds check them to 25 ms.
 #if defined(__SANITIZE_THREAD__)
-constexpr double kTolMs = 75;
+constexpr double kTolMs = 300;
 #else
 constexpr double kTolMs = 25;
 #endif

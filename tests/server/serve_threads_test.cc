@@ -59,6 +59,14 @@ int ThreadsAddedByGeneration(int threads) {
 }
 
 TEST(ServeThreadsTest, LoopThreadComputesWithTheTeamOfTheThreadsFlag) {
+#if defined(__SANITIZE_THREAD__)
+  // Every other test runs OpenMP teams of one (ctest's OMP_NUM_THREADS=1); this one cannot.
+  GTEST_SKIP() << "SKIPPED LOUDLY: ThreadSanitizer build. libgomp is not instrumented, so TSan "
+                  "does not see an OpenMP team's fork and join and reports the data a parallel "
+                  "region hands to its threads as raced; the node (teams of 4, 2 and 1 here) "
+                  "stops at its first report. The team sizes are checked in the Release and "
+                  "ASan builds.";
+#endif
   const int added_one = ThreadsAddedByGeneration(1);
   const int added_two = ThreadsAddedByGeneration(2);
   ASSERT_GE(added_one, 0);
