@@ -66,6 +66,16 @@ constexpr int kKeyTile = 16;
 // threads, 65 -> 57 ms on one; ~42 ms on one with K and V in L2). Earlier scratch timing on
 // the Zen 4 host (batch 8 x 2048, one thread): 26 ms a step with K and V prefetched, 47 ms
 // with no software prefetch at all (22 ms with K and V in L1).
+//
+// Over a BF16 cache the prefetches are paced: the loops that multiply (the word loop of the
+// scores, the pair loop of the V sum) each issue two lines into L1 and two into L2 an
+// iteration from LineStreams, which is the rate that covers a pass's (a block's) lines by its
+// end at any head_dim. Issued instead as loops of prefetches before each pass and block, they
+// came in bursts of 64-128 lines: from memory that was slower the faster the bursts went
+// (unrolled 2, 4, 8 times: +14%, +14%, +26% a step), and spreading them sped a step up
+// (scratch, Zen 5, batch 32 x 2048, a 24-layer step on one thread, paired alternations:
+// -17 to -19% from memory, -5% in L2; two threads through PagedAttention: 32.2 -> 30.1 ms,
+// batch 8 x 2048 8.7 -> 7.2 ms). Other distances or T0-only / T1-only streams were slower.
 constexpr int kKeyTilesAhead = 2;
 constexpr int kTilesAheadL2 = 4;
 // Positions of V summed per block: a block (8 KB at head_dim 64 in BF16) stays in L1 while
@@ -267,13 +277,26 @@ inline void TransposeTileWords(const uint16_t* const* rows, int hd, __m512* word
   }
 }
 
+// The lines a pass or a value block prefetches while it multiplies: `near` into L1, `far` into
+// L2, two of each an iteration of its loop.
+struct AheadLines {
+  LineStream<uint16_t> near, far;
+
+  [[gnu::always_inline]] void Step() {
+    near.Prefetch<_MM_HINT_T0>();
+    near.Prefetch<_MM_HINT_T0>();
+    far.Prefetch<_MM_HINT_T1>();
+    far.Prefetch<_MM_HINT_T1>();
+  }
+};
+
 // The scores of T tiles (16 positions each, 16 * T apart in `scores`) for G heads of one query:
 // scores[h * stride + 16 t, + 16) = scale * (q pairs of head h . the words of tile t). q: the
-// heads' pairs (PageQuery::q_bf16), rows of 2 * words values.
+// heads' pairs (PageQuery::q_bf16), rows of 2 * words values. Steps `ahead` once a word.
 template <int G, int T>
 [[gnu::always_inline]] inline void TileWordScores(const TileWords& tiles, int words,
                                                   const uint16_t* q, float* scores, int64_t stride,
-                                                  float scale) {
+                                                  float scale, AheadLines& ahead) {
   __m512 acc[T][G];
   for (int t = 0; t < T; ++t) {
     for (int h = 0; h < G; ++h) acc[t][h] = _mm512_setzero_ps();
@@ -281,6 +304,7 @@ template <int G, int T>
   for (int w = 0; w < words; ++w) {
     __m512bh k[T];
     for (int t = 0; t < T; ++t) k[t] = (__m512bh)_mm512_castps_si512(tiles[t][w]);
+    ahead.Step();
     for (int h = 0; h < G; ++h) {
       uint32_t bits;
       std::memcpy(&bits, q + (h * words + w) * 2, sizeof(bits));
@@ -302,17 +326,20 @@ template <int T, int... G>
 [[gnu::always_inline]] inline void GroupTileWordScores(std::integer_sequence<int, G...>, int g,
                                                        const TileWords& tiles, int words,
                                                        const uint16_t* q, float* scores,
-                                                       int64_t stride, float scale) {
-  (void)((g == G + 1 ? (TileWordScores<G + 1, T>(tiles, words, q, scores, stride, scale), true)
-                     : false) ||
+                                                       int64_t stride, float scale,
+                                                       AheadLines& ahead) {
+  (void)((g == G + 1
+              ? (TileWordScores<G + 1, T>(tiles, words, q, scores, stride, scale, ahead), true)
+              : false) ||
          ...);
 }
 
 // The scores of positions [p0, p0 + 16 * T) for every query of the run that reaches p0 and
-// every head, from the T tiles' words.
+// every head, from the T tiles' words; the first query and group of heads issue the prefetches.
 template <int T>
 void PassScores(const TileWords& tiles, const internal::PageQuery* queries, int count, int hd,
-                float scale, int heads, int64_t p0, float* scores, int64_t stride) {
+                float scale, int heads, int64_t p0, float* scores, int64_t stride,
+                AheadLines& ahead) {
   const int words = internal::QueryPairs(hd);
   for (int r = 0; r < count; ++r) {
     if (queries[r].ctx <= p0) continue;
@@ -320,7 +347,8 @@ void PassScores(const TileWords& tiles, const internal::PageQuery* queries, int 
     for (int h = 0; h < heads; h += kMaxGroup) {
       const int g = Min(kMaxGroup, heads - h);
       GroupTileWordScores<T>(std::make_integer_sequence<int, kMaxGroup>(), g, tiles, words,
-                             queries[r].q_bf16 + h * 2 * words, sr + h * stride, stride, scale);
+                             queries[r].q_bf16 + h * 2 * words, sr + h * stride, stride, scale,
+                             ahead);
     }
   }
 }
@@ -422,10 +450,12 @@ void SumValues(const internal::HeadPages& kv, int64_t ctx, int hd, const float* 
 // wait between blocks in that order and are put back in place once, at the output.
 
 // acc[h][32 * c, + 32) += the weighted sum of the row pairs (rows[2i], rows[2i + 1]) for
-// i < pairs, weights w[h][i] (G heads; kTail: the 32-element chunk c is partial).
+// i < pairs, weights w[h][i] (G heads; kTail: the 32-element chunk c is partial). Steps `ahead`
+// once a pair (a copy in registers while it loops).
 template <int G, bool kTail>
 void AddValuePairs(const uint16_t* const* rows, int pairs, const uint32_t (*w)[kValueBlock / 2],
-                   int hd, int c, HeadAccumulators acc) {
+                   int hd, int c, HeadAccumulators acc, AheadLines& ahead_lines) {
+  AheadLines ahead = ahead_lines;
   const int live = hd - 32 * c;
   const __mmask32 mask = live >= 32 ? ~__mmask32{0} : (__mmask32{1} << live) - 1;
   __m512 lo[G], hi[G];
@@ -440,6 +470,7 @@ void AddValuePairs(const uint16_t* const* rows, int pairs, const uint32_t (*w)[k
     const __m512i b = kTail ? _mm512_maskz_loadu_epi16(mask, odd) : _mm512_loadu_si512(odd);
     const __m512bh vlo = (__m512bh)_mm512_unpacklo_epi16(a, b);
     const __m512bh vhi = (__m512bh)_mm512_unpackhi_epi16(a, b);
+    ahead.Step();
     for (int h = 0; h < G; ++h) {
       const __m512bh weights = (__m512bh)_mm512_set1_epi32(static_cast<int>(w[h][i]));
       lo[h] = _mm512_dpbf16_ps(lo[h], vlo, weights);
@@ -450,10 +481,11 @@ void AddValuePairs(const uint16_t* const* rows, int pairs, const uint32_t (*w)[k
     _mm512_store_ps(acc[h] + 32 * c, lo[h]);
     _mm512_store_ps(acc[h] + 32 * c + 16, hi[h]);
   }
+  ahead_lines = ahead;
 }
 
 using ValuePairsFn = void (*)(const uint16_t* const*, int, const uint32_t (*)[kValueBlock / 2], int,
-                              int, HeadAccumulators);
+                              int, HeadAccumulators, AheadLines&);
 template <bool kTail, size_t... G>
 constexpr Array<ValuePairsFn, kMaxGroup + 1> ValuePairsOf(std::index_sequence<G...>) {
   return {nullptr, &AddValuePairs<static_cast<int>(G) + 1, kTail>...};
@@ -462,7 +494,8 @@ constexpr Array<ValuePairsFn, kMaxGroup + 1> ValuePairsOf(std::index_sequence<G.
 // The weighted V sum of g <= kMaxGroup heads over positions [0, ctx) into acc (in the
 // interleaved order), blocks of kValueBlock positions: each block's weights are packed into
 // pairs (positions past ctx weigh 0, and an odd last position is paired with a zero row), then
-// every 32-element chunk passes over the block while it sits in L1.
+// every 32-element chunk passes over the block while it sits in L1, prefetching the next block
+// into L1 and the one after into L2.
 void SumValuePairs(const internal::HeadPages& kv, int64_t ctx, int hd, const float* sh,
                    int64_t stride, int g, HeadAccumulators acc) {
   static constexpr Array<Array<ValuePairsFn, kMaxGroup + 1>, 2> kValuePairs = {
@@ -476,7 +509,9 @@ void SumValuePairs(const internal::HeadPages& kv, int64_t ctx, int hd, const flo
     const int n = static_cast<int>(Min<int64_t>(kValueBlock, ctx - p0));
     for (int i = 0; i < n; ++i) rows[i] = cursor.Next();
     if (n % 2 != 0) rows[n] = reinterpret_cast<const uint16_t*>(kZeroRow);
-    PrefetchValueBlocks<uint16_t>(kv, ctx, hd, p0 + n);
+    const int64_t next = p0 + n, far = Min(ctx, next + kValueBlock);
+    AheadLines ahead{{kv.v, kv.page_tokens, hd, next, far},
+                     {kv.v, kv.page_tokens, hd, far, Min(ctx, far + kValueBlock)}};
     for (int h = 0; h < g; ++h) {
       // The numerators are BF16 values already (ExpInPlace): converting them is exact.
       for (int j = 0; j < n; j += 32) {
@@ -488,7 +523,7 @@ void SumValuePairs(const internal::HeadPages& kv, int64_t ctx, int hd, const flo
     }
     const int pairs = (n + 1) / 2;
     for (int c = 0; c < chunks; ++c) {
-      kValuePairs[32 * (c + 1) > hd][g](rows, pairs, w, hd, c, acc);
+      kValuePairs[32 * (c + 1) > hd][g](rows, pairs, w, hd, c, acc, ahead);
     }
   }
 }
@@ -534,8 +569,10 @@ void AttendPagesOf(const internal::PageQuery* queries, int count, const internal
   for (int64_t p0 = 0; p0 < ctx; p0 += kPass) {
     const int64_t near = Min(ctx, p0 + kKeyTilesAhead * kKeyTile);
     const int64_t far = Min(ctx, p0 + kTilesAheadL2 * kKeyTile);
-    PrefetchRows<Elem>(kv.k, kv.page_tokens, hd, near, Min(ctx, near + kPass));
-    PrefetchRows<Elem, _MM_HINT_T1>(kv.k, kv.page_tokens, hd, far, Min(ctx, far + kPass));
+    if constexpr (!kBF16) {
+      PrefetchRows<Elem>(kv.k, kv.page_tokens, hd, near, Min(ctx, near + kPass));
+      PrefetchRows<Elem, _MM_HINT_T1>(kv.k, kv.page_tokens, hd, far, Min(ctx, far + kPass));
+    }
     const int tiles = p0 + kKeyTile < ctx ? kPassTiles : 1;
     for (int t = 0; t < tiles; ++t) {
       const Elem* rows[kKeyTile];
@@ -550,10 +587,12 @@ void AttendPagesOf(const internal::PageQuery* queries, int count, const internal
       }
     }
     if constexpr (kBF16) {
+      AheadLines ahead{{kv.k, kv.page_tokens, hd, near, Min(ctx, near + kPass)},
+                       {kv.k, kv.page_tokens, hd, far, Min(ctx, far + kPass)}};
       if (tiles == 2) {
-        PassScores<2>(key_words, queries, count, hd, scale, heads, p0, scores, stride);
+        PassScores<2>(key_words, queries, count, hd, scale, heads, p0, scores, stride, ahead);
       } else {
-        PassScores<1>(key_words, queries, count, hd, scale, heads, p0, scores, stride);
+        PassScores<1>(key_words, queries, count, hd, scale, heads, p0, scores, stride, ahead);
       }
     }
   }
