@@ -89,7 +89,8 @@ constexpr int kKeyTile = 16;
 // (unrolled 2, 4, 8 times: +14%, +14%, +26% a step), and spreading them sped a step up
 // (scratch, Zen 5, batch 32 x 2048, a 24-layer step on one thread, paired alternations:
 // -17 to -19% from memory, -5% in L2; two threads through PagedAttention: 32.2 -> 30.1 ms,
-// batch 8 x 2048 8.7 -> 7.2 ms). Other distances or T0-only / T1-only streams were slower.
+// batch 8 x 2048 8.7 -> 7.2 ms). Other distances were level or slower paced, and so were
+// (in bursts) prefetches into L1 only or into L2 only.
 constexpr int kKeyTilesAhead = 2;
 constexpr int kTilesAheadL2 = 4;
 // Positions of V summed per block: a block (8 KB at head_dim 64 in BF16) stays in L1 while
