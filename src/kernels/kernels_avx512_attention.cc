@@ -292,9 +292,15 @@ inline void TransposeTileWords(const uint16_t* const* rows, int hd, __m512* word
   }
 }
 
-// The lines a pass or a value block prefetches while it multiplies: `near` into L1, `far` into
-// L2, two of each an iteration of its loop.
+// The lines a pass or a value block prefetches while it multiplies: the rows of `span`
+// positions from `near` into L1 and from `far` into L2 (both cut at ctx), two lines of each an
+// iteration of its loop.
 struct AheadLines {
+  AheadLines(const void* const* pages, int page_tokens, int hd, int64_t ctx, int64_t near_at,
+             int64_t far_at, int64_t span)
+      : near(pages, page_tokens, hd, near_at, Min(ctx, near_at + span)),
+        far(pages, page_tokens, hd, far_at, Min(ctx, far_at + span)) {}
+
   LineStream<uint16_t> near, far;
 
   [[gnu::always_inline]] void Step() {
@@ -526,9 +532,9 @@ void SumValuePairs(const internal::HeadPages& kv, int64_t ctx, int hd, const flo
     const int n = static_cast<int>(Min<int64_t>(kValueBlock, ctx - p0));
     for (int i = 0; i < n; ++i) rows[i] = cursor.Next();
     if (n % 2 != 0) rows[n] = reinterpret_cast<const uint16_t*>(kZeroRow);
-    const int64_t next = p0 + n, far = Min(ctx, next + kValueBlock);
-    AheadLines ahead{{kv.v, kv.page_tokens, hd, next, far},
-                     {kv.v, kv.page_tokens, hd, far, Min(ctx, far + kValueBlock)}};
+    const int64_t next = p0 + n;
+    AheadLines ahead(kv.v, kv.page_tokens, hd, ctx, next, Min(ctx, next + kValueBlock),
+                     kValueBlock);
     for (int h = 0; h < g; ++h) {
       // The numerators are BF16 values already (ExpInPlace): converting them is exact.
       for (int j = 0; j < n; j += 32) {
@@ -604,8 +610,7 @@ void AttendPagesOf(const internal::PageQuery* queries, int count, const internal
       }
     }
     if constexpr (kBF16) {
-      AheadLines ahead{{kv.k, kv.page_tokens, hd, near, Min(ctx, near + kPass)},
-                       {kv.k, kv.page_tokens, hd, far, Min(ctx, far + kPass)}};
+      AheadLines ahead(kv.k, kv.page_tokens, hd, ctx, near, far, kPass);
       if (tiles == 2) {
         PassScores<2>(key_words, queries, count, hd, scale, heads, p0, scores, stride, ahead);
       } else {
