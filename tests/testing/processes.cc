@@ -1,9 +1,12 @@
 #include "testing/processes.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <thread>
 
 namespace pdserve::testing {
@@ -39,8 +42,21 @@ std::vector<pid_t> ChildrenOf(pid_t pid) {
 }
 
 std::string ProcFile(pid_t pid, const std::string& name) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/" + name, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  // read(2), not a stream: a process reaped between the open and the read fails the read with
+  // ESRCH, which std::filebuf turns into an exception; here it reads as what was read so far.
+  const std::string path = "/proc/" + std::to_string(pid) + "/" + name;
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return out;
 }
 
 bool WaitAllGone(const std::vector<pid_t>& pids, Deadline deadline) {
