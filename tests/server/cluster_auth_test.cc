@@ -2,8 +2,6 @@
 // a wrong one or a stale one is refused, and a router without a secret refuses them all); a
 // router with an API key names no node port on its open /metrics; and `pdserve up --api-key`
 // makes its nodes ask for the key on their own ports, handed over by environment, not argv.
-#include <fstream>
-#include <iterator>
 #include <regex>
 #include <string>
 #include <thread>
@@ -16,6 +14,7 @@
 #include "http/cluster_auth.h"
 #include "router/router.h"
 #include "server/router_test_util.h"
+#include "testing/processes.h"
 #include "testing/test_paths.h"
 
 namespace pdserve::router {
@@ -119,11 +118,6 @@ TEST(ClusterAuthTest, OpenMetricsNameNoNodePortWhenAKeyIsSet) {
       << "an authorized scrape should still see the node urls";
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 TEST(ClusterAuthTest, UpNodesRequireTheApiKeyOnTheirOwnPorts) {
   const std::string model = testing::TinyModelDir();
   ASSERT_FALSE(model.empty());
@@ -163,7 +157,7 @@ TEST(ClusterAuthTest, UpNodesRequireTheApiKeyOnTheirOwnPorts) {
   }
   // The key reaches the nodes by environment: argv is readable by every local user.
   for (pid_t child : testing::ChildrenOf(up.pid())) {
-    const std::string cmdline = ReadFile("/proc/" + std::to_string(child) + "/cmdline");
+    const std::string cmdline = testing::ProcFile(child, "cmdline");
     EXPECT_FALSE(cmdline.empty());
     EXPECT_EQ(cmdline.find(key), std::string::npos) << "the API key is in a node's argv";
   }
