@@ -615,7 +615,9 @@ void KeyTile(const internal::HeadPages& kv, int64_t p0, int64_t ctx, int hd, flo
   static_assert(kKeyTile == 8, "one 8 x 8 transpose per 8 columns");
   const Elem* rows[8];
   PageCursor<Elem> cursor(kv.k, kv.page_tokens, hd, p0);
-  for (int r = 0; r < 8; ++r) rows[r] = p0 + r < ctx ? cursor.Next() : nullptr;
+  const int live = static_cast<int>(Min<int64_t>(8, ctx - p0));
+  cursor.Take(live, rows);
+  for (int r = live; r < 8; ++r) rows[r] = nullptr;
   int c0 = 0;
   if constexpr (sizeof(Elem) == sizeof(uint16_t)) {
     const uint16_t* whole[8];
@@ -686,7 +688,7 @@ void AttendPagesOf(const internal::PageQuery* queries, int count, const internal
       PageCursor<Elem> cursor(kv.v, kv.page_tokens, hd, 0);
       for (int64_t p0 = 0; p0 < qctx; p0 += kValueBlock) {
         const int n = static_cast<int>(Min<int64_t>(kValueBlock, qctx - p0));
-        for (int i = 0; i < n; ++i) rows[i] = cursor.Next();
+        cursor.Take(n, rows);
         LineStream<Elem> ahead(kv.v, kv.page_tokens, hd, p0 + n, Min(qctx, p0 + n + kValueBlock));
         WithGroup(g, [&](auto group) {
           AddValueRows<group.value, kBF16>(rows, n, p0, sh, stride, hd, acc, ahead);

@@ -452,7 +452,7 @@ void SumValues(const internal::HeadPages& kv, int64_t ctx, int hd, const float* 
   PageCursor<float> cursor(kv.v, kv.page_tokens, hd, 0);
   for (int64_t p0 = 0; p0 < ctx; p0 += kValueBlock) {
     const int n = static_cast<int>(Min<int64_t>(kValueBlock, ctx - p0));
-    for (int i = 0; i < n; ++i) rows[i] = cursor.Next();
+    cursor.Take(n, rows);
     PrefetchValueBlocks<float>(kv, ctx, hd, p0 + n);
     for (int h = 0; h < g; ++h) rows_of[h] = sh + h * stride + p0;
     for (int c0 = 0; c0 < chunks; c0 += kPassChunks) {
@@ -530,7 +530,7 @@ void SumValuePairs(const internal::HeadPages& kv, int64_t ctx, int hd, const flo
   PageCursor<uint16_t> cursor(kv.v, kv.page_tokens, hd, 0);
   for (int64_t p0 = 0; p0 < ctx; p0 += kValueBlock) {
     const int n = static_cast<int>(Min<int64_t>(kValueBlock, ctx - p0));
-    for (int i = 0; i < n; ++i) rows[i] = cursor.Next();
+    cursor.Take(n, rows);
     if (n % 2 != 0) rows[n] = reinterpret_cast<const uint16_t*>(kZeroRow);
     const int64_t next = p0 + n;
     AheadLines ahead(kv.v, kv.page_tokens, hd, ctx, next, Min(ctx, next + kValueBlock),
@@ -599,10 +599,9 @@ void AttendPagesOf(const internal::PageQuery* queries, int count, const internal
     const int tiles = p0 + kKeyTile < ctx ? kPassTiles : 1;
     for (int t = 0; t < tiles; ++t) {
       const Elem* rows[kKeyTile];
-      for (int r = 0; r < kKeyTile; ++r) {
-        const int64_t p = p0 + kKeyTile * t + r;
-        rows[r] = p < ctx ? cursor.Next() : reinterpret_cast<const Elem*>(kZeroRow);
-      }
+      const int live = static_cast<int>(Min<int64_t>(kKeyTile, ctx - p0 - kKeyTile * t));
+      cursor.Take(live, rows);
+      for (int r = live; r < kKeyTile; ++r) rows[r] = reinterpret_cast<const Elem*>(kZeroRow);
       if constexpr (kBF16) {
         TransposeTileWords(rows, hd, key_words[t]);
       } else {
