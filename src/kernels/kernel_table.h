@@ -106,9 +106,10 @@ struct KernelTable {
   // with FMA, then is scaled; the softmax maximum and sum take 16 lanes by position mod 16 and
   // the lane tree; each element of the V sum adds its positions in order. Over a BF16 cache
   // both products are BF16 dot products, as vdpbf16ps computes them: q and the softmax
-  // numerators are rounded to BF16, and the sums go pair by pair (elements d, d + 1 of a score;
-  // positions p, p + 1 of the V sum), the odd one's product first. The SIMD paths transpose a
-  // tile of keys at a time (8 positions on avx2, 16 on avx512) for every query and head of the
+  // numerators are rounded to BF16 (a numerator below 2^-126 weighs 0, as vcvtneps2bf16 reads
+  // it: kernels_generic.cc's WeightBF16), and the sums go pair by pair (elements d, d + 1 of a
+  // score; positions p, p + 1 of the V sum), the odd one's product first. The SIMD paths transpose
+  // a tile of keys at a time (8 positions on avx2, 16 on avx512) for every query and head of the
   // run. tests/kernels/attend_pages_test.cc compares each path with generic.
   // scores: count * heads * stride floats of scratch (stride: the longest ctx rounded up to 16).
   void (*attend_pages)(const PageQuery* queries, int count, const HeadPages& kv, int hd,

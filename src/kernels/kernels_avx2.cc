@@ -449,8 +449,8 @@ void ScoreVector(const float* q, const float* keys, int64_t key_stride, int hd, 
 // Turns scores [0, ctx) of one head into softmax numerators in place; returns 1 / their sum.
 // The maximum takes 8 lanes (position mod 8) in position order, then the lanes in order; the
 // sum 16 lanes (position mod 16) and the lane tree.
-// kWeightsBF16 (a BF16 cache): each numerator rounded to BF16 (nearest even; a denormal result
-// flushed to +0) before it is stored and summed, as the generic path's WeightBF16.
+// kWeightsBF16 (a BF16 cache): each numerator rounded to BF16 (nearest even; a denormal one
+// weighs 0) before it is stored and summed, as the generic path's WeightBF16.
 template <bool kWeightsBF16>
 float SoftmaxNumerators(float* sh, int64_t ctx) {
   __m256 vmax = _mm256_set1_ps(-__builtin_inff());
@@ -473,7 +473,7 @@ float SoftmaxNumerators(float* sh, int64_t ctx) {
       __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
       r = _mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
       // Positive: a denormal (exponent 0) is below 0x00800000 as a signed integer too.
-      const __m256i normal = _mm256_cmpgt_epi32(r, _mm256_set1_epi32(0x007fffff));
+      const __m256i normal = _mm256_cmpgt_epi32(u, _mm256_set1_epi32(0x007fffff));
       e = _mm256_castsi256_ps(_mm256_and_si256(r, normal));
     }
     e = _mm256_and_ps(e, live);

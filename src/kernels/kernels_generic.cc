@@ -119,12 +119,14 @@ struct RowOf {
   }
 };
 
-// A softmax numerator as the V sum of a BF16 cache weighs it: rounded to BF16 (nearest even),
-// a denormal result flushed to +0 (vdpbf16ps would read it as zero). The weights are positive.
+// A softmax numerator as the V sum of a BF16 cache weighs it: a denormal one (below 2^-126)
+// weighs 0, every other is rounded to BF16, nearest even (as vcvtneps2bf16 converts: denormal
+// inputs are zeros; a normal value never rounds to a denormal). The numerators are positive.
 inline float WeightBF16(float e) {
-  uint16_t b = F32ToBF16(e);
-  if ((b & 0x7f80) == 0) b = 0;
-  return BF16ToF32(b);
+  uint32_t bits;
+  std::memcpy(&bits, &e, sizeof(bits));
+  if ((bits & 0x7f800000u) == 0) return 0.0f;
+  return BF16ToF32(F32ToBF16(e));
 }
 
 // One query head: scores one position at a time, softmax with a 16-lane sum (lane = position

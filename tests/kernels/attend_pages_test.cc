@@ -157,6 +157,53 @@ TEST_P(AttendPagesTest, EqualsTheGenericPathOneQueryAtATimeBitForBit) {
   }
 }
 
+class SoftmaxWeightTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { UseKernelPath(GetParam()); }
+  void TearDown() override { (void)kernels::SelectPath("auto"); }
+};
+
+// Over a BF16 cache a softmax numerator below 2^-126 weighs nothing, even one that rounding to
+// BF16 would carry up to 2^-126 (kernel_table.h; vcvtneps2bf16 reads a denormal as zero), and
+// one just above 2^-126 weighs its BF16 value. One head of two elements, three positions: the
+// scores 0 (the maximum), s1 = -87.5 + 0.1611 (e^s1 = 0.9977 x 2^-126, a denormal within
+// 2^-8 of 2^-126) and s2 = -87.5 + 0.25 (e^s2 = 1.0904 x 2^-126, 1.09375 x 2^-126 in BF16).
+// A V row of 2^100 at position 1 alone must leave the output 0; at position 2 alone it must
+// give exactly 1.09375 x 2^-26 (the products are exact, the sum of the numerators is 1).
+TEST_P(SoftmaxWeightTest, DenormalNumeratorsWeighNothingOverABF16Cache) {
+  const internal::KernelTable& path = internal::Active();
+  constexpr int kHd = 2;
+  constexpr int64_t kCtx = 3;
+  const float b1 = BF16ToF32(F32ToBF16(0.1615f));
+  ASSERT_EQ(b1, 0.161132812f);
+  const std::vector<float> k = {0.0f, 0.0f, -87.5f, b1, -87.5f, 0.25f};
+  const Pages k_pages = MakePages(k, kCtx, kHd, 16, true);
+  const float q[kHd] = {1.0f, 1.0f};
+  float q_rounded[kHd];
+  uint16_t q_pairs[kHd];
+  internal::RoundQueryHeads(q, 1, kHd, q_rounded, q_pairs);
+  const float big = std::ldexp(1.0f, 100);
+  for (int64_t at : {1, 2}) {
+    std::vector<float> v(kCtx * kHd, 0.0f);
+    v[at * kHd] = v[at * kHd + 1] = big;
+    const Pages v_pages = MakePages(v, kCtx, kHd, 16, true);
+    const internal::HeadPages kv{
+        .k = k_pages.table.data(), .v = v_pages.table.data(), .page_tokens = 16, .bf16 = true};
+    float out[kHd] = {-1.0f, -1.0f};
+    std::vector<float> scores(16);
+    const internal::PageQuery query{.q = q_rounded, .q_bf16 = q_pairs, .out = out, .ctx = kCtx};
+    path.attend_pages(&query, 1, kv, kHd, 1.0f, 1, scores.data());
+    const float want = at == 1 ? 0.0f : std::ldexp(1.09375f, -26);
+    for (int d = 0; d < kHd; ++d) {
+      EXPECT_EQ(out[d], want) << path.name << ": V of 2^100 at position " << at << ", element "
+                              << d;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, SoftmaxWeightTest, ::testing::ValuesIn(KernelPathNames()),
+                         [](const auto& info) { return KernelPathTestName(info.param); });
+
 INSTANTIATE_TEST_SUITE_P(Paths, AttendPagesTest,
                          ::testing::Combine(::testing::ValuesIn(KernelPathNames()),
                                             ::testing::ValuesIn(kPagesShapes)),
