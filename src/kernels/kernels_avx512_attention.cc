@@ -513,7 +513,9 @@ void AddValuePairs(const uint16_t* const* rows, int pairs, const uint32_t* w, in
     const __m512bh vhi = (__m512bh)_mm512_unpackhi_epi16(a, b);
     ahead.Step();
     for (int h = 0; h < G; ++h) {
-      const __m512bh weights = (__m512bh)_mm512_set1_epi32(static_cast<int>(w[h * w_stride + i]));
+      uint32_t pair;  // bytes of the scores' memory (floats): read as bytes, not as a uint32_t
+      std::memcpy(&pair, w + h * w_stride + i, sizeof(pair));
+      const __m512bh weights = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
       lo[h] = _mm512_dpbf16_ps(lo[h], vlo, weights);
       hi[h] = _mm512_dpbf16_ps(hi[h], vhi, weights);
     }
