@@ -42,12 +42,8 @@ constexpr int kMaxHeadChunks = 16;
 constexpr int kMaxGroup = 8;
 
 // Attention straight from the KV pages (KernelTable::attend_pages). One KV head of one
-// sequence: positions [i * page_tokens, (i + 1) * page_tokens) are page i, whose K slice starts
-// at k[i] and V slice at v[i] (kv/layout.h), BF16 or F32 elements. V: rows,
-// [page_tokens][head_dim]. K: 32-bit words, [KeyWords(head_dim)][page_tokens]: word w of slot
-// s at word w * page_tokens + s, holding elements 2w, 2w + 1 (BF16, the even one in the low
-// half) or element w (F32); with an odd BF16 head_dim the last word's high half is padding,
-// never read as a value (only kernel tests build such pages: KvLayout refuses them).
+// sequence: the K (V) rows of positions [i * page_tokens, (i + 1) * page_tokens) start at k[i]
+// (v[i]), row-major [page_tokens][head_dim], BF16 or F32 elements.
 struct HeadPages {
   const void* const* k;
   const void* const* v;
@@ -67,8 +63,6 @@ struct PageQuery {
 };
 // Pairs of head_dim in a row of PageQuery::q_bf16: (hd + 1) / 2.
 int QueryPairs(int hd);
-// 32-bit words of a position's K in the pages (HeadPages): QueryPairs(hd) over BF16, hd over F32.
-inline int KeyWords(int hd, bool bf16) { return bf16 ? QueryPairs(hd) : hd; }
 // `heads` rows of head_dim values of q -> rounded (floats) and pairs (PageQuery::q_bf16): round
 // to nearest even, and a value that rounds to a BF16 denormal becomes a zero of its sign (the
 // instruction treats denormal inputs as zero; so does every path, by never seeing one).
@@ -114,10 +108,9 @@ struct KernelTable {
   // both products are BF16 dot products, as vdpbf16ps computes them: q and the softmax
   // numerators are rounded to BF16 (a numerator below 2^-126 weighs 0, as vcvtneps2bf16 reads
   // it: kernels_generic.cc's WeightBF16), and the sums go pair by pair (elements d, d + 1 of a
-  // score; positions p, p + 1 of the V sum), the odd one's product first. The SIMD paths
-  // take a tile of keys at a time (8 positions on avx2, 16 on avx512), each 32-bit word of K a
-  // vector of the tile's positions as the pages hold it, for every query and head of the run.
-  // tests/kernels/attend_pages_test.cc compares each path with generic.
+  // score; positions p, p + 1 of the V sum), the odd one's product first. The SIMD paths transpose
+  // a tile of keys at a time (8 positions on avx2, 16 on avx512) for every query and head of the
+  // run. tests/kernels/attend_pages_test.cc compares each path with generic.
   // scores: count * heads * stride floats of scratch (stride: the longest ctx rounded up to 16).
   void (*attend_pages)(const PageQuery* queries, int count, const HeadPages& kv, int hd,
                        float scale, int heads, float* scores);

@@ -3,7 +3,6 @@
 #include "kernels/kernels.h"
 
 #include <algorithm>
-#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -291,30 +290,17 @@ void PagedAttention(std::span<const AttentionQuery> queries, const KvCache& cach
 void StoreKv(KvCache& cache, int layer, PageId page, int slot, const float* k, const float* v) {
   const KvLayout& layout = cache.layout();
   const int hd = layout.head_dim;
-  const bool bf16 = layout.dtype == DType::kBF16;
-  PD_CHECK(hd <= 16 * internal::kMaxHeadChunks);  // as PagedAttention; the words' buffer
-  uint8_t* k_block = cache.Block(layer, page, false);
-  uint8_t* v_block = cache.Block(layer, page, true);
-  for (int h = 0; h < layout.num_kv_heads; ++h) {
-    const size_t head = layout.head_bytes() * h;
-    const float* kh = k + static_cast<size_t>(h) * hd;
-    const float* vh = v + static_cast<size_t>(h) * hd;
-    // V: the slot's row.
-    uint8_t* v_row = v_block + head + layout.ValueRowOffset(slot);
-    if (bf16) {
-      ToBF16(vh, reinterpret_cast<uint16_t*>(v_row), hd);
-    } else {
-      std::copy(vh, vh + hd, reinterpret_cast<float*>(v_row));
-    }
-    // K: the slot's words, page_tokens words apart (a BF16 word: elements 2w, 2w + 1).
-    uint32_t words[16 * internal::kMaxHeadChunks];
-    if (bf16) {
-      ToBF16(kh, reinterpret_cast<uint16_t*>(words), hd);
-    } else {
-      std::memcpy(words, kh, hd * sizeof(float));
-    }
-    for (int w = 0; w < layout.key_words(); ++w) {
-      std::memcpy(k_block + head + layout.KeyWordOffset(w, slot), &words[w], sizeof(uint32_t));
+  for (int is_v = 0; is_v < 2; ++is_v) {
+    const float* src = is_v ? v : k;
+    uint8_t* block = cache.Block(layer, page, is_v != 0);
+    for (int h = 0; h < layout.num_kv_heads; ++h) {
+      const size_t elem = (static_cast<size_t>(h) * layout.page_tokens + slot) * hd;
+      const float* s = src + static_cast<size_t>(h) * hd;
+      if (layout.dtype == DType::kF32) {
+        std::copy(s, s + hd, reinterpret_cast<float*>(block) + elem);
+      } else {
+        ToBF16(s, reinterpret_cast<uint16_t*>(block) + elem, hd);
+      }
     }
   }
 }

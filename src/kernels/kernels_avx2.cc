@@ -321,6 +321,26 @@ void ToBF16Run(const float* src, uint16_t* dst, int64_t n) {
   }
 }
 
+// An 8 x 8 transpose in registers: v[i] lane j becomes v[j] lane i.
+inline void Transpose8x8(__m256 (&v)[8]) {
+  // Pairs of rows interleaved, then pairs of pairs, then the 128-bit halves.
+  __m256 a[8], b[8];
+  for (int i = 0; i < 8; i += 2) {
+    a[i] = _mm256_unpacklo_ps(v[i], v[i + 1]);
+    a[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    b[i] = _mm256_shuffle_ps(a[i], a[i + 2], 0x44);
+    b[i + 1] = _mm256_shuffle_ps(a[i], a[i + 2], 0xee);
+    b[i + 2] = _mm256_shuffle_ps(a[i + 1], a[i + 3], 0x44);
+    b[i + 3] = _mm256_shuffle_ps(a[i + 1], a[i + 3], 0xee);
+  }
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_permute2f128_ps(b[i], b[i + 4], 0x20);
+    v[i + 4] = _mm256_permute2f128_ps(b[i], b[i + 4], 0x31);
+  }
+}
+
 // e^x, 8 lanes: the avx512 path's Exp512 step for step. vscalefps (p * 2^n, one rounding) is
 // p * 2^n by exponent bits for n >= -126; below, where the result is denormal, p * 2^(n + 64)
 // (exact) times 2^-64 rounds once as well.
@@ -557,19 +577,68 @@ static_assert(kMaxGroup == 8, "WithGroup covers 1..kMaxGroup");
 
 // Positions per key tile: one 8-lane score vector (the avx512 path's tile holds 16).
 constexpr int kKeyTile = 8;
-// Key tiles prefetched ahead of the one being widened (~4 KB of BF16 keys at head_dim 64).
+// Key tiles prefetched ahead of the one being widened (~4 KB of BF16 rows at head_dim 64).
 constexpr int kKeyTilesAhead = 4;
 
-// A tile's BF16 key words -> tile[hd][8] as floats: word w holds elements 2w (low half) and
-// 2w + 1, and a BF16 value is the high half of its F32, so one shift and one mask widen each.
-void WidenKeyWords(const KeyTiles<kKeyTile>::Tile& words, int hd, float* tile) {
-  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
-  for (int w = 0; 2 * w < hd; ++w) {
-    const __m256i word =
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words.at + w * words.stride));
-    _mm256_store_ps(tile + 2 * w * 8, _mm256_castsi256_ps(_mm256_slli_epi32(word, 16)));
-    if (2 * w + 1 < hd) {
-      _mm256_store_ps(tile + (2 * w + 1) * 8, _mm256_castsi256_ps(_mm256_and_si256(word, high)));
+// Eight whole BF16 columns [c0, c0 + 8) of 8 rows, widened and transposed: v[i] holds column
+// c0 + i of rows 0..7. Rows r and r + 4 share a register, so 4 unpacks of 16 bits and 4 of 32
+// transpose both halves at once, and unpacking with zeros widens (a BF16 value is the high half
+// of its F32): 20 shuffles where widening first and transposing F32 takes 40.
+inline void WidenTransposeBF16(const uint16_t* const* rows, int c0, __m256 (&v)[8]) {
+  __m256i y[4];
+  for (int i = 0; i < 4; ++i) {
+    y[i] = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[i] + c0))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[i + 4] + c0)), 1);
+  }
+  // Per 128-bit half: a[0] rows 0,1 (4,5) interleaved for columns 0-3, a[1] for 4-7; a[2], a[3]
+  // rows 2,3 (6,7). b[j]: rows 0-3 (4-7) of columns 2j and 2j + 1.
+  const __m256i a[4] = {_mm256_unpacklo_epi16(y[0], y[1]), _mm256_unpackhi_epi16(y[0], y[1]),
+                        _mm256_unpacklo_epi16(y[2], y[3]), _mm256_unpackhi_epi16(y[2], y[3])};
+  const __m256i b[4] = {_mm256_unpacklo_epi32(a[0], a[2]), _mm256_unpackhi_epi32(a[0], a[2]),
+                        _mm256_unpacklo_epi32(a[1], a[3]), _mm256_unpackhi_epi32(a[1], a[3])};
+  const __m256i zero = _mm256_setzero_si256();
+  for (int j = 0; j < 4; ++j) {
+    v[2 * j] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, b[j]));
+    v[2 * j + 1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, b[j]));
+  }
+}
+
+// A BF16 row of zeros (head_dim <= 16 * kMaxHeadChunks) for the positions of a key tile past
+// the context (their pages may not exist).
+alignas(32) constexpr uint16_t kZeroRow[16 * internal::kMaxHeadChunks] = {};
+
+// Widens the K rows of positions [p0, p0 + kKeyTile) and transposes them into tile [hd][8];
+// positions from ctx on are zeros.
+template <typename Elem>
+void KeyTile(const internal::HeadPages& kv, int64_t p0, int64_t ctx, int hd, float* tile) {
+  static_assert(kKeyTile == 8, "one 8 x 8 transpose per 8 columns");
+  const Elem* rows[8];
+  PageCursor<Elem> cursor(kv.k, kv.page_tokens, hd, p0);
+  const int live = static_cast<int>(Min<int64_t>(8, ctx - p0));
+  cursor.Take(live, rows);
+  for (int r = live; r < 8; ++r) rows[r] = nullptr;
+  int c0 = 0;
+  if constexpr (sizeof(Elem) == sizeof(uint16_t)) {
+    const uint16_t* whole[8];
+    for (int r = 0; r < 8; ++r) whole[r] = rows[r] != nullptr ? rows[r] : kZeroRow;
+    for (; c0 + 8 <= hd; c0 += 8) {
+      __m256 v[8];
+      WidenTransposeBF16(whole, c0, v);
+      for (int i = 0; i < 8; ++i) _mm256_store_ps(tile + (c0 + i) * 8, v[i]);
+    }
+  }
+  for (; c0 < hd; c0 += 8) {
+    const int live = Min(8, hd - c0);
+    __m256 v[8];
+    for (int r = 0; r < 8; ++r) {
+      v[r] = rows[r] != nullptr ? LoadRow8(rows[r] + c0, live) : _mm256_setzero_ps();
+    }
+    Transpose8x8(v);
+    if (live == 8) {  // a fixed count: GCC turns the variable loop into a slow rep movs
+      for (int i = 0; i < 8; ++i) _mm256_store_ps(tile + (c0 + i) * 8, v[i]);
+    } else {
+      for (int i = 0; i < live; ++i) _mm256_store_ps(tile + (c0 + i) * 8, v[i]);
     }
   }
 }
@@ -582,41 +651,27 @@ void AttendPagesOf(const internal::PageQuery* queries, int count, const internal
     if (queries[r].ctx > ctx) ctx = queries[r].ctx;
   }
   const int64_t stride = (ctx + 15) / 16 * 16;
-  // Scores: the key tile of each 8 positions serves every query of the run and every head; an
-  // F32 cache's key words are read where they lie, a BF16 cache's widened into `tile` first.
-  constexpr bool kBF16 = sizeof(Elem) == sizeof(uint16_t);
-  const int words = internal::KeyWords(hd, kBF16);
-  KeyTiles<kKeyTile> keys(kv.k, kv.page_tokens, words, kBF16 && hd % 2 != 0);
-  alignas(32) uint32_t gathered[16 * internal::kMaxHeadChunks * kKeyTile];
-  alignas(32) float tile[16 * internal::kMaxHeadChunks * kKeyTile];
-  for (int64_t p0 = 0; p0 < ctx; p0 += kKeyTile) {
-    // Two tiles' keys at a time: a word's 16 positions share one line (at 16 tokens a page).
-    if (p0 % (2 * kKeyTile) == 0) {
-      const int64_t ahead = p0 + kKeyTilesAhead * kKeyTile;
-      PrefetchKeys(kv.k, kv.page_tokens, words, Min(ahead, ctx), Min(ahead + 2 * kKeyTile, ctx));
-    }
-    const auto key_words = keys.Next(static_cast<int>(Min<int64_t>(kKeyTile, ctx - p0)), gathered);
-    const float* keys_at = reinterpret_cast<const float*>(key_words.at);
-    int64_t key_stride = key_words.stride;
-    if constexpr (kBF16) {
-      WidenKeyWords(key_words, hd, tile);
-      keys_at = tile;
-      key_stride = kKeyTile;
-    }
+  // Scores: the key tile of each 8 positions serves every query of the run and every head.
+  alignas(32) float tile[16 * internal::kMaxHeadChunks * 8];
+  for (int64_t p0 = 0; p0 < ctx; p0 += 8) {
+    const int64_t ahead = p0 + kKeyTilesAhead * kKeyTile;
+    PrefetchRows<Elem>(kv.k, kv.page_tokens, hd, Min(ahead, ctx), Min(ahead + 8, ctx));
+    KeyTile<Elem>(kv, p0, ctx, hd, tile);
     for (int r = 0; r < count; ++r) {
       if (queries[r].ctx <= p0) continue;
       float* sr = scores + static_cast<int64_t>(r) * heads * stride;
       for (int h = 0; h < heads;) {
         const int g = Min(kMaxGroup, heads - h);
         WithGroup(g, [&](auto group) {
-          ScoreVector<group.value, kBF16>(queries[r].q + h * hd, keys_at, key_stride, hd, scale,
-                                          sr + h * stride, stride, p0);
+          ScoreVector<group.value, sizeof(Elem) == sizeof(uint16_t)>(
+              queries[r].q + h * hd, tile, 8, hd, scale, sr + h * stride, stride, p0);
         });
         h += g;
       }
     }
   }
   // Softmax and the weighted V sum, per query and group of heads, V in blocks of positions.
+  constexpr bool kBF16 = sizeof(Elem) == sizeof(uint16_t);
   alignas(32) float acc[kMaxGroup][16 * internal::kMaxHeadChunks];
   const Elem* rows[kValueBlock];
   for (int r = 0; r < count; ++r) {

@@ -78,10 +78,9 @@ float ExpToBF16InPlace(float* sh, int64_t ctx, float max) {
 // The generic path's values, bit for bit (kernel_table.h): a score is one lane per position
 // summing q . k over d in order (FMA) and then scaled; the softmax maximum and sum take 16 lanes
 // (position mod 16) and the lane tree; each element of the V sum adds its positions in order.
-// K is taken 16 positions (a key tile) at a time for every query and head of the run, each
-// 32-bit word of head_dim one vector of the tile's positions, as the pages hold it (KeyTiles):
-// over a BF16 cache two tiles a pass (PassScores), over an F32 cache one, a block of 16 words
-// at a time in registers (TileScoresF32); V rows are used as they load.
+// K is transposed 16 positions (a key tile) at a time for every query and head of the run: over
+// a BF16 cache two tiles at a time into words in L1 (PassScores), over an F32 cache in
+// registers, a block of head_dim at a time (TileScoresF32); V rows are used as they load.
 
 // Positions per key tile: one 16-lane score vector (the avx2 path's tile holds 8, its width).
 constexpr int kKeyTile = 16;
@@ -118,8 +117,8 @@ constexpr int kValueBlocksAhead = 2;
 // BF16 cache's pass covers 32 elements, AddValuePairs).
 constexpr int kPassChunks = 2;
 
-// A zero row (head_dim <= 16 * kMaxHeadChunks): the partner of an odd last V row
-// (SumValuePairs).
+// A zero row (head_dim <= 16 * kMaxHeadChunks) for the positions of a key tile past the
+// context, whose pages may not exist, and the partner of an odd last V row (SumValuePairs).
 alignas(64) constexpr float kZeroRow[16 * kMaxHeadChunks] = {};
 
 #include "kernels/page_rows.inc"
@@ -134,11 +133,80 @@ template <typename Elem>
   PrefetchRows<Elem, _MM_HINT_T1>(kv.v, kv.page_tokens, hd, far, Min(ctx, far + kValueBlock));
 }
 
-// ---- Scores over an F32 cache, straight from the key words ----
+// One stage of an in-register 16 x 16 transpose: within every 2B x 2B block, swaps the
+// off-diagonal B x B blocks (row i, lanes with bit B set <-> row i + B, lanes with bit B clear).
+template <int B>
+inline void TransposeStage(__m512 (&v)[16]) {
+  alignas(64) static constexpr auto kIndex = [] {
+    Array<Array<int32_t, 16>, 2> idx{};  // permutex2var: 0-15 first row, 16-31 second
+    for (int l = 0; l < 16; ++l) {
+      idx[0][l] = (l & B) != 0 ? 16 + l - B : l;
+      idx[1][l] = (l & B) != 0 ? 16 + l : l + B;
+    }
+    return idx;
+  }();
+  const __m512i lo = _mm512_load_si512(kIndex[0].v);
+  const __m512i hi = _mm512_load_si512(kIndex[1].v);
+  for (int i = 0; i < 16; ++i) {
+    if ((i & B) != 0) continue;
+    const __m512 a = v[i], b = v[i + B];
+    v[i] = _mm512_permutex2var_ps(a, lo, b);
+    v[i + B] = _mm512_permutex2var_ps(a, hi, b);
+  }
+}
+
+inline void Transpose16x16(__m512 (&v)[16]) {
+  TransposeStage<8>(v);
+  TransposeStage<4>(v);
+  TransposeStage<2>(v);
+  TransposeStage<1>(v);
+}
+
+// rows[0, 16) -> v[w] lane i: 32-bit word w of row i's block at element c0 (BF16: elements
+// c0 + 2w, c0 + 2w + 1; F32: element c0 + w). `mask` covers the block's live elements; the
+// others are zeros.
 //
-// A block of 16 words (elements) of a key tile is loaded into registers, and every query and
-// head of the run multiplies it while it is there. Across blocks a score's sum waits in the
-// scores array (storing a float changes nothing): the sum over d stays in order.
+// A whole BF16 block (32 elements) is loaded 16 bytes at a time, so that the loads do the first
+// half of the transpose: v[4x + y]'s 128-bit lane l is words [4x, 4x + 4) of row 4l + y, and
+// only the 4 x 4 transposes inside the lanes are left to the shuffles (32 instead of 64). The
+// same words: scratch harness (PagedAttention, 24 layers of qwen2.5-0.5b's shape, page size 16,
+// two threads, medians of 5 alternations, Zen 5): batch 32 x 2048 from memory 36.3 -> 31.3 ms,
+// batch 8 x 2048 8.3 -> 7.5, batch 32 x 256 4.8 -> 4.3; in L2 level. Broadcast loads merged
+// under masks instead of inserts (no shuffle at all) were slower from memory than the inserts.
+inline void LoadBlockBF16(const uint16_t* const* rows, int c0, __mmask32 mask, __m512 (&v)[16]) {
+  if (mask == ~__mmask32{0}) {
+    for (int x = 0; x < 4; ++x) {
+      for (int y = 0; y < 4; ++y) {
+        auto quarter = [&](int l) {
+          return _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[4 * l + y] + c0 + 8 * x));
+        };
+        __m512i lanes = _mm512_castsi128_si512(quarter(0));
+        lanes = _mm512_inserti32x4(lanes, quarter(1), 1);
+        lanes = _mm512_inserti32x4(lanes, quarter(2), 2);
+        lanes = _mm512_inserti32x4(lanes, quarter(3), 3);
+        v[4 * x + y] = _mm512_castsi512_ps(lanes);
+      }
+    }
+    TransposeStage<2>(v);
+    TransposeStage<1>(v);
+    return;
+  }
+  for (int r = 0; r < 16; ++r) {
+    v[r] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mask, rows[r] + c0));
+  }
+  Transpose16x16(v);
+}
+inline void LoadBlockF32(const float* const* rows, int c0, __mmask16 mask, __m512 (&v)[16]) {
+  for (int r = 0; r < 16; ++r) v[r] = _mm512_maskz_loadu_ps(mask, rows[r] + c0);
+  Transpose16x16(v);
+}
+
+// ---- Scores over an F32 cache, straight from the K rows ----
+//
+// A block of 16 columns of a key tile's rows is loaded and transposed in registers
+// (LoadBlockF32), and every query and head of the run multiplies it while it is there, so the
+// transposed keys never go through memory. Across blocks a score's sum waits in the scores
+// array (storing a float changes nothing): the sum over d stays in order.
 
 // One query's G heads over the block's `live` elements from d0: scores[h * stride, + 16) holds
 // head h's sums so far (`first`: none yet); on the `last` block they are scaled. q: the heads'
@@ -179,17 +247,14 @@ template <bool kFull, int... G>
          ...);
 }
 
-// The scores of positions [p0, p0 + 16) (the key tile's words, zeros past the context) for
-// every query of the run that reaches p0 and every head.
-void TileScoresF32(const KeyTiles<kKeyTile>::Tile& tile, const internal::PageQuery* queries,
-                   int count, int hd, float scale, int heads, int64_t p0, float* scores,
-                   int64_t stride) {
+// The scores of positions [p0, p0 + 16) (rows[i]: position p0 + i's K row, or a zero row past
+// the context) for every query of the run that reaches p0 and every head.
+void TileScoresF32(const float* const* rows, const internal::PageQuery* queries, int count, int hd,
+                   float scale, int heads, int64_t p0, float* scores, int64_t stride) {
   for (int d0 = 0; d0 < hd; d0 += 16) {
     const int live = Min(16, hd - d0);
     __m512 v[16];
-    for (int e = 0; e < 16; ++e) {
-      v[e] = e < live ? _mm512_loadu_ps(tile.at + (d0 + e) * tile.stride) : _mm512_setzero_ps();
-    }
+    LoadBlockF32(rows, d0, TailMask16(live), v);
     const bool first = d0 == 0, last = d0 + 16 >= hd;
     for (int r = 0; r < count; ++r) {
       if (queries[r].ctx <= p0) continue;
@@ -210,59 +275,71 @@ void TileScoresF32(const KeyTiles<kKeyTile>::Tile& tile, const internal::PageQue
   }
 }
 
-// ---- Scores over a BF16 cache: two key tiles at a time, word by word ----
+// ---- Scores over a BF16 cache: two key tiles at a time from transposed words in L1 ----
 //
-// Word w of a key tile is 16 positions' elements 2w, 2w + 1, the operand vdpbf16ps multiplies
-// a broadcast q pair with; a page holds it as one 64-byte stretch (KeyTiles). A pass over the
-// words takes two tiles, so that each head keeps two independent chains of vdpbf16ps (2 x G in
-// flight, more than the instruction's latency covers) and each q pair is broadcast once for
-// both tiles; the words of both tiles and the accumulators fit in registers (2 x kMaxGroup +
-// 3). A score sums its words in order in one register, then is scaled (the generic path's
-// order). Against one tile a pass with the keys transposed in registers (sessions 7-12):
-// attention of batch 1 x 1024 in L2 ~6% faster, of batch 32 x 2048 from memory ~5% (scratch
-// harness, Zen 5); a standalone loop over words took 0.78 cycles a vdpbf16ps with 7 chains
-// (one tile) and 0.55 with 14 (two), against a peak of 0.5. Until session 18 the pages held K
-// rows and each pass first transposed its tiles into words in an L1 buffer (16-byte loads
-// and 32 shuffles a 16 x 32 block): reading the words where they lie took attention at batch
-// 32 x 2048 from memory from 40.5 to 37.4 ms on one thread (0.86-0.88 with a second process
-// on the other core) and in cache from ~20 to ~16 ms on two threads; from memory on two
-// threads it is bound by the memory and level (~25 ms; scratch, Zen 5, PagedAttention over 24
-// layers of qwen2.5-0.5b's shape).
+// The key tiles' rows are transposed (LoadBlockBF16) into words once, into an L1 buffer that
+// every query and head of the run reads: word w of a tile is 16 positions' elements 2w, 2w + 1,
+// the operand vdpbf16ps multiplies a broadcast q pair with. A pass over the words takes two
+// tiles, so that each head keeps two independent chains of vdpbf16ps (2 x G in flight, more
+// than the instruction's latency covers) and each q pair is broadcast once for both tiles; the
+// words of both tiles and the accumulators fit in registers (2 x kMaxGroup + 3). A score sums
+// its words in order in one register, then is scaled (the generic path's order). Against one
+// tile a pass with the keys transposed in registers (sessions 7-12): attention of batch 1 x
+// 1024 in L2 ~6% faster, of batch 32 x 2048 from memory ~5% (scratch harness, Zen 5); a
+// standalone loop over transposed words took 0.78 cycles a vdpbf16ps with 7 chains (one tile)
+// and 0.55 with 14 (two), against a peak of 0.5.
 
-// The lines a pass or a value block prefetches while it multiplies: those of a span of
-// positions ahead into L1 (near) and of one further ahead into L2 (far), two lines of each an
-// iteration of its loop. Stream: KeyLineStream or LineStream<uint16_t> (V rows).
-template <typename Stream>
+// Words of the tiles of one pass: tile t, word w.
+using TileWords = __m512[2][16 * kMaxHeadChunks / 2];
+
+// rows[0, 16) (a key tile) -> words[0, (hd + 1) / 2).
+inline void TransposeTileWords(const uint16_t* const* rows, int hd, __m512* words) {
+  for (int d0 = 0; d0 < hd; d0 += 32) {
+    const int live = Min(32, hd - d0);
+    __m512 v[16];
+    LoadBlockBF16(rows, d0, live >= 32 ? ~__mmask32{0} : (__mmask32{1} << live) - 1, v);
+    if (live == 32) {  // unrolled, so that v stays in registers (a loop became a memcpy)
+#pragma GCC unroll 16
+      for (int w = 0; w < 16; ++w) _mm512_store_ps(words + d0 / 2 + w, v[w]);
+    } else {
+      for (int w = 0; w < (live + 1) / 2; ++w) _mm512_store_ps(words + d0 / 2 + w, v[w]);
+    }
+  }
+}
+
+// The lines a pass or a value block prefetches while it multiplies: the rows of `span`
+// positions from `near` into L1 and from `far` into L2 (both cut at ctx), two lines of each an
+// iteration of its loop.
 struct AheadLines {
-  Stream near, far;
+  AheadLines(const void* const* pages, int page_tokens, int hd, int64_t ctx, int64_t near_at,
+             int64_t far_at, int64_t span)
+      : near(pages, page_tokens, hd, near_at, Min(ctx, near_at + span)),
+        far(pages, page_tokens, hd, far_at, Min(ctx, far_at + span)) {}
+
+  LineStream<uint16_t> near, far;
 
   [[gnu::always_inline]] void Step() {
-    near.template Prefetch<_MM_HINT_T0>();
-    near.template Prefetch<_MM_HINT_T0>();
-    far.template Prefetch<_MM_HINT_T1>();
-    far.template Prefetch<_MM_HINT_T1>();
+    near.Prefetch<_MM_HINT_T0>();
+    near.Prefetch<_MM_HINT_T0>();
+    far.Prefetch<_MM_HINT_T1>();
+    far.Prefetch<_MM_HINT_T1>();
   }
 };
-
-using KeyTile = KeyTiles<kKeyTile>::Tile;
-using KeyAhead = AheadLines<KeyLineStream>;
 
 // The scores of T tiles (16 positions each, 16 * T apart in `scores`) for G heads of one query:
 // scores[h * stride + 16 t, + 16) = scale * (q pairs of head h . the words of tile t). q: the
 // heads' pairs (PageQuery::q_bf16), rows of 2 * words values. Steps `ahead` once a word.
 template <int G, int T>
-[[gnu::always_inline]] inline void TileWordScores(const KeyTile* tiles, int words,
+[[gnu::always_inline]] inline void TileWordScores(const TileWords& tiles, int words,
                                                   const uint16_t* q, float* scores, int64_t stride,
-                                                  float scale, KeyAhead& ahead) {
+                                                  float scale, AheadLines& ahead) {
   __m512 acc[T][G];
   for (int t = 0; t < T; ++t) {
     for (int h = 0; h < G; ++h) acc[t][h] = _mm512_setzero_ps();
   }
   for (int w = 0; w < words; ++w) {
     __m512bh k[T];
-    for (int t = 0; t < T; ++t) {
-      k[t] = (__m512bh)_mm512_loadu_si512(tiles[t].at + w * tiles[t].stride);
-    }
+    for (int t = 0; t < T; ++t) k[t] = (__m512bh)_mm512_castps_si512(tiles[t][w]);
     ahead.Step();
     for (int h = 0; h < G; ++h) {
       uint32_t bits;
@@ -283,10 +360,10 @@ template <int G, int T>
 // inlines, as GroupBlockScores).
 template <int T, int... G>
 [[gnu::always_inline]] inline void GroupTileWordScores(std::integer_sequence<int, G...>, int g,
-                                                       const KeyTile* tiles, int words,
+                                                       const TileWords& tiles, int words,
                                                        const uint16_t* q, float* scores,
                                                        int64_t stride, float scale,
-                                                       KeyAhead& ahead) {
+                                                       AheadLines& ahead) {
   (void)((g == G + 1
               ? (TileWordScores<G + 1, T>(tiles, words, q, scores, stride, scale, ahead), true)
               : false) ||
@@ -296,9 +373,9 @@ template <int T, int... G>
 // The scores of positions [p0, p0 + 16 * T) for every query of the run that reaches p0 and
 // every head, from the T tiles' words; the first query and group of heads issue the prefetches.
 template <int T>
-void PassScores(const KeyTile* tiles, const internal::PageQuery* queries, int count, int hd,
+void PassScores(const TileWords& tiles, const internal::PageQuery* queries, int count, int hd,
                 float scale, int heads, int64_t p0, float* scores, int64_t stride,
-                KeyAhead& ahead) {
+                AheadLines& ahead) {
   const int words = internal::QueryPairs(hd);
   for (int r = 0; r < count; ++r) {
     if (queries[r].ctx <= p0) continue;
@@ -416,12 +493,10 @@ void SumValues(const internal::HeadPages& kv, int64_t ctx, int hd, const float* 
 // i < pairs, weights w[h * w_stride + i] (a pair of BF16 numerators; G heads; kTail: the
 // 32-element chunk c is partial). Steps `ahead` once a pair (a copy in registers while it
 // loops).
-using ValueAhead = AheadLines<LineStream<uint16_t>>;
-
 template <int G, bool kTail>
 void AddValuePairs(const uint16_t* const* rows, int pairs, const uint32_t* w, int64_t w_stride,
-                   int hd, int c, HeadAccumulators acc, ValueAhead& ahead_lines) {
-  ValueAhead ahead = ahead_lines;
+                   int hd, int c, HeadAccumulators acc, AheadLines& ahead_lines) {
+  AheadLines ahead = ahead_lines;
   const int live = hd - 32 * c;
   const __mmask32 mask = live >= 32 ? ~__mmask32{0} : (__mmask32{1} << live) - 1;
   __m512 lo[G], hi[G];
@@ -453,7 +528,7 @@ void AddValuePairs(const uint16_t* const* rows, int pairs, const uint32_t* w, in
 }
 
 using ValuePairsFn = void (*)(const uint16_t* const*, int, const uint32_t*, int64_t, int, int,
-                              HeadAccumulators, ValueAhead&);
+                              HeadAccumulators, AheadLines&);
 template <bool kTail, size_t... G>
 constexpr Array<ValuePairsFn, kMaxGroup + 1> ValuePairsOf(std::index_sequence<G...>) {
   return {nullptr, &AddValuePairs<static_cast<int>(G) + 1, kTail>...};
@@ -479,9 +554,8 @@ void SumValuePairs(const internal::HeadPages& kv, int64_t ctx, int hd, const flo
     cursor.Take(n, rows);
     if (n % 2 != 0) rows[n] = reinterpret_cast<const uint16_t*>(kZeroRow);
     const int64_t next = p0 + n;
-    const int64_t far = Min(ctx, next + kValueBlock);
-    ValueAhead ahead{{kv.v, kv.page_tokens, hd, next, Min(ctx, next + kValueBlock)},
-                     {kv.v, kv.page_tokens, hd, far, Min(ctx, far + kValueBlock)}};
+    AheadLines ahead(kv.v, kv.page_tokens, hd, ctx, next, Min(ctx, next + kValueBlock),
+                     kValueBlock);
     const int pairs = (n + 1) / 2;
     for (int c = 0; c < chunks; ++c) {
       kValuePairs[32 * (c + 1) > hd][g](rows, pairs, w + p0 / 2, stride, hd, c, acc, ahead);
@@ -525,33 +599,33 @@ void AttendPagesOf(const internal::PageQuery* queries, int count, const internal
   constexpr bool kBF16 = sizeof(Elem) == sizeof(uint16_t);
   constexpr int kPassTiles = kBF16 ? 2 : 1;
   constexpr int kPass = kPassTiles * kKeyTile;
-  const int words = internal::KeyWords(hd, kBF16);
-  KeyTiles<kKeyTile> keys(kv.k, kv.page_tokens, words, kBF16 && hd % 2 != 0);
-  // Tiles that are not one page's run of 16 positions, gathered (KeyTiles::Next).
-  alignas(64) uint32_t gathered[kPassTiles][16 * kMaxHeadChunks * kKeyTile / kPassTiles];
+  PageCursor<Elem> cursor(kv.k, kv.page_tokens, hd, 0);
+  [[maybe_unused]] alignas(64) TileWords key_words;  // a BF16 pass's tiles, transposed
   for (int64_t p0 = 0; p0 < ctx; p0 += kPass) {
     const int64_t near = Min(ctx, p0 + kKeyTilesAhead * kKeyTile);
     const int64_t far = Min(ctx, p0 + kTilesAheadL2 * kKeyTile);
     if constexpr (!kBF16) {
-      PrefetchKeys(kv.k, kv.page_tokens, words, near, Min(ctx, near + kPass));
-      PrefetchKeys<_MM_HINT_T1>(kv.k, kv.page_tokens, words, far, Min(ctx, far + kPass));
+      PrefetchRows<Elem>(kv.k, kv.page_tokens, hd, near, Min(ctx, near + kPass));
+      PrefetchRows<Elem, _MM_HINT_T1>(kv.k, kv.page_tokens, hd, far, Min(ctx, far + kPass));
     }
     const int tiles = p0 + kKeyTile < ctx ? kPassTiles : 1;
-    KeyTile tile[kPassTiles];
     for (int t = 0; t < tiles; ++t) {
+      const Elem* rows[kKeyTile];
       const int live = static_cast<int>(Min<int64_t>(kKeyTile, ctx - p0 - kKeyTile * t));
-      tile[t] = keys.Next(live, gathered[t]);
-      if constexpr (!kBF16) {
-        TileScoresF32(tile[t], queries, count, hd, scale, heads, p0, scores, stride);
+      cursor.Take(live, rows);
+      for (int r = live; r < kKeyTile; ++r) rows[r] = reinterpret_cast<const Elem*>(kZeroRow);
+      if constexpr (kBF16) {
+        TransposeTileWords(rows, hd, key_words[t]);
+      } else {
+        TileScoresF32(rows, queries, count, hd, scale, heads, p0, scores, stride);
       }
     }
     if constexpr (kBF16) {
-      KeyAhead ahead{{kv.k, kv.page_tokens, words, near, Min(ctx, near + kPass)},
-                     {kv.k, kv.page_tokens, words, far, Min(ctx, far + kPass)}};
+      AheadLines ahead(kv.k, kv.page_tokens, hd, ctx, near, far, kPass);
       if (tiles == 2) {
-        PassScores<2>(tile, queries, count, hd, scale, heads, p0, scores, stride, ahead);
+        PassScores<2>(key_words, queries, count, hd, scale, heads, p0, scores, stride, ahead);
       } else {
-        PassScores<1>(tile, queries, count, hd, scale, heads, p0, scores, stride, ahead);
+        PassScores<1>(key_words, queries, count, hd, scale, heads, p0, scores, stride, ahead);
       }
     }
   }

@@ -105,18 +105,16 @@ void SiluMul(const float* gate, const float* up, float* out, int n) {
   }
 }
 
-// One position's K or V in the pages as floats, its 32-bit words word_step Elems apart: element
-// d at at[d / 2 * word_step + d % 2] (BF16) or at[d * word_step] (F32). A V row's words are
-// consecutive; a position's K words lie page_tokens words apart (kernel_table.h's HeadPages).
+// A K or V row of head_dim elements, `step` apart, as floats.
 template <typename Elem>
 struct RowOf {
   const Elem* at;
-  int64_t word_step;
+  int64_t step;
   float operator[](int d) const {
     if constexpr (sizeof(Elem) == sizeof(uint16_t)) {
-      return BF16ToF32(at[d / 2 * word_step + d % 2]);
+      return BF16ToF32(at[d * step]);
     } else {
-      return at[d * word_step];
+      return at[d * step];
     }
   }
 };
@@ -133,7 +131,7 @@ inline float WeightBF16(float e) {
 
 // One query head: scores one position at a time, softmax with a 16-lane sum (lane = position
 // mod 16) and the lane tree, then the weighted sum of V rows in position order. key(p) and
-// value(p) give position p's K and V (RowOf).
+// value(p) give row p of K and V (RowOf).
 //
 // kPairs (a BF16 cache): the products are BF16 dot products as vdpbf16ps computes them, each
 // step one FMA (a BF16 x BF16 product is exact in F32). Scores: q is rounded to BF16 (by the
@@ -193,15 +191,12 @@ void AttendHead(const float* q, KeyAt key, ValueAt value, int64_t ctx, int hd, f
 template <typename Elem>
 void AttendPagesOf(const internal::PageQuery* queries, int count, const internal::HeadPages& kv,
                    int hd, float scale, int heads, float* scores) {
-  constexpr int64_t kWordElems = 4 / sizeof(Elem);
-  auto key = [&](int64_t p) {
-    const Elem* page = static_cast<const Elem*>(kv.k[p / kv.page_tokens]);
-    return RowOf<Elem>{page + (p % kv.page_tokens) * kWordElems, kv.page_tokens * kWordElems};
+  auto row = [&](const void* const* pages, int64_t p) {
+    return RowOf<Elem>{
+        static_cast<const Elem*>(pages[p / kv.page_tokens]) + (p % kv.page_tokens) * hd, 1};
   };
-  auto value = [&](int64_t p) {
-    const Elem* page = static_cast<const Elem*>(kv.v[p / kv.page_tokens]);
-    return RowOf<Elem>{page + (p % kv.page_tokens) * hd, kWordElems};
-  };
+  auto key = [&](int64_t p) { return row(kv.k, p); };
+  auto value = [&](int64_t p) { return row(kv.v, p); };
   for (int r = 0; r < count; ++r) {
     for (int h = 0; h < heads; ++h) {
       AttendHead<sizeof(Elem) == sizeof(uint16_t)>(

@@ -23,11 +23,6 @@ Status KvLayout::Validate() const {
     return Status::InvalidArgument("KV layout out of range: " + ToString());
   }
   PD_RETURN_IF_ERROR(CheckKvCacheDType(dtype));
-  if (dtype == DType::kBF16 && head_dim % 2 != 0) {
-    return Status::InvalidArgument(
-        "KV layout with an odd head_dim in BF16 (K pages hold element pairs as 32-bit words): " +
-        ToString());
-  }
   // The running product is checked before each multiplication, so it never overflows.
   uint64_t bytes = elem_size();
   for (uint64_t factor : {uint64_t(head_dim), uint64_t(page_tokens), uint64_t(num_kv_heads),

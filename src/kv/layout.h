@@ -1,18 +1,8 @@
 // KvLayout: where each byte of the paged KV cache lives (DESIGN.md §4). Pure arithmetic.
 //
 // The cache is layer-major: layer L owns one contiguous region of `num_pages` blocks. A block
-// (one page of one layer) is K then V, each [kv_heads][one head's slice] (HND at the level of
-// heads), so the heads a tensor-parallel rank holds are one contiguous range inside K and inside
-// V. Inside a head's slice:
-//   V: [page_tokens][head_dim] elements, a token's row after the other;
-//   K: [key_words][page_tokens] 32-bit words, word w of every token slot together: word w of a
-//      slot is its elements 2w and 2w + 1 (BF16, the lower address the even element) or its
-//      element w (F32).
-// K is kept transposed by words because attention multiplies a query with 16 (8 on avx2)
-// positions' keys at once, one 32-bit word of head_dim each: with rows, every key tile had to
-// be transposed first (a sixth of attention's time at batch 32 x 2048); now a page of 16 slots
-// holds each word of a tile as one 64-byte line. Both slices are page_tokens * head_dim
-// elements, so the transfer plan moves heads without knowing what is inside them.
+// (one page of one layer) is K then V, each [kv_heads][page_tokens][head_dim] (HND), so the
+// heads a tensor-parallel rank holds are one contiguous range inside K and inside V.
 // Plain value type; thread-compatible.
 #pragma once
 
@@ -54,19 +44,10 @@ struct KvLayout {
   size_t BlockOffset(int layer, PageId page) const {
     return layer_bytes() * layer + block_bytes() * page;
   }
-  // Byte offset of head `head`'s slice of K (is_v=false) or V of a page, within the cache.
-  size_t HeadOffset(int layer, PageId page, bool is_v, int head) const {
-    return BlockOffset(layer, page) + (is_v ? half_block_bytes() : 0) + head_bytes() * head;
-  }
-  // 32-bit words of a token's K (head_dim even where BF16: Validate).
-  int key_words() const { return static_cast<int>(head_dim * elem_size() / 4); }
-  // Byte offset, within a head's slice of K, of token slot `slot`'s word `word`.
-  size_t KeyWordOffset(int word, int slot) const {
-    return (static_cast<size_t>(word) * page_tokens + slot) * 4;
-  }
-  // Byte offset, within a head's slice of V, of token slot `slot`'s row.
-  size_t ValueRowOffset(int slot) const {
-    return static_cast<size_t>(slot) * head_dim * elem_size();
+  // Byte offset of K (is_v=false) or V of head `head`, token slot `slot`, within the cache.
+  size_t ElementOffset(int layer, PageId page, bool is_v, int head, int slot) const {
+    return BlockOffset(layer, page) + (is_v ? half_block_bytes() : 0) + head_bytes() * head +
+           static_cast<size_t>(slot) * head_dim * elem_size();
   }
   int PagesForTokens(int64_t tokens) const {
     return static_cast<int>((tokens + page_tokens - 1) / page_tokens);

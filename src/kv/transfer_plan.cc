@@ -157,9 +157,9 @@ Status TransferPlan::AppendLayerWrites(std::span<const PagePair> pages, int laye
       }
       for (bool is_v : {false, true}) {
         out->push_back(KvWrite{.src_rank = r.src_rank,
-                               .src_offset = s.HeadOffset(layer, p.src, is_v, r.src_head),
+                               .src_offset = s.ElementOffset(layer, p.src, is_v, r.src_head, 0),
                                .dst_rank = r.dst_rank,
-                               .dst_offset = d.HeadOffset(layer, p.dst, is_v, r.dst_head),
+                               .dst_offset = d.ElementOffset(layer, p.dst, is_v, r.dst_head, 0),
                                .length = s.head_bytes() * static_cast<uint64_t>(r.num_heads)});
       }
     }

@@ -34,9 +34,7 @@
 namespace pdserve::messenger {
 
 // 2: HelloAck names the Hello it answers (hello_nonce).
-// 3: the pages' K holds 32-bit words, each word of a page's positions together (kv/layout.h);
-//    a version-2 peer's pages hold K rows, which this version would read as other numbers.
-inline constexpr uint16_t kProtocolVersion = 3;
+inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kHeaderBytes = 20;
 // Caps: far above real use, low enough that a hostile peer cannot make us allocate much.
 inline constexpr size_t kMaxMessageBytes = size_t{16} << 20;

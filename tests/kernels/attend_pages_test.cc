@@ -62,47 +62,32 @@ class AttendPagesTest : public ::testing::TestWithParam<std::tuple<std::string, 
   void TearDown() override { (void)kernels::SelectPath("auto"); }
 };
 
-// One KV head's K or V (rows[p * hd + d]: position p's element d) in pages of `page_tokens`,
-// laid out as kernel_table.h's HeadPages says (V rows; K 32-bit words, each word of a page's
-// positions together) and stored in pages scattered over one allocation (page i at slot
-// pages - 1 - i), BF16 or F32.
+// One KV head's K or V rows in pages of `page_tokens`, stored in pages scattered over one
+// allocation (page i at slot pages - 1 - i), BF16 or F32.
 struct Pages {
   std::vector<uint16_t> bf16;
   std::vector<float> f32;
   std::vector<const void*> table;
 };
 
-enum class Half { kKeys, kValues };
-
-Pages MakePages(Half half, const std::vector<float>& rows, int64_t ctx, int hd, int page_tokens,
-                bool bf16) {
+Pages MakePages(const std::vector<float>& rows, int64_t ctx, int hd, int page_tokens, bool bf16) {
   const int64_t pages = (ctx + page_tokens - 1) / page_tokens;
-  // Elements per 32-bit word, and of one position's K (an odd BF16 head_dim's last word ends in
-  // padding).
-  const int word_elems = bf16 ? 2 : 1;
-  const int row_elems = half == Half::kKeys ? internal::KeyWords(hd, bf16) * word_elems : hd;
-  const size_t page_elems = static_cast<size_t>(page_tokens) * row_elems;
+  const size_t page_elems = static_cast<size_t>(page_tokens) * hd;
   Pages out;
-  // NaN filler past the context and in the padding: a kernel that read it would show.
+  // NaN filler past the context: a kernel that read it would show.
   if (bf16) {
     out.bf16.assign(pages * page_elems, 0x7fc1);
   } else {
     out.f32.assign(pages * page_elems, NAN);
   }
   for (int64_t p = 0; p < ctx; ++p) {
-    const size_t page_at = (pages - 1 - p / page_tokens) * page_elems;
-    const int64_t slot = p % page_tokens;
+    const size_t at = (pages - 1 - p / page_tokens) * page_elems + (p % page_tokens) * hd;
     for (int d = 0; d < hd; ++d) {
-      // K: word d / word_elems of slot `slot` at word (d / word_elems) * page_tokens + slot.
-      const size_t at =
-          page_at + (half == Half::kKeys
-                         ? (d / word_elems * page_tokens + slot) * word_elems + d % word_elems
-                         : slot * hd + d);
       const float value = rows[p * hd + d];
       if (bf16) {
-        out.bf16[at] = F32ToBF16(value);
+        out.bf16[at + d] = F32ToBF16(value);
       } else {
-        out.f32[at] = value;
+        out.f32[at + d] = value;
       }
     }
   }
@@ -124,8 +109,8 @@ TEST_P(AttendPagesTest, EqualsTheGenericPathOneQueryAtATimeBitForBit) {
   std::vector<float> k(static_cast<size_t>(ctx) * hd), v(k.size());
   for (float& e : k) e = dist(rng);
   for (float& e : v) e = dist(rng);
-  const Pages k_pages = MakePages(Half::kKeys, k, ctx, hd, s.page_tokens, s.bf16);
-  const Pages v_pages = MakePages(Half::kValues, v, ctx, hd, s.page_tokens, s.bf16);
+  const Pages k_pages = MakePages(k, ctx, hd, s.page_tokens, s.bf16);
+  const Pages v_pages = MakePages(v, ctx, hd, s.page_tokens, s.bf16);
   const int count = static_cast<int>(s.contexts.size());
   const size_t q_floats = static_cast<size_t>(s.heads) * hd;
   std::vector<float> q(count * q_floats);
@@ -192,7 +177,7 @@ TEST_P(SoftmaxWeightTest, DenormalNumeratorsWeighNothingOverABF16Cache) {
   const float b1 = BF16ToF32(F32ToBF16(0.1615f));
   ASSERT_EQ(b1, 0.161132812f);
   const std::vector<float> k = {0.0f, 0.0f, -87.5f, b1, -87.5f, 0.25f};
-  const Pages k_pages = MakePages(Half::kKeys, k, kCtx, kHd, 16, true);
+  const Pages k_pages = MakePages(k, kCtx, kHd, 16, true);
   const float q[kHd] = {1.0f, 1.0f};
   float q_rounded[kHd];
   uint16_t q_pairs[kHd];
@@ -201,7 +186,7 @@ TEST_P(SoftmaxWeightTest, DenormalNumeratorsWeighNothingOverABF16Cache) {
   for (int64_t at : {1, 2}) {
     std::vector<float> v(kCtx * kHd, 0.0f);
     v[at * kHd] = v[at * kHd + 1] = big;
-    const Pages v_pages = MakePages(Half::kValues, v, kCtx, kHd, 16, true);
+    const Pages v_pages = MakePages(v, kCtx, kHd, 16, true);
     const internal::HeadPages kv{
         .k = k_pages.table.data(), .v = v_pages.table.data(), .page_tokens = 16, .bf16 = true};
     float out[kHd] = {-1.0f, -1.0f};

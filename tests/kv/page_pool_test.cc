@@ -80,35 +80,14 @@ TEST(KvLayoutTest, HndOffsetsKeepHeadsContiguous) {
   EXPECT_EQ(l.block_bytes(), 2 * 4 * l.head_bytes());
   EXPECT_EQ(l.total_bytes(), 3 * 5 * l.block_bytes());
   // Head h+1 follows head h; V follows all K heads; the next page follows the block.
-  EXPECT_EQ(l.HeadOffset(1, 2, false, 1) - l.HeadOffset(1, 2, false, 0), l.head_bytes());
-  EXPECT_EQ(l.HeadOffset(1, 2, true, 0) - l.HeadOffset(1, 2, false, 0), l.half_block_bytes());
+  EXPECT_EQ(l.ElementOffset(1, 2, false, 1, 0) - l.ElementOffset(1, 2, false, 0, 0),
+            l.head_bytes());
+  EXPECT_EQ(l.ElementOffset(1, 2, true, 0, 0) - l.ElementOffset(1, 2, false, 0, 0),
+            l.half_block_bytes());
   EXPECT_EQ(l.BlockOffset(1, 3) - l.BlockOffset(1, 2), l.block_bytes());
   EXPECT_EQ(l.BlockOffset(2, 0) - l.BlockOffset(1, 0), l.layer_bytes());
-  // Inside a head: V a row per slot; K word w of all slots together (4 words of 2 BF16s).
-  EXPECT_EQ(l.ValueRowOffset(3), 3u * 8 * 2);
-  EXPECT_EQ(l.key_words(), 4);
-  EXPECT_EQ(l.KeyWordOffset(0, 3), 3u * 4);
-  EXPECT_EQ(l.KeyWordOffset(2, 3), (2u * 16 + 3) * 4);
-  EXPECT_EQ(l.KeyWordOffset(l.key_words() - 1, l.page_tokens - 1) + 4, l.head_bytes());
-  KvLayout f32 = l;
-  f32.dtype = DType::kF32;
-  EXPECT_EQ(f32.key_words(), 8);
-  EXPECT_EQ(f32.KeyWordOffset(f32.key_words() - 1, f32.page_tokens - 1) + 4, f32.head_bytes());
+  EXPECT_EQ(l.ElementOffset(0, 0, false, 0, 3), 3u * 8 * 2);
   EXPECT_EQ(l.PagesForTokens(33), 3);
-}
-
-TEST(KvLayoutTest, RefusesAnOddHeadDimInBF16) {
-  KvLayout l{.num_layers = 1,
-             .num_kv_heads = 1,
-             .head_dim = 13,
-             .page_tokens = 16,
-             .dtype = DType::kBF16,
-             .num_pages = 2};
-  const Status s = l.Validate();
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("odd head_dim"), std::string::npos) << s.ToString();
-  l.dtype = DType::kF32;
-  EXPECT_TRUE(l.Validate().ok());
 }
 
 TEST(KvCacheTest, StorageIsZeroedAndSharedThroughTheFd) {

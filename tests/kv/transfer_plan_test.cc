@@ -52,8 +52,7 @@ void ForEachByte(const KvLayout& l, Fn fn) {
       for (bool is_v : {false, true}) {
         for (int h = 0; h < l.num_kv_heads; ++h) {
           for (int slot = 0; slot < l.page_tokens; ++slot) {
-            // The plan moves head slices whole: their bytes numbered in rows of a slot's size.
-            const size_t row = l.HeadOffset(layer, page, is_v, h) + slot * row_bytes;
+            const size_t row = l.ElementOffset(layer, page, is_v, h, slot);
             for (int b = 0; b < row_bytes; ++b) fn(layer, page, is_v, h, slot, b, row + b);
           }
         }
@@ -104,8 +103,7 @@ void SimulateAndCheck(const Config& c, const std::vector<PagePair>& pairs, uint6
     ref_mem[off] = ReferenceByte(layer, page, is_v, h, slot, b);
   });
   auto ref_byte = [&](int layer, PageId page, bool is_v, int head, int slot, int b) {
-    const size_t row_bytes = reference.head_dim * reference.elem_size();
-    return ref_mem[reference.HeadOffset(layer, page, is_v, head) + slot * row_bytes + b];
+    return ref_mem[reference.ElementOffset(layer, page, is_v, head, slot) + b];
   };
   // Source ranks hold the reference bytes of their heads.
   std::vector<std::vector<uint8_t>> src_mem(c.source_tp);

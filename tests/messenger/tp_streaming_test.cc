@@ -103,7 +103,7 @@ void FillPrefillCaches(Node& p) {
       for (PageId page = 0; page < l.num_pages; ++page) {
         for (bool is_v : {false, true}) {
           for (int h = 0; h < l.num_kv_heads; ++h) {
-            uint8_t* at = cache.base() + l.HeadOffset(layer, page, is_v, h);
+            uint8_t* at = cache.base() + l.ElementOffset(layer, page, is_v, h, 0);
             for (size_t i = 0; i < l.head_bytes(); ++i) {
               at[i] = Pattern(layer, page, is_v, first_head + h, i);
             }
@@ -238,7 +238,7 @@ TEST_P(MessengerTpStreamTest, EveryRankReceivesItsHeadsFromTheRightRank) {
         const auto listed = std::find(dst_pages.begin(), dst_pages.end(), page);
         for (bool is_v : {false, true}) {
           for (int h = 0; h < l.num_kv_heads; ++h) {
-            const uint8_t* at = cache.base() + l.HeadOffset(layer, page, is_v, h);
+            const uint8_t* at = cache.base() + l.ElementOffset(layer, page, is_v, h, 0);
             size_t wrong = 0;
             for (size_t i = 0; i < l.head_bytes(); ++i) {
               const uint8_t want = listed == dst_pages.end()
