@@ -486,10 +486,10 @@ TEST_P(PathTest, AgreesWithTheGenericPathBitForBit) {
   }
 }
 
-// StoreKv writes kv/layout.h's page format, which the messenger moves between nodes: V a row
-// per slot, K word w of every slot together (a BF16 word: elements 2w, 2w + 1, the even one in
-// the low half). Read back by byte offsets alone; every other byte of the cache stays zero.
-TEST(StoreKvTest, WritesKAsWordsAndVAsRowsAndNothingElse) {
+// StoreKv writes kv/layout.h's page format, which the messenger moves between nodes: K and V a
+// row per slot, [kv_heads][page_tokens][head_dim] in each page of each layer. Read back by
+// byte offsets alone; every other byte of the cache stays zero.
+TEST(StoreKvTest, WritesOneRowPerHeadAtTheLayoutsOffsetsAndNothingElse) {
   for (DType dtype : {DType::kBF16, DType::kF32}) {
     const KvLayout l{.num_layers = 2,
                      .num_kv_heads = 2,
@@ -509,34 +509,26 @@ TEST(StoreKvTest, WritesKAsWordsAndVAsRowsAndNothingElse) {
     const uint8_t* base = (*cache)->base();
     std::vector<bool> expected(l.total_bytes(), false);
     auto element = [&](size_t offset) {
-      expected[offset] = true;
-      expected[offset + 1] = true;
+      for (size_t b = 0; b < l.elem_size(); ++b) expected[offset + b] = true;
       if (dtype == DType::kBF16) {
         uint16_t bits;
         std::memcpy(&bits, base + offset, 2);
         return BF16ToF32(bits);
       }
-      expected[offset + 2] = expected[offset + 3] = true;
       float f;
       std::memcpy(&f, base + offset, 4);
       return f;
     };
-    for (int h = 0; h < 2; ++h) {
-      const size_t k_head = l.HeadOffset(kLayer, kPage, false, h);
-      const size_t v_head = l.HeadOffset(kLayer, kPage, true, h);
-      for (int d = 0; d < 6; ++d) {
-        const size_t k_at = dtype == DType::kBF16
-                                ? k_head + l.KeyWordOffset(d / 2, kSlot) + 2 * (d % 2)
-                                : k_head + l.KeyWordOffset(d, kSlot);
-        EXPECT_EQ(element(k_at), k[h * 6 + d])
-            << DTypeFlagName(dtype) << " K head " << h << " " << d;
-        const size_t v_at = v_head + l.ValueRowOffset(kSlot) + d * l.elem_size();
-        EXPECT_EQ(element(v_at), v[h * 6 + d])
-            << DTypeFlagName(dtype) << " V head " << h << " " << d;
+    for (bool is_v : {false, true}) {
+      const std::vector<float>& want = is_v ? v : k;
+      for (int h = 0; h < 2; ++h) {
+        const size_t row = l.ElementOffset(kLayer, kPage, is_v, h, kSlot);
+        for (int d = 0; d < 6; ++d) {
+          EXPECT_EQ(element(row + d * l.elem_size()), want[h * 6 + d])
+              << DTypeFlagName(dtype) << (is_v ? " V" : " K") << " head " << h << " " << d;
+        }
       }
     }
-    // K words of one slot lie page_tokens words apart: 16 bytes at 4 tokens a page.
-    EXPECT_EQ(l.KeyWordOffset(1, kSlot) - l.KeyWordOffset(0, kSlot), 16u);
     for (size_t i = 0; i < l.total_bytes(); ++i) {
       if (!expected[i]) {
         ASSERT_EQ(base[i], 0) << DTypeFlagName(dtype) << " byte " << i;
