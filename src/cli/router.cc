@@ -31,7 +31,7 @@ struct RouterFlags {
 
 int RunRouter(const RouterFlags& f) {
   router::RouterOptions options;
-  PD_ASSIGN_OR_RETURN_CLI(HostPort listen, ParseHostPort(f.listen));
+  PD_ASSIGN_OR_RETURN_CLI(HostPort listen, ParseHostPort("--listen", f.listen));
   options.host = listen.host;
   options.port = listen.port;
   options.nodes = f.nodes;

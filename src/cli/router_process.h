@@ -15,8 +15,8 @@ struct HostPort {
   std::string host;
   int port = 0;
 };
-// "HOST:PORT" with PORT in [0, 65535] (0: any free port).
-Result<HostPort> ParseHostPort(const std::string& text);
+// "HOST:PORT" with PORT in [0, 65535] (0: any free port); the error names `flag`.
+Result<HostPort> ParseHostPort(const std::string& flag, const std::string& text);
 
 // The API key may come from the environment instead of a flag, which every local user can read
 // in `ps`; `pdserve up` hands its key to its nodes this way.

@@ -47,24 +47,11 @@ struct ServeFlags {
   uint64_t seed = 0;
 };
 
-// "host:port" -> parts; the port must be a number in [0, 65535].
-bool SplitHostPort(const std::string& s, std::string* host, int* port) {
-  const size_t colon = s.rfind(':');
-  if (colon == std::string::npos || colon == 0) return false;
-  *host = s.substr(0, colon);
-  const std::string p = s.substr(colon + 1);
-  if (p.empty() || p.size() > 5 || p.find_first_not_of("0123456789") != std::string::npos) {
-    return false;
-  }
-  *port = std::stoi(p);
-  return *port <= 65535;
-}
-
 int RunServe(const ServeFlags& f) {
   server::NodeServerOptions options;
-  if (!SplitHostPort(f.listen, &options.host, &options.port)) {
-    return Fail("--listen must be HOST:PORT, got '" + f.listen + "'");
-  }
+  PD_ASSIGN_OR_RETURN_CLI(HostPort listen, ParseHostPort("--listen", f.listen));
+  options.host = listen.host;
+  options.port = listen.port;
   // A key in the environment stays out of `ps` (`pdserve up` hands its key over this way).
   options.api_key = ApiKeyFromFlagOrEnv(f.api_key);
   options.cluster_key = http::ClusterKeyFromFlagOrEnv(f.messenger.cluster_key);

@@ -2,39 +2,31 @@
 // prefill and decode node over tcp and prints the table with both modes and the plan's figures;
 // a prompt with nothing to transfer is refused with a clear error. (The figures' consistency is
 // tests/bench/disagg_bench_test.cc; speed itself is not tested.)
-#include <cstdio>
 #include <regex>
 #include <string>
 
 #include <gtest/gtest.h>
 
+#include "common/clock.h"
+#include "testing/processes.h"
 #include "testing/test_models.h"
-#include "testing/test_paths.h"
 
 namespace pdserve {
 namespace {
 
-std::string RunShell(const std::string& command, int* status) {
-  std::string out;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) out.append(buf, n);
-  *status = pclose(pipe);
-  return out;
-}
-
-std::string DisaggCommand(const std::string& prompt_len) {
-  return testing::BinaryPath("src/cli/pdserve") + " bench disagg --model " +
-         testing::TinyModelDir() + " --prompt-len " + prompt_len +
-         " --repeats 1 --threads 1 --page-size 4 --max-batch-tokens 8 --kv-cache-mb 8"
-         " --fabric-provider tcp 2>&1";
+// `pdserve bench disagg` on the tiny model over tcp, with a prompt of `prompt_len` tokens.
+testing::CommandRun RunDisagg(const std::string& prompt_len) {
+  return testing::RunPdserve(
+      {"bench", "disagg", "--model", testing::TinyModelDir(), "--prompt-len", prompt_len,
+       "--repeats", "1", "--threads", "1", "--page-size", "4", "--max-batch-tokens", "8",
+       "--kv-cache-mb", "8", "--fabric-provider", "tcp"},
+      Deadline::AfterMs(300'000));
 }
 
 TEST(BenchDisaggCliTest, PrintsTheTableOfBothModes) {
-  int status = -1;
-  const std::string out = RunShell(DisaggCommand("30"), &status);
-  ASSERT_EQ(status, 0) << out;
+  const testing::CommandRun run = RunDisagg("30");
+  const std::string& out = run.output;
+  ASSERT_TRUE(run.finished && run.exit.success()) << run.exit.ToString() << "\n" << out;
   // 29 prefilled tokens: 8 pages of 4.
   EXPECT_TRUE(std::regex_search(out, std::regex(R"(P prefills 29 \(8 pages x \d+ layers\))")))
       << out;
@@ -48,10 +40,9 @@ TEST(BenchDisaggCliTest, PrintsTheTableOfBothModes) {
 }
 
 TEST(BenchDisaggCliTest, RefusesAPromptWithNothingToTransfer) {
-  int status = -1;
-  const std::string out = RunShell(DisaggCommand("1"), &status);
-  EXPECT_NE(status, 0) << out;
-  EXPECT_NE(out.find("--prompt-len"), std::string::npos) << out;
+  const testing::CommandRun run = RunDisagg("1");
+  EXPECT_TRUE(run.finished && run.exit.exited() && run.exit.code != 0) << run.exit.ToString();
+  EXPECT_NE(run.output.find("--prompt-len"), std::string::npos) << run.output;
 }
 
 }  // namespace

@@ -1,33 +1,30 @@
 // `pdserve bench engine` on the tiny synthetic model: it runs, and prints one table row per
 // phase (decode: per context and batch) with a ratio to its ceiling. (Speed itself is not tested;
 // this keeps the benchmark from rotting.)
-#include <cstdio>
 #include <regex>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
+#include "common/clock.h"
+#include "testing/processes.h"
 #include "testing/test_models.h"
-#include "testing/test_paths.h"
 
 namespace pdserve {
 namespace {
 
-// Runs a shell command; returns its stdout and puts the exit status in *status.
-std::string RunShell(const std::string& command, int* status) {
-  std::string out;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) out.append(buf, n);
-  *status = pclose(pipe);
-  return out;
-}
+constexpr int kTimeoutMs = 300'000;
 
-std::string BenchCommand(const std::string& extra, const std::string& contexts = "20") {
-  return testing::BinaryPath("src/cli/pdserve") + " bench engine --model " +
-         testing::TinyModelDir() + " --batch 1,3 --context " + contexts +
-         " --prompt-len 20 --decode-steps 2 --repeats 2 --threads 1 " + extra + " 2>&1";
+// `pdserve bench engine` on the tiny model at batches 1 and 3, with `extra` flags.
+testing::CommandRun RunBench(const std::vector<std::string>& extra,
+                             const std::string& contexts = "20") {
+  std::vector<std::string> args{"bench",        "engine", "--model",        testing::TinyModelDir(),
+                                "--batch",      "1,3",    "--context",      contexts,
+                                "--prompt-len", "20",     "--decode-steps", "2",
+                                "--repeats",    "2",      "--threads",      "1"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return testing::RunPdserve(args, Deadline::AfterMs(kTimeoutMs));
 }
 
 // Every row of the table as "phase/batch" ("prefill 20/1,decode ctx 20/1,..."), each checked
@@ -69,9 +66,9 @@ void ExpectTable(const std::string& out, const std::string& path) {
 }
 
 TEST(BenchEngineTest, PrintsEveryPhaseBesideItsCeiling) {
-  int status = -1;
-  const std::string out = RunShell(BenchCommand(""), &status);
-  ASSERT_EQ(status, 0) << out;
+  const testing::CommandRun run = RunBench({});
+  const std::string& out = run.output;
+  ASSERT_TRUE(run.finished && run.exit.success()) << run.exit.ToString() << "\n" << out;
   const std::smatch m = [&] {
     std::smatch match;
     std::regex_search(out, match, std::regex(R"(\| prefill 20 \| ([a-z0-9]+) \|)"));
@@ -83,44 +80,41 @@ TEST(BenchEngineTest, PrintsEveryPhaseBesideItsCeiling) {
 
 // The portable path runs on every CPU, and the table says it is the one that ran.
 TEST(BenchEngineTest, KernelsFlagChoosesThePath) {
-  int status = -1;
-  const std::string out = RunShell(BenchCommand("--kernels generic"), &status);
-  ASSERT_EQ(status, 0) << out;
-  ExpectTable(out, "generic");
-  const std::string bad = RunShell(BenchCommand("--kernels sse9"), &status);
-  EXPECT_NE(status, 0);
-  EXPECT_NE(bad.find("sse9"), std::string::npos) << bad;
+  const testing::CommandRun run = RunBench({"--kernels", "generic"});
+  ASSERT_TRUE(run.finished && run.exit.success()) << run.exit.ToString() << "\n" << run.output;
+  ExpectTable(run.output, "generic");
+  const testing::CommandRun bad = RunBench({"--kernels", "sse9"});
+  EXPECT_TRUE(bad.finished && bad.exit.exited() && bad.exit.code != 0) << bad.exit.ToString();
+  EXPECT_NE(bad.output.find("sse9"), std::string::npos) << bad.output;
 }
 
 // Each decode context gets a row per batch, in the order given.
 TEST(BenchEngineTest, ContextFlagAddsDecodeRowsPerContext) {
-  int status = -1;
-  const std::string out = RunShell(
-      testing::BinaryPath("src/cli/pdserve") + " bench engine --model " + testing::TinyModelDir() +
-          " --batch 2 --context 8,30 --prompt-len 20 --decode-steps 2 --repeats 1 "
-          "--threads 1 --kernels generic 2>&1",
-      &status);
-  ASSERT_EQ(status, 0) << out;
-  EXPECT_EQ(TableRows(out, "generic"), "prefill 20/1,decode ctx 8/2,decode ctx 30/2,") << out;
+  const testing::CommandRun run =
+      testing::RunPdserve({"bench", "engine", "--model", testing::TinyModelDir(), "--batch", "2",
+                           "--context", "8,30", "--prompt-len", "20", "--decode-steps", "2",
+                           "--repeats", "1", "--threads", "1", "--kernels", "generic"},
+                          Deadline::AfterMs(kTimeoutMs));
+  ASSERT_TRUE(run.finished && run.exit.success()) << run.exit.ToString() << "\n" << run.output;
+  EXPECT_EQ(TableRows(run.output, "generic"), "prefill 20/1,decode ctx 8/2,decode ctx 30/2,")
+      << run.output;
 }
 
 TEST(BenchEngineTest, BadContextListIsAClearError) {
   for (const char* contexts : {"8,x", "0", "100000000"}) {
-    int status = -1;
-    const std::string out = RunShell(BenchCommand("", contexts), &status);
-    EXPECT_NE(status, 0) << contexts;
-    EXPECT_NE(out.find("context"), std::string::npos) << out;
+    const testing::CommandRun run = RunBench({}, contexts);
+    EXPECT_TRUE(run.finished && run.exit.exited() && run.exit.code != 0)
+        << contexts << ": " << run.exit.ToString();
+    EXPECT_NE(run.output.find("context"), std::string::npos) << run.output;
   }
 }
 
 TEST(BenchEngineTest, BadBatchListIsAClearError) {
-  int status = -1;
-  const std::string out =
-      RunShell(testing::BinaryPath("src/cli/pdserve") + " bench engine --model " +
-                   testing::TinyModelDir() + " --batch 1,x 2>&1",
-               &status);
-  EXPECT_NE(status, 0);
-  EXPECT_NE(out.find("--batch"), std::string::npos) << out;
+  const testing::CommandRun run =
+      testing::RunPdserve({"bench", "engine", "--model", testing::TinyModelDir(), "--batch", "1,x"},
+                          Deadline::AfterMs(kTimeoutMs));
+  EXPECT_TRUE(run.finished && run.exit.exited() && run.exit.code != 0) << run.exit.ToString();
+  EXPECT_NE(run.output.find("--batch"), std::string::npos) << run.output;
 }
 
 }  // namespace

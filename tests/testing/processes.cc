@@ -9,6 +9,8 @@
 #include <fstream>
 #include <thread>
 
+#include "testing/test_paths.h"
+
 namespace pdserve::testing {
 
 bool ProcessAlive(pid_t pid) {
@@ -89,6 +91,12 @@ CommandRun RunToCompletion(const std::vector<std::string>& argv, Deadline deadli
   run.finished = true;
   run.exit = *exit;
   return run;
+}
+
+CommandRun RunPdserve(const std::vector<std::string>& args, Deadline deadline) {
+  std::vector<std::string> argv{BinaryPath("src/cli/pdserve")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunToCompletion(argv, deadline);
 }
 
 }  // namespace pdserve::testing

@@ -1,6 +1,7 @@
 // What tests learn about processes from /proc, and a bounded run of a command: is a pid alive,
-// its children, a /proc file, waiting until a set of pids is gone, a command's exit status and
-// combined output. For tests only; every function may be called from any thread.
+// its children, a /proc file, waiting until a set of pids is gone, a command's (or the pdserve
+// binary's) exit status and combined output. For tests only; every function may be called from any
+// thread.
 #pragma once
 
 #include <sys/types.h>
@@ -36,5 +37,7 @@ struct CommandRun {
 // Runs `argv` (argv[0] a path or a name in PATH) with stdin from /dev/null until it exits or
 // `deadline` passes (then kills it).
 CommandRun RunToCompletion(const std::vector<std::string>& argv, Deadline deadline);
+// RunToCompletion of the built pdserve binary with `args`.
+CommandRun RunPdserve(const std::vector<std::string>& args, Deadline deadline);
 
 }  // namespace pdserve::testing
