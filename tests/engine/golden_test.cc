@@ -3,19 +3,20 @@
 // greedy continuation token for token and the last-position top-5 logits within 1e-3 relative,
 // on every kernel path this CPU runs (kernels/dispatch.h; a path it lacks is SKIPPED loudly).
 // The checkpoint is F32: amx_engine_test.cc runs a BF16 copy, whose products reach the AMX tiles.
-#include <array>
-#include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/clock.h"
 #include "engine_test_util.h"
 #include "kernels/dispatch.h"
 #include "model/model_dir.h"
 #include "testing/kernel_paths.h"
+#include "testing/processes.h"
 #include "testing/test_paths.h"
 
 namespace pdserve {
@@ -28,15 +29,22 @@ nlohmann::json ReadGolden() {
   return nlohmann::json::parse(in);
 }
 
-std::string RunCommand(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  EXPECT_EQ(pclose(p), 0) << cmd;
-  return out;
+// `pdserve generate --json` of a golden case's prompt, greedy for the case's length, with
+// `extra` flags and `env` set; its log (stderr) apart from its JSON (stdout).
+testing::CommandRun GenerateCase(const nlohmann::json& c, const std::vector<std::string>& extra,
+                                 std::vector<std::pair<std::string, std::string>> env = {}) {
+  std::vector<std::string> args{"generate",
+                                "--model",
+                                ::pdserve::testing::SharedPath(kModel),
+                                "--prompt",
+                                c["prompt"].get<std::string>(),
+                                "--max-tokens",
+                                std::to_string(c["greedy_ids"].size()),
+                                "--ignore-eos",
+                                "--json"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return testing::RunPdserve(args, Deadline::AfterMs(120'000),
+                             {.env = std::move(env), .separate_stderr = true});
 }
 
 // Parameter: the kernel path, selected in SetUp.
@@ -87,21 +95,19 @@ TEST_P(GoldenTest, LastPositionLogitsWithinOneThousandthRelative) {
 
 TEST_P(GoldenTest, GenerateCommandPrintsTheGoldenTokens) {
   PD_REQUIRE_SHARED(kModel);
-  const std::string bin = ::pdserve::testing::BinaryPath("src/cli/pdserve");
-  const std::string dir = ::pdserve::testing::SharedPath(kModel);
   const nlohmann::json golden = ReadGolden();
   ASSERT_EQ(golden["cases"].size(), 5u);
   for (const auto& c : golden["cases"]) {
-    const auto want = c["greedy_ids"].get<std::vector<int32_t>>();
-    const std::string cmd = "PDSERVE_KERNELS=" + GetParam() + " " + bin + " generate --model " +
-                            dir + " --prompt '" + c["prompt"].get<std::string>() +
-                            "' --max-tokens " + std::to_string(want.size()) +
-                            " --ignore-eos --json 2>/dev/null";
-    auto out = nlohmann::json::parse(RunCommand(cmd), nullptr, false);
-    ASSERT_TRUE(out.is_object()) << cmd;
+    const testing::CommandRun run = GenerateCase(c, {}, {{"PDSERVE_KERNELS", GetParam()}});
+    ASSERT_TRUE(run.finished && run.exit.success()) << run.exit.ToString() << "\n" << run.errors;
+    EXPECT_NE(run.errors.find("kernels: " + GetParam()), std::string::npos) << run.errors;
+    auto out = nlohmann::json::parse(run.output, nullptr, false);
+    ASSERT_TRUE(out.is_object()) << run.output;
     EXPECT_EQ(out["prompt_ids"].get<std::vector<int32_t>>(),
               c["prompt_ids"].get<std::vector<int32_t>>());
-    EXPECT_EQ(out["token_ids"].get<std::vector<int32_t>>(), want) << cmd;
+    EXPECT_EQ(out["token_ids"].get<std::vector<int32_t>>(),
+              c["greedy_ids"].get<std::vector<int32_t>>())
+        << c["prompt"];
   }
 }
 
@@ -116,27 +122,25 @@ INSTANTIATE_TEST_SUITE_P(Paths, GoldenTest,
 // show every worker rank holding its heads, so a --tp that did nothing could not pass.
 TEST(GoldenTpTest, RankWorkersGenerateTheGoldenTokens) {
   PD_REQUIRE_SHARED(kModel);
-  const std::string bin = ::pdserve::testing::BinaryPath("src/cli/pdserve");
-  const std::string dir = ::pdserve::testing::SharedPath(kModel);
   const nlohmann::json golden = ReadGolden();
-  const std::string log = ::testing::TempDir() + "golden_tp.log";
   for (int tp : {2, 3, 4}) {
     for (const auto& c : golden["cases"]) {
-      const auto want = c["greedy_ids"].get<std::vector<int32_t>>();
-      const std::string cmd = bin + " generate --model " + dir + " --prompt '" +
-                              c["prompt"].get<std::string>() + "' --max-tokens " +
-                              std::to_string(want.size()) + " --threads 1 --tp " +
-                              std::to_string(tp) + " --ignore-eos --json 2>" + log;
-      auto out = nlohmann::json::parse(RunCommand(cmd), nullptr, false);
-      ASSERT_TRUE(out.is_object()) << cmd;
-      EXPECT_EQ(out["token_ids"].get<std::vector<int32_t>>(), want) << cmd;
-      const std::string stderr_text = RunCommand("cat " + log);
+      const testing::CommandRun run =
+          GenerateCase(c, {"--threads", "1", "--tp", std::to_string(tp)});
+      ASSERT_TRUE(run.finished && run.exit.success())
+          << "--tp " << tp << ": " << run.exit.ToString() << "\n"
+          << run.errors;
+      auto out = nlohmann::json::parse(run.output, nullptr, false);
+      ASSERT_TRUE(out.is_object()) << run.output;
+      EXPECT_EQ(out["token_ids"].get<std::vector<int32_t>>(),
+                c["greedy_ids"].get<std::vector<int32_t>>())
+          << "--tp " << tp << ": " << c["prompt"];
       for (int rank = 1; rank < tp; ++rank) {
         EXPECT_NE(
-            stderr_text.find("rank " + std::to_string(rank) + " of " + std::to_string(tp) + ": "),
+            run.errors.find("rank " + std::to_string(rank) + " of " + std::to_string(tp) + ": "),
             std::string::npos)
-            << "no rank worker " << rank << " in the log of: " << cmd << "\n"
-            << stderr_text;
+            << "no rank worker " << rank << " in the log of --tp " << tp << ":\n"
+            << run.errors;
       }
     }
   }

@@ -4,50 +4,23 @@
 // on the baseline CPU exits with a clear error instead of dying of SIGILL. Guards against
 // AVX code leaking out of the ISA files (src/kernels/kernel_table.h). Skipped, loudly, where
 // qemu-x86_64 is not installed (scripts/install-deps.sh installs it).
-#include <sys/wait.h>
-
-#include <array>
-#include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/clock.h"
+#include "testing/processes.h"
 #include "testing/test_paths.h"
 
 namespace pdserve {
 namespace {
 
 constexpr char kModel[] = "models/stories260K";
-
-struct ShellRun {
-  int wait_status = -1;  // as from waitpid
-  std::string out, err;
-};
-
-// Runs `cmd` through the shell with stderr captured in a temporary file.
-ShellRun RunShell(const std::string& cmd) {
-  const std::string dir = ::pdserve::testing::MakeTempDir("qemu_golden");
-  const std::string err_path = dir + "/stderr";
-  ShellRun run;
-  FILE* p = popen((cmd + " 2>" + err_path).c_str(), "r");
-  if (p == nullptr) return run;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) run.out.append(buf.data(), n);
-  run.wait_status = pclose(p);
-  std::ifstream in(err_path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  run.err = ss.str();
-  std::filesystem::remove_all(dir);
-  return run;
-}
 
 bool HaveQemu() { return std::system("command -v qemu-x86_64 >/dev/null 2>&1") == 0; }
 
@@ -81,24 +54,27 @@ class QemuGoldenTest : public ::testing::Test {
     ASSERT_FALSE(want_.empty()) << "golden.json has no case with a prompt";
   }
 
-  // `pdserve generate` of the golden prompt under qemu-x86_64 -cpu `cpu`.
-  ShellRun Generate(const std::string& cpu, const std::string& env) const {
-    return RunShell(env + " OMP_NUM_THREADS=1 qemu-x86_64 -cpu " + cpu + " " +
-                    ::pdserve::testing::BinaryPath("src/cli/pdserve") + " generate --model " +
-                    ::pdserve::testing::SharedPath(kModel) + " --prompt '" + prompt_ +
-                    "' --max-tokens " + std::to_string(want_.size()) + " --ignore-eos --json");
+  // `pdserve generate` of the golden prompt under qemu-x86_64 -cpu `cpu`, with `env` set.
+  testing::CommandRun Generate(const std::string& cpu,
+                               std::vector<std::pair<std::string, std::string>> env = {}) const {
+    env.emplace_back("OMP_NUM_THREADS", "1");
+    return testing::RunToCompletion(
+        {"qemu-x86_64", "-cpu", cpu, ::pdserve::testing::BinaryPath("src/cli/pdserve"), "generate",
+         "--model", ::pdserve::testing::SharedPath(kModel), "--prompt", prompt_, "--max-tokens",
+         std::to_string(want_.size()), "--ignore-eos", "--json"},
+        Deadline::AfterMs(300'000), {.env = std::move(env), .separate_stderr = true});
   }
 
   void ExpectGoldenOn(const std::string& cpu, const std::string& path) const {
-    const ShellRun run = Generate(cpu, "");
-    ASSERT_TRUE(WIFEXITED(run.wait_status) && WEXITSTATUS(run.wait_status) == 0)
-        << "-cpu " << cpu << " wait status " << run.wait_status << "\n"
-        << run.err;
-    EXPECT_NE(run.err.find("kernels: " + path), std::string::npos)
+    const testing::CommandRun run = Generate(cpu);
+    ASSERT_TRUE(run.finished && run.exit.success())
+        << "-cpu " << cpu << ": " << run.exit.ToString() << "\n"
+        << run.errors;
+    EXPECT_NE(run.errors.find("kernels: " + path), std::string::npos)
         << "-cpu " << cpu << " did not select " << path << ":\n"
-        << run.err;
-    const auto out = nlohmann::json::parse(run.out, nullptr, false);
-    ASSERT_TRUE(out.is_object()) << run.out;
+        << run.errors;
+    const auto out = nlohmann::json::parse(run.output, nullptr, false);
+    ASSERT_TRUE(out.is_object()) << run.output;
     EXPECT_EQ(out["token_ids"].get<std::vector<int32_t>>(), want_) << "-cpu " << cpu;
   }
 
@@ -115,15 +91,12 @@ TEST_F(QemuGoldenTest, BaselineCpuRunsTheGenericPathAndReproducesTheGoldenTokens
 }
 
 TEST_F(QemuGoldenTest, ForcingAvx2OnABaselineCpuIsAClearErrorNotASignal) {
-  const ShellRun run = Generate("qemu64", "PDSERVE_KERNELS=avx2");
-  ASSERT_TRUE(WIFEXITED(run.wait_status))
-      << "killed by signal " << (WIFSIGNALED(run.wait_status) ? WTERMSIG(run.wait_status) : 0)
-      << "\n"
-      << run.err;
-  EXPECT_NE(WEXITSTATUS(run.wait_status), 0);
-  EXPECT_NE(run.err.find("avx2"), std::string::npos) << run.err;
-  EXPECT_NE(run.err.find("lacks"), std::string::npos) << run.err;
-  EXPECT_TRUE(run.out.empty()) << run.out;
+  const testing::CommandRun run = Generate("qemu64", {{"PDSERVE_KERNELS", "avx2"}});
+  ASSERT_TRUE(run.finished && run.exit.exited()) << run.exit.ToString() << "\n" << run.errors;
+  EXPECT_NE(run.exit.code, 0);
+  EXPECT_NE(run.errors.find("avx2"), std::string::npos) << run.errors;
+  EXPECT_NE(run.errors.find("lacks"), std::string::npos) << run.errors;
+  EXPECT_TRUE(run.output.empty()) << run.output;
 }
 
 }  // namespace

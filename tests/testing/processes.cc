@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "testing/test_paths.h"
@@ -71,32 +72,48 @@ bool WaitAllGone(const std::vector<pid_t>& pids, Deadline deadline) {
   }
 }
 
-CommandRun RunToCompletion(const std::vector<std::string>& argv, Deadline deadline) {
+CommandRun RunToCompletion(const std::vector<std::string>& argv, Deadline deadline,
+                           const CommandOptions& command) {
   CommandRun run;
   SubprocessOptions options;
   options.argv = argv;
+  options.env = command.env;
   options.stdin_mode = StdStream::kNull;
   options.stdout_mode = StdStream::kPipe;
   options.stderr_mode = StdStream::kPipe;
+  std::string errors_dir;
+  if (command.separate_stderr) {
+    errors_dir = MakeTempDir("command_stderr");
+    options.stderr_mode = StdStream::kFile;
+    options.stderr_path = errors_dir + "/stderr";
+  }
   auto process = Subprocess::Spawn(options);
   if (!process.ok()) {
     run.output = process.status().ToString();
-    return run;
+  } else {
+    // Reading to EOF first: a child blocked on a full pipe would never exit.
+    auto output = process->ReadAll(deadline);
+    if (output.ok()) run.output = *output;
+    auto exit = process->WaitFor(deadline);
+    if (exit.ok()) {
+      run.finished = true;
+      run.exit = *exit;
+    }
+    // Otherwise the destructor kills it.
   }
-  // Reading to EOF first: a child blocked on a full pipe would never exit.
-  auto output = process->ReadAll(deadline);
-  if (output.ok()) run.output = *output;
-  auto exit = process->WaitFor(deadline);
-  if (!exit.ok()) return run;  // the destructor kills it
-  run.finished = true;
-  run.exit = *exit;
+  if (!errors_dir.empty()) {
+    std::ifstream in(options.stderr_path);
+    run.errors.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    std::filesystem::remove_all(errors_dir);
+  }
   return run;
 }
 
-CommandRun RunPdserve(const std::vector<std::string>& args, Deadline deadline) {
+CommandRun RunPdserve(const std::vector<std::string>& args, Deadline deadline,
+                      const CommandOptions& options) {
   std::vector<std::string> argv{BinaryPath("src/cli/pdserve")};
   argv.insert(argv.end(), args.begin(), args.end());
-  return RunToCompletion(argv, deadline);
+  return RunToCompletion(argv, deadline, options);
 }
 
 }  // namespace pdserve::testing

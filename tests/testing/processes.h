@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/clock.h"
@@ -32,12 +33,22 @@ int RemoveShmRegionsOf(pid_t pid);
 struct CommandRun {
   bool finished = false;  // false: it did not end by the deadline (it was killed) or never started
   ExitStatus exit;
-  std::string output;  // stdout and stderr together
+  std::string output;  // stdout, and stderr with it unless CommandOptions::separate_stderr
+  std::string errors;  // stderr, with CommandOptions::separate_stderr
+};
+struct CommandOptions {
+  // Variables set on top of this process's environment.
+  std::vector<std::pair<std::string, std::string>> env;
+  // stderr kept apart (through a temporary file) in CommandRun::errors, e.g. for a command
+  // whose stdout is JSON and whose log goes to stderr.
+  bool separate_stderr = false;
 };
 // Runs `argv` (argv[0] a path or a name in PATH) with stdin from /dev/null until it exits or
 // `deadline` passes (then kills it).
-CommandRun RunToCompletion(const std::vector<std::string>& argv, Deadline deadline);
+CommandRun RunToCompletion(const std::vector<std::string>& argv, Deadline deadline,
+                           const CommandOptions& options = {});
 // RunToCompletion of the built pdserve binary with `args`.
-CommandRun RunPdserve(const std::vector<std::string>& args, Deadline deadline);
+CommandRun RunPdserve(const std::vector<std::string>& args, Deadline deadline,
+                      const CommandOptions& options = {});
 
 }  // namespace pdserve::testing
