@@ -6,7 +6,6 @@
 // options. The expected outputs (fixtures/reference_renders.json) are committed;
 // ReferenceRendersAreCurrent re-runs the script where /usr/bin/python3 has jinja2 and fails if
 // they are stale, skipping loudly where it has not.
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include "chat/chat_prompt.h"
+#include "common/clock.h"
+#include "testing/processes.h"
 #include "testing/test_paths.h"
 
 namespace pdserve::chat {
@@ -118,10 +119,10 @@ TEST(ChatTemplateReferenceFreshnessTest, ReferenceRendersAreCurrent) {
   }
   PD_REQUIRE_SHARED("tokenizers/qwen2/tokenizer_config.json");  // a case renders its template
   const std::string out = testing::MakeTempDir("chat_reference") + "/renders.json";
-  const std::string command =
-      "PDSERVE_SHARED_DIR='" + testing::SharedPath("") + "' /usr/bin/python3 '" +
-      (kFixtures / "render_reference.py").string() + "' --out '" + out + "' 2>&1";
-  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  const testing::CommandRun run = testing::RunToCompletion(
+      {"/usr/bin/python3", (kFixtures / "render_reference.py").string(), "--out", out},
+      Deadline::AfterMs(120'000), {.env = {{"PDSERVE_SHARED_DIR", testing::SharedPath("")}}});
+  ASSERT_TRUE(run.finished && run.exit.success()) << run.exit.ToString() << "\n" << run.output;
   const std::string fresh = ReadFile(out);
   std::filesystem::remove_all(std::filesystem::path(out).parent_path());
   ASSERT_FALSE(fresh.empty());
