@@ -2,14 +2,26 @@
 
 #include <cstdlib>
 #include <mutex>
-#include <string>
+#include <utility>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
 namespace pdserve {
 
-void SetLogLevel(std::string_view level) {
-  spdlog::set_level(spdlog::level::from_str(std::string(level)));
+bool SetLogLevel(std::string_view level) {
+  // spdlog::level::from_str maps an unknown name to "off", which would silence every log.
+  static constexpr std::pair<std::string_view, spdlog::level::level_enum> kLevels[] = {
+      {"trace", spdlog::level::trace}, {"debug", spdlog::level::debug},
+      {"info", spdlog::level::info},   {"warn", spdlog::level::warn},
+      {"error", spdlog::level::err},   {"critical", spdlog::level::critical},
+      {"off", spdlog::level::off}};
+  for (const auto& [name, value] : kLevels) {
+    if (level == name) {
+      spdlog::set_level(value);
+      return true;
+    }
+  }
+  return false;
 }
 
 void InitLogging() {
@@ -18,8 +30,14 @@ void InitLogging() {
     auto logger = spdlog::stderr_color_mt("pdserve");
     spdlog::set_default_logger(logger);
     spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%L%$ [%P] %v");
+    SetLogLevel("info");
     const char* env = std::getenv("PDSERVE_LOG_LEVEL");
-    SetLogLevel(env != nullptr ? env : "info");
+    if (env != nullptr && !SetLogLevel(env)) {
+      PD_LOG_WARN(
+          "PDSERVE_LOG_LEVEL='{}' names no level (trace, debug, info, warn, error, critical, "
+          "off): logging at info",
+          env);
+    }
   });
 }
 

@@ -1,6 +1,6 @@
 // Logging through spdlog. Call from any thread (spdlog's default logger is thread-safe).
 // Use PD_LOG_INFO("format {}", args...) and friends; the level comes from PDSERVE_LOG_LEVEL
-// (trace|debug|info|warn|error|off) or SetLogLevel().
+// (trace|debug|info|warn|error|critical|off; default info) or SetLogLevel().
 #pragma once
 
 #include <string_view>
@@ -9,9 +9,11 @@
 
 namespace pdserve {
 
-// Reads PDSERVE_LOG_LEVEL once and configures the default logger (stderr). Idempotent.
+// Reads PDSERVE_LOG_LEVEL once and configures the default logger (stderr); a value that names
+// no level is warned about and logging stays at info. Idempotent.
 void InitLogging();
-void SetLogLevel(std::string_view level);
+// Sets the level by name (as PDSERVE_LOG_LEVEL); false, and nothing changed, for another name.
+bool SetLogLevel(std::string_view level);
 
 }  // namespace pdserve
 

@@ -161,7 +161,10 @@ MaybeError ReadCommon(const json& j, const ParseLimits& limits, GenerationReques
     return ApiError::InvalidRequest("only 'n' = 1 is supported", "n", "unsupported_value");
   int64_t best_of = 1;
   PD_RETURN_IF_API_ERROR(ReadInt(j, "best_of", 1, 128, &best_of));
-  if (best_of != 1) return ApiError::InvalidRequest("only 'best_of' = 1 is supported", "best_of");
+  if (best_of != 1) {
+    return ApiError::InvalidRequest("only 'best_of' = 1 is supported", "best_of",
+                                    "unsupported_value");
+  }
   SamplingParams& p = r->params;
   int64_t max_tokens = 0;
   // max_completion_tokens (newer chat name) wins over max_tokens when both are given.
