@@ -2,15 +2,15 @@
 
 #include <atomic>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
 #include <iostream>
-#include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
+
+#include "common/mutex.h"
 
 namespace pdserve::bench {
 namespace {
@@ -25,23 +25,29 @@ constexpr int kMaxInFlight = 1024;
 class InFlightLimit {
  public:
   explicit InFlightLimit(int limit) : limit_(limit) {}
-  bool Acquire(Deadline deadline) {
-    std::unique_lock lock(mu_);
-    if (!cv_.wait_until(lock, deadline.at(), [&] { return in_flight_ < limit_; })) return false;
+  bool Acquire(Deadline deadline) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    while (in_flight_ >= limit_) {
+      if (cv_.WaitUntil(&mu_, deadline.at()) == std::cv_status::timeout && in_flight_ >= limit_) {
+        return false;
+      }
+    }
     ++in_flight_;
     return true;
   }
-  void Release() {
-    std::lock_guard lock(mu_);
-    --in_flight_;
-    cv_.notify_one();
+  void Release() EXCLUDES(mu_) {
+    {
+      MutexLock lock(&mu_);
+      --in_flight_;
+    }
+    cv_.NotifyOne();
   }
 
  private:
   const int limit_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int in_flight_ = 0;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  int in_flight_ GUARDED_BY(mu_) = 0;
 };
 
 // The one-line progress bar on stderr, redrawn by its own thread until destroyed.
@@ -55,10 +61,10 @@ class ProgressBar {
   ~ProgressBar() {
     if (!enabled_) return;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       stop_ = true;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     thread_.join();
     Draw();
     std::fputc('\n', stderr);
@@ -67,9 +73,11 @@ class ProgressBar {
   ProgressBar& operator=(const ProgressBar&) = delete;
 
  private:
-  void Loop() {
-    std::unique_lock lock(mu_);
-    while (!cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stop_; })) Draw();
+  void Loop() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    while (!stop_) {
+      if (cv_.WaitFor(&mu_, std::chrono::milliseconds(200)) == std::cv_status::timeout) Draw();
+    }
   }
   void Draw() const {
     const int done = done_->load();
@@ -88,9 +96,9 @@ class ProgressBar {
   const std::atomic<int>* const done_;
   const std::atomic<int>* const failed_;
   const TimePoint start_ = Clock::now();
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 
