@@ -114,8 +114,9 @@ void PrefillMessenger::HandleHello(uint64_t instance, const Hello& hello) {
     PD_LOG_WARN("hello with a bad reply address from instance {:x}", instance);
     return;
   }
-  // A repeated Hello (D retrying) starts the handshake over with the same fabric peer: the
-  // transfer engine never re-adds an instance it removed.
+  // A repeated Hello (D retrying) starts the handshake over with the same fabric peer: its
+  // state is dropped but the peer is not removed from the transfer engine, whose AddPeer then
+  // returns the live instance's id.
   for (auto it = peers_.begin(); it != peers_.end(); ++it) {
     if (it->second.instance == instance) {
       DropPeer(it->first, Status::Cancelled("peer said hello again"), /*remove=*/false);
