@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/http_flags.h"
 #include "cli/model_flags.h"
 #include "cli/router_process.h"
 #include "common/logging.h"
@@ -19,14 +20,11 @@ struct RouterFlags {
   std::vector<std::string> nodes;
   std::string api_key;
   std::string cluster_key;
-  int max_body_mb = 8;
   int http_threads = 256;
-  size_t max_connections = 8192;
-  int header_timeout_s = 10;
   int max_attempts = 3;
   int health_interval_ms = 1000;
   int failures_to_down = 3;
-  int shutdown_grace_s = 30;
+  HttpFrontFlags http{.max_connections = 8192, .max_body_mb = 8};
 };
 
 int RunRouter(const RouterFlags& f) {
@@ -41,10 +39,10 @@ int RunRouter(const RouterFlags& f) {
     PD_LOG_WARN("router: no cluster key (--cluster-key or {}): nodes cannot register",
                 http::kClusterKeyEnv);
   }
-  options.max_body_bytes = static_cast<size_t>(f.max_body_mb) << 20;
+  options.max_body_bytes = f.http.max_body_bytes();
   options.http_threads = f.http_threads;
-  options.max_connections = f.max_connections;
-  options.header_timeout_s = f.header_timeout_s;
+  options.max_connections = f.http.max_connections;
+  options.header_timeout_s = f.http.header_timeout_s;
   options.max_attempts = f.max_attempts;
   options.health_interval = std::chrono::milliseconds(f.health_interval_ms);
   options.pool.failures_to_down = f.failures_to_down;
@@ -54,7 +52,7 @@ int RunRouter(const RouterFlags& f) {
   if (Status s = front->Start(); !s.ok()) return Fail(s.ToString());
   const int signal = signals.Wait();
   PD_LOG_INFO("router: signal {} received, stopping", signal);
-  front->FinishDrain(Deadline::After(std::chrono::seconds(f.shutdown_grace_s)));
+  front->FinishDrain(Deadline::After(std::chrono::seconds(f.http.shutdown_grace_s)));
   front->Stop();
   return 0;
 }
@@ -72,19 +70,8 @@ void AddRouterCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--cluster-key", flags->cluster_key,
                   "Cluster secret that node registration must prove (default: env "
                   "PDSERVE_CLUSTER_KEY; none: registration is refused)");
-  cmd->add_option("--max-body-mb", flags->max_body_mb, "Largest request body")
-      ->check(CLI::Range(1, 1024))
-      ->capture_default_str();
   cmd->add_option("--http-threads", flags->http_threads, "HTTP threads (caps open streams)")
       ->check(CLI::Range(2, 4096))
-      ->capture_default_str();
-  cmd->add_option("--max-connections", flags->max_connections,
-                  "Open client connections beyond which new ones get 503")
-      ->check(CLI::Range(size_t{1}, size_t{1} << 20))
-      ->capture_default_str();
-  cmd->add_option("--header-timeout", flags->header_timeout_s,
-                  "Seconds a request's head (request line and headers) may take to arrive")
-      ->check(CLI::Range(1, 3600))
       ->capture_default_str();
   cmd->add_option("--max-attempts", flags->max_attempts, "Nodes tried per request")
       ->check(CLI::Range(1, 16))
@@ -96,11 +83,7 @@ void AddRouterCommand(CLI::App& app, int* exit_code) {
                   "Failed health checks before a node gets no traffic")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
-  cmd->add_option("--shutdown-grace-s", flags->shutdown_grace_s,
-                  "On SIGTERM/SIGINT: seconds requests in flight may take to finish before they "
-                  "are ended with an error (new ones get 503 at once)")
-      ->check(CLI::Range(0, 86400))
-      ->capture_default_str();
+  AddHttpFrontFlags(cmd, &flags->http);
   cmd->callback([flags, exit_code] { *exit_code = RunRouter(*flags); });
 }
 

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "cli/http_flags.h"
 #include "cli/model_flags.h"
 #include "cli/router_process.h"
 #include "cli/serve_messenger.h"
@@ -39,11 +40,8 @@ struct ServeFlags {
   std::string router;
   int max_waiting = 256;
   int http_threads = 160;
-  size_t max_connections = 4096;
-  int header_timeout_s = 10;
-  size_t max_body_mb = 4;
   int request_timeout_s = 600;
-  int shutdown_grace_s = 30;
+  HttpFrontFlags http{.max_connections = 4096, .max_body_mb = 4};
   uint64_t seed = 0;
 };
 
@@ -74,9 +72,9 @@ int RunServe(const ServeFlags& f) {
   if (options.served_model_name.empty()) options.served_model_name = f.model.model;
   options.max_waiting = f.max_waiting;
   options.http_threads = f.http_threads;
-  options.max_connections = f.max_connections;
-  options.header_timeout_s = f.header_timeout_s;
-  options.max_body_bytes = f.max_body_mb << 20;
+  options.max_connections = f.http.max_connections;
+  options.header_timeout_s = f.http.header_timeout_s;
+  options.max_body_bytes = f.http.max_body_bytes();
   options.request_timeout_s = f.request_timeout_s;
 
   // SIGINT/SIGTERM are taken synchronously by this thread (sigwait below); every thread
@@ -144,7 +142,7 @@ int RunServe(const ServeFlags& f) {
   registrations.clear();
   // Nothing can finish once a rank is gone: no grace.
   node.Drain(rank_failed.load() ? std::chrono::seconds(0)
-                                : std::chrono::seconds(f.shutdown_grace_s));
+                                : std::chrono::seconds(f.http.shutdown_grace_s));
   node.Stop();
   messenger = NodeMessenger{};
   return rank_failed.load() ? 1 : 0;
@@ -175,26 +173,11 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--http-threads", flags->http_threads, "HTTP worker threads")
       ->check(CLI::Range(4, 4096))
       ->capture_default_str();
-  cmd->add_option("--max-connections", flags->max_connections,
-                  "Open HTTP connections beyond which new ones get 503")
-      ->check(CLI::Range(size_t{1}, size_t{1} << 20))
-      ->capture_default_str();
-  cmd->add_option("--header-timeout", flags->header_timeout_s,
-                  "Seconds a request's head (request line and headers) may take to arrive")
-      ->check(CLI::Range(1, 3600))
-      ->capture_default_str();
-  cmd->add_option("--max-body-mb", flags->max_body_mb, "Largest request body in MiB")
-      ->check(CLI::Range(1, 1024))
-      ->capture_default_str();
   cmd->add_option("--request-timeout", flags->request_timeout_s,
                   "Seconds without output after which a request is cancelled")
       ->check(CLI::Range(1, 86400))
       ->capture_default_str();
-  cmd->add_option("--shutdown-grace-s", flags->shutdown_grace_s,
-                  "On SIGTERM/SIGINT: seconds running requests may take to finish before they "
-                  "are ended with an error (new ones get 503 at once)")
-      ->check(CLI::Range(0, 86400))
-      ->capture_default_str();
+  AddHttpFrontFlags(cmd, &flags->http);
   cmd->add_option("--seed", flags->seed, "Seed source for requests without a seed")
       ->capture_default_str();
   cmd->callback([flags, exit_code] { *exit_code = RunServe(*flags); });

@@ -20,6 +20,7 @@
 #include <httplib.h>
 
 #include "cli/commands.h"
+#include "cli/http_flags.h"
 #include "cli/model_flags.h"
 #include "cli/router_process.h"
 #include "cli/up_processes.h"
@@ -384,11 +385,7 @@ void AddUpCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--startup-timeout", flags->startup_timeout_s, "Seconds to wait for nodes")
       ->check(CLI::Range(1, 3600))
       ->capture_default_str();
-  cmd->add_option("--shutdown-grace-s", flags->shutdown_grace_s,
-                  "On SIGTERM/SIGINT: seconds running requests may take to finish before they "
-                  "are ended with an error (new ones get 503 at once)")
-      ->check(CLI::Range(0, 86400))
-      ->capture_default_str();
+  AddShutdownGraceFlag(cmd, &flags->shutdown_grace_s);
   cmd->add_option("--stop-timeout", flags->stop_timeout_s,
                   "Seconds past the grace period before a node still running is killed")
       ->check(CLI::Range(1, 600))
