@@ -15,6 +15,7 @@
 
 #include "node_process.h"
 #include "server/raw_http_client.h"
+#include "testing/processes.h"
 #include "testing/test_paths.h"
 
 namespace pdserve::testing {
@@ -25,20 +26,6 @@ using json = nlohmann::json;
 int StatusOf(const std::string& answer) {
   return answer.starts_with("HTTP/1.1 ") && answer.size() >= 12 ? std::stoi(answer.substr(9, 3))
                                                                 : 0;
-}
-
-long RssKib(pid_t pid) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  std::string key;
-  while (status >> key) {
-    if (key == "VmRSS:") {
-      long kib = -1;
-      status >> kib;
-      return kib;
-    }
-    status.ignore(1 << 16, '\n');
-  }
-  return -1;
 }
 
 // User plus system CPU seconds `pid` has used, from /proc/PID/stat; -1 if unreadable. Less
@@ -186,7 +173,7 @@ constexpr long kRssGrowthKib = 64 * 1024;
 // A 3.9 MB prompt for a 512-token context is refused after encoding about 512 tokens of it:
 // before, it was encoded whole (~2 s, ~500 MB), and six of them left the node at GBs of RSS.
 TEST_F(HugePromptTest, IsRefusedQuicklyWithBoundedMemory) {
-  const long rss_before = RssKib(node_->pid());
+  const long rss_before = SettledStatusKib(node_->pid(), "VmRSS:");
   const double cpu_before = CpuSeconds(node_->pid());
   ASSERT_GT(rss_before, 0);
   ASSERT_GE(cpu_before, 0);
@@ -207,7 +194,7 @@ TEST_F(HugePromptTest, IsRefusedQuicklyWithBoundedMemory) {
                                         {{"messages", messages}, {"max_tokens", 4}}, "messages"));
   }
   const double cpu_each = (CpuSeconds(node_->pid()) - cpu_before) / (kCompletions + kChats);
-  const long rss_after = RssKib(node_->pid());
+  const long rss_after = ProcStatusKib(node_->pid(), "VmRSS:");
   // Receiving and parsing 3.9 MB of JSON costs ~0.05 s of CPU; encoding it all cost ~2 s.
   EXPECT_LT(cpu_each, kCpuSecondsPerRefusal) << "node CPU seconds per refusal";
   EXPECT_LT(slowest, 5.0) << "seconds for the slowest refusal";

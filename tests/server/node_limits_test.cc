@@ -2,7 +2,6 @@
 // declared length with no body, oversized headers, HTTP/1.0 (raw sockets), and the memory a
 // refused request may cost the node.
 #include <atomic>
-#include <fstream>
 #include <string>
 #include <thread>
 
@@ -10,26 +9,12 @@
 
 #include "node_process.h"
 #include "server/raw_http_client.h"
+#include "testing/processes.h"
 
 namespace pdserve::testing {
 namespace {
 
 using json = nlohmann::json;
-
-// A memory figure of `pid` from /proc/PID/status in KiB ("VmRSS:", "VmHWM:"), or -1.
-long MemoryKib(pid_t pid, const std::string& field) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  std::string key;
-  while (status >> key) {
-    if (key == field) {
-      long kib = -1;
-      status >> kib;
-      return kib;
-    }
-    status.ignore(1 << 16, '\n');
-  }
-  return -1;
-}
 
 int StatusOf(const std::string& answer) {
   return answer.starts_with("HTTP/1.1 ") && answer.size() >= 12 ? std::stoi(answer.substr(9, 3))
@@ -50,7 +35,7 @@ class NodeLimitsTest : public ::testing::Test {
 // (httplib 0.11 buffered the whole body, growing the node by more than the body).
 TEST_F(NodeLimitsTest, ChunkedBodyOverTheLimitGets413WithBoundedMemory) {
   // The peak (VmHWM): a buffered body is freed once refused, so the RSS after says little.
-  const long peak_before = MemoryKib(node_->pid(), "VmHWM:");
+  const long peak_before = SettledStatusKib(node_->pid(), "VmHWM:");
   ASSERT_GT(peak_before, 0);
   RawHttpClient raw(node_->port());
   ASSERT_TRUE(raw.ok());
@@ -68,7 +53,7 @@ TEST_F(NodeLimitsTest, ChunkedBodyOverTheLimitGets413WithBoundedMemory) {
   bool closed = false;
   answer += raw.ReadUntilClose(Deadline::AfterMs(60000), &closed);
   sender.join();
-  const long peak_after = MemoryKib(node_->pid(), "VmHWM:");
+  const long peak_after = ProcStatusKib(node_->pid(), "VmHWM:");
   EXPECT_EQ(StatusOf(answer), 413) << answer.substr(0, 300);
   EXPECT_NE(answer.find("payload_too_large"), std::string::npos);
   EXPECT_TRUE(closed);

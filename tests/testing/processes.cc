@@ -62,6 +62,33 @@ std::string ProcFile(pid_t pid, const std::string& name) {
   return out;
 }
 
+long ProcStatusKib(pid_t pid, const std::string& field) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  while (status >> key) {
+    if (key == field) {
+      long kib = -1;
+      status >> kib;
+      return kib;
+    }
+    status.ignore(1 << 16, '\n');
+  }
+  return -1;
+}
+
+long SettledStatusKib(pid_t pid, const std::string& field) {
+  long last = ProcStatusKib(pid, field);
+  int same = 0;
+  const Deadline deadline = Deadline::AfterMs(10000);
+  while (same < 3 && !deadline.Passed()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const long now = ProcStatusKib(pid, field);
+    same = now == last ? same + 1 : 0;
+    last = now;
+  }
+  return last;
+}
+
 bool WaitAllGone(const std::vector<pid_t>& pids, Deadline deadline) {
   for (;;) {
     bool any = false;

@@ -21,6 +21,13 @@ bool ProcessAlive(pid_t pid);
 std::vector<pid_t> ChildrenOf(pid_t pid);
 // The file /proc/<pid>/<name> as a string ("" if unreadable), e.g. "cmdline" (NUL-separated).
 std::string ProcFile(pid_t pid, const std::string& name);
+// A memory figure of /proc/<pid>/status in KiB (field "VmRSS:", "VmHWM:", ...), or -1.
+long ProcStatusKib(pid_t pid, const std::string& field);
+// The same once the process's start-up has settled: polls until four reads 100 ms apart agree,
+// for up to 10 s. A node's "ready" line can come while its threads are still starting and
+// touching memory (under TSan on a loaded machine, up to ~58 MiB of VmHWM came after it),
+// which a growth measured from there would count.
+long SettledStatusKib(pid_t pid, const std::string& field);
 // Polls until none of `pids` is alive; false if one still is at the deadline.
 bool WaitAllGone(const std::vector<pid_t>& pids, Deadline deadline);
 
