@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <thread>
 
 #include "testing/test_paths.h"
@@ -63,7 +64,7 @@ std::string ProcFile(pid_t pid, const std::string& name) {
 }
 
 long ProcStatusKib(pid_t pid, const std::string& field) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::istringstream status(ProcFile(pid, "status"));
   std::string key;
   while (status >> key) {
     if (key == field) {
