@@ -75,15 +75,12 @@ class ScopedOmpThreads {
 // page-aligned. Four independent vector accumulators keep several loads in flight. kAhead > 0:
 // every line is also prefetched kAhead bytes ahead (the hardware prefetchers stop at each 4 KB
 // page). Which read streams fastest depends on the machine, so the probe times each (see
-// Measure). On the Zen 5 dev VM in session 12 (best of 24 passes on two threads, twice): plain
-// 52-53 GB/s, one prefetch per four lines 2 KB ahead (the only prefetching pass until then)
-// 49-51, every line 2 KB ahead 52-55, every line 4 KB ahead 59-63; the engine's one-row decode
-// tiles prefetch every line, and read their weights at up to 112% of the old probe's figure.
+// Measure); the engine's one-row decode tiles prefetch every line, so the probe must too.
 //
 // The binary targets baseline x86-64, so the reads are compiled for the widest vectors the CPU
 // has (chosen at run time, as the kernels' paths are): compiled for the baseline only, the
-// probe read with 16-byte loads and no prefetch, and on a Zen 5 host it measured 45 GB/s while
-// the engine's own one-row decode read its weights at 54-62 GB/s.
+// probe read with 16-byte loads and no prefetch and under-read the engine's own decode.
+// Measured (both): docs/benchmarks.md, "Method", the read probe.
 constexpr size_t kPassAhead[kProbePasses] = {0, 2048, 4096};
 
 uint64_t XorWords(const uint64_t* words, size_t n) {

@@ -42,8 +42,8 @@ uint64_t XorAsProbeReads(const uint8_t* p, size_t bytes, int pass);
 
 // The same measurement with the buffer kept between calls, for a benchmark that measures the
 // ceiling once per round: mapping, faulting in and unmapping 1 GiB every round leaves the
-// kernel busy for a while afterwards, and that slowed the figure measured next (a decode step
-// by up to ~30% on the dev VM).
+// kernel busy for a while afterwards, and that slowed the figure measured next
+// (docs/benchmarks.md, "Method").
 class MemoryBandwidthProbe {
  public:
   static Result<MemoryBandwidthProbe> Create(size_t bytes, int threads);

@@ -70,13 +70,12 @@ Result<RunTimes> TimeRuns(int min_runs, double window, Fn&& once, Between&& betw
 
 // Times one decode step of `batch` sequences that each already hold `context` tokens, in turn
 // with passes of the bandwidth probe, so that the step and its ceiling see the same neighbours
-// (on the dev VM the read rate moved by up to 2x between consecutive 0.3 s windows, and a step
-// timed after its ceiling read faster than it in some rounds). After one untimed step and one
-// untimed pass, steps and passes alternate until 2 x kWindowSeconds have passed and at least
-// `min_steps` steps were timed; *bandwidth receives the best pass. Every run repeats the same
-// step (the token at position `context`, whose K/V it rewrites), so all runs do identical
-// work. The KV content does not change the work (no path depends on it): sequence 0's pages
-// hold what the prefill wrote, the others zeros.
+// (on a shared host the read rate moves between consecutive windows: docs/benchmarks.md,
+// "Method"). After one untimed step and one untimed pass, steps and passes alternate until
+// 2 x kWindowSeconds have passed and at least `min_steps` steps were timed; *bandwidth receives
+// the best pass. Every run repeats the same step (the token at position `context`, whose K/V it
+// rewrites), so all runs do identical work. The KV content does not change the work (no path
+// depends on it): sequence 0's pages hold what the prefill wrote, the others zeros.
 Result<RunTimes> DecodeStepTimes(Transformer& model, KvCache& cache, int batch, int context,
                                  int min_steps, MemoryBandwidthProbe& probe, double* bandwidth) {
   const int page_tokens = cache.layout().page_tokens;

@@ -225,10 +225,8 @@ void MatMulBF16(const uint16_t* x, const uint16_t* packed_w, float* y, int m, in
   // token block of at least three tiles, the later tiles bring the next weight block (the
   // thread's next one under ParallelFor's static schedule) toward L2, in shares by rows, so that
   // its stream runs under their compute. With fewer rows the product is bound by the stream
-  // itself and the hint only costs. The products of a decode step or a prefill chunk with the
-  // hint in every later tile against none (scratch harness, alternating in one process, Zen 5):
-  // 8 rows +5% time, 12 rows +11%, 16 rows +3%, 18 rows -2%, 19-32 rows -7 to -10%, 64 to 128
-  // rows -5%, 256 rows -3%.
+  // itself and the hint only costs (measured: docs/kernels.md, "Products: the next weight block
+  // toward L2").
   const int first_rows = path.packed_tile_tokens;
   const int64_t block_bytes = static_cast<int64_t>(block_elems * sizeof(uint16_t));
   ForEachTile(m, n, k, blocks, first_rows, [&](int b, int t, int tokens, TokenBlock tb) {

@@ -146,7 +146,8 @@ void WidenRows(const uint16_t* x, int k, int t0, int tokens, int p0, int pairs, 
 // accumulators come first, then the even ones: only C weight vectors are live at a time (the
 // second pass reloads them from L1), which leaves registers for C*T accumulators, and each
 // accumulator's two FMAs are C*T FMAs apart, more than their latency. Inlined: compiled on its
-// own, GCC 12 spilled 4 of the 12 accumulators of <2, 6> (64 instead of 86 GFLOP/s on Zen 3).
+// own, GCC 12 spilled 4 of the 12 accumulators of <2, 6> (measured: docs/kernels.md,
+// "Products: the avx2 chunk tile inlined").
 template <int C, int T>
 [[gnu::always_inline]] inline void ChunkTile(const WidenedRows& xw, const uint16_t* w0, int pairs,
                                              float* acc_rows) {
@@ -505,9 +506,9 @@ inline __m256 LoadRow8(const uint16_t* at, int live) {
 // 8-column chunks the accumulators wait in acc (storing a float changes nothing), so the caller
 // may split the positions into blocks that stay in L1 across the chunks. Each chunk first
 // prefetches its share of `ahead` (the next block's lines) into L1: a share before each chunk
-// rather than the whole block's lines at once (scratch, Zen 5, this path, two threads, medians
-// of 5 alternations: batch 32 x 2048 65.6 -> 61.0 ms, batch 8 x 2048 17.0 -> 15.2, batch
-// 32 x 256 9.7 -> 9.1). A prefetch every few rows inside the chunk's loop was 45% slower.
+// rather than the whole block's lines at once, and not inside the chunk's loop, where GCC
+// then keeps less in registers (measured: docs/kernels.md, "Attention: the avx2 V sum's
+// prefetch shares").
 template <int G, bool kPairs, typename Elem>
 void AddValueRows(const Elem* const* rows, int n, int64_t p0, const float* scores, int64_t stride,
                   int hd, float (*acc)[16 * internal::kMaxHeadChunks], LineStream<Elem>& ahead) {

@@ -117,11 +117,9 @@ constexpr Array<TileF32Fn, kTokens + 1> TileF32Table(std::index_sequence<T...>) 
 // Software prefetch along a block's contiguous stream (the hardware prefetchers stop at every
 // 4 KB page). Tiles of at least kPrefetchMinTokens rows are compute-heavy and leave the
 // hardware behind: they fetch every line of a pair 4 KB ahead. A tile of one to three rows is a
-// pure stream: every line of a pair 2 KB ahead. Measured on the decode shape (bench engine,
-// alternating binaries): on an earlier host one prefetch per pair (leaving the rest to the
-// adjacent-line prefetcher) read ~5% faster than none, and fetching 4 KB ahead ~25% slower; on Zen
-// 4 one per pair left batch 1 at ~77% of the read ceiling, one per line reached ~91% (as the avx2
-// path).
+// pure stream: every line of a pair 2 KB ahead. Every line, since the adjacent-line prefetcher
+// did not cover the rest in time on every host (measured: docs/kernels.md, "Products: prefetch
+// along a weight block").
 constexpr int kPrefetchPairs = 16;
 constexpr int kStreamPrefetchPairs = 8;
 constexpr int kPrefetchMinTokens = 4;

@@ -20,8 +20,9 @@ using internal::kMaxHeadChunks;
 
 // scores [0, ctx) -> exp(score - max) in place, 16 positions at a time; returns 1 / their sum
 // (16 lanes by position mod 16, then the lane tree). Whole vectors go without masks, only a
-// partial last one with (SoftmaxNumerators' maximum too): ~3% of attention's time at batch
-// 32 x 2048 (scratch, Zen 5). An F32 cache's numerators.
+// partial last one with (SoftmaxNumerators' maximum too), since masks cost on every vector
+// (measured: docs/kernels.md, "Attention: the softmax loops without masks"). An F32 cache's
+// numerators.
 float ExpInPlace(float* sh, int64_t ctx, float max) {
   const __m512 vm = _mm512_set1_ps(max);
   __m512 vsum = _mm512_setzero_ps();
@@ -45,10 +46,9 @@ float ExpInPlace(float* sh, int64_t ctx, float max) {
 // a denormal weighs 0: the generic path's WeightBF16), written as BF16 over the scores' own
 // memory (position p's at byte 2p, over scores already read) and zero up to the next
 // even position, so that the V sum reads each pair of positions' weights as one 32-bit word;
-// returns 1 / the sum of the BF16 values (the lanes as ExpInPlace). Against rounding in
-// integer steps, storing floats and converting each value block's weights again for the V sum:
-// one thread's attention over 24 layers (scratch, Zen 5, pairs in one process) 0.93-0.94 of the
-// time at batch 32 x 2048 from memory, 0.95 at batch 8 x 2048, 0.98 at batch 32 x 256.
+// returns 1 / the sum of the BF16 values (the lanes as ExpInPlace). One conversion here is
+// cheaper than rounding in integer steps and converting each value block's weights again for
+// the V sum (measured: docs/kernels.md, "Attention: BF16 numerators written once").
 float ExpToBF16InPlace(float* sh, int64_t ctx, float max) {
   uint16_t* weights = reinterpret_cast<uint16_t*>(sh);
   const __m512 vm = _mm512_set1_ps(max);
@@ -88,24 +88,15 @@ constexpr int kKeyTile = 16;
 // kTilesAheadL2 tiles ahead into L2 while the scores are computed; the V rows kValueBlocksAhead
 // value blocks ahead into L2 and the next value block into L1 while V is summed (its first
 // blocks during the softmax). A tile is one page slice of 16 tokens at head_dim 64 (2 KB of
-// BF16), too short for the hardware prefetchers to train on. V used to come into L2 with K,
-// during the scores: that asked the memory for K and V at once in one phase and for nothing in
-// the other, and one core cannot keep enough misses in flight for both (scratch, the Zen 5
-// host, batch 32 x 2048 of qwen2.5-0.5b's shape, a 24-layer step: 36 -> 33.5 ms on two
-// threads, 65 -> 57 ms on one; ~42 ms on one with K and V in L2). Earlier scratch timing on
-// the Zen 4 host (batch 8 x 2048, one thread): 26 ms a step with K and V prefetched, 47 ms
-// with no software prefetch at all (22 ms with K and V in L1).
+// BF16), too short for the hardware prefetchers to train on. K and V come in different phases:
+// one core cannot keep enough misses in flight for both streams at once.
 //
 // Over a BF16 cache the prefetches are paced: the loops that multiply (the word loop of the
 // scores, the pair loop of the V sum) each issue two lines into L1 and two into L2 an
 // iteration from LineStreams, which is the rate that covers a pass's (a block's) lines by its
-// end at any head_dim. Issued instead as loops of prefetches before each pass and block, they
-// came in bursts of 64-128 lines: from memory that was slower the faster the bursts went
-// (unrolled 2, 4, 8 times: +14%, +14%, +26% a step), and spreading them sped a step up
-// (scratch, Zen 5, batch 32 x 2048, a 24-layer step on one thread, paired alternations:
-// -17 to -19% from memory, -5% in L2; two threads through PagedAttention: 32.2 -> 30.1 ms,
-// batch 8 x 2048 8.7 -> 7.2 ms). Other distances were level or slower paced, and so were
-// (in bursts) prefetches into L1 only or into L2 only.
+// end at any head_dim; bursts of prefetches before each pass and block were slower. Measured
+// (these distances, pacing, the alternatives): docs/kernels.md, "Attention: prefetch distances
+// and pacing".
 constexpr int kKeyTilesAhead = 2;
 constexpr int kTilesAheadL2 = 4;
 // Positions of V summed per block: a block (8 KB at head_dim 64 in BF16) stays in L1 while
@@ -169,10 +160,8 @@ inline void Transpose16x16(__m512 (&v)[16]) {
 // A whole BF16 block (32 elements) is loaded 16 bytes at a time, so that the loads do the first
 // half of the transpose: v[4x + y]'s 128-bit lane l is words [4x, 4x + 4) of row 4l + y, and
 // only the 4 x 4 transposes inside the lanes are left to the shuffles (32 instead of 64). The
-// same words: scratch harness (PagedAttention, 24 layers of qwen2.5-0.5b's shape, page size 16,
-// two threads, medians of 5 alternations, Zen 5): batch 32 x 2048 from memory 36.3 -> 31.3 ms,
-// batch 8 x 2048 8.3 -> 7.5, batch 32 x 256 4.8 -> 4.3; in L2 level. Broadcast loads merged
-// under masks instead of inserts (no shuffle at all) were slower from memory than the inserts.
+// same words, faster from memory (measured, with the masked-broadcast alternative:
+// docs/kernels.md, "Attention: loads that do half of the key transpose").
 inline void LoadBlockBF16(const uint16_t* const* rows, int c0, __mmask32 mask, __m512 (&v)[16]) {
   if (mask == ~__mmask32{0}) {
     for (int x = 0; x < 4; ++x) {
@@ -283,11 +272,9 @@ void TileScoresF32(const float* const* rows, const internal::PageQuery* queries,
 // tiles, so that each head keeps two independent chains of vdpbf16ps (2 x G in flight, more
 // than the instruction's latency covers) and each q pair is broadcast once for both tiles; the
 // words of both tiles and the accumulators fit in registers (2 x kMaxGroup + 3). A score sums
-// its words in order in one register, then is scaled (the generic path's order). Against one
-// tile a pass with the keys transposed in registers (sessions 7-12): attention of batch 1 x
-// 1024 in L2 ~6% faster, of batch 32 x 2048 from memory ~5% (scratch harness, Zen 5); a
-// standalone loop over transposed words took 0.78 cycles a vdpbf16ps with 7 chains (one tile)
-// and 0.55 with 14 (two), against a peak of 0.5.
+// its words in order in one register, then is scaled (the generic path's order). One tile's
+// chains alone are bound by the instruction's latency (measured: docs/kernels.md, "Attention:
+// two key tiles a pass").
 
 // Words of the tiles of one pass: tile t, word w.
 using TileWords = __m512[2][16 * kMaxHeadChunks / 2];

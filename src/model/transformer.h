@@ -142,8 +142,9 @@ class Transformer {
   ModelWeights weights_;
   // Every packed BF16 matrix, back to back in the order a forward pass reads them, in one
   // allocation of whole 2 MB pages. With separate allocations the small matrices (q|k|v,
-  // o_proj) read at 3-10 GB/s instead of ~40 after the large ones streamed past, most likely
-  // from 4 KB pages (a TLB miss each, a nested page walk in a VM).
+  // o_proj) read several times slower after the large ones streamed past, most likely from 4 KB
+  // pages (a TLB miss each, a nested page walk in a VM; measured: docs/kernels.md, "BF16
+  // products").
   Tensor packed_arena_;
   std::vector<LayerMatrices> layers_;
   Matrix lm_head_;
