@@ -1,6 +1,9 @@
 // PagePool: bookkeeping of which KV pages are free. No storage, no tensors.
-// Thread-safe: Allocate/Free/counters may be called from any thread (the engine loop and
-// messenger threads both free pages).
+// Thread-safe (one mutex guards it), but in pdserve only the engine's loop thread allocates and
+// frees pages (the scheduler, and the engine as requests end or their held pages are released;
+// at destruction, once the loop has stopped). Messenger threads never touch the pool: they hand
+// pages back through Engine::ReleaseHeldPages, which posts to the loop. Other threads only read
+// the counters (tests, through Engine::page_pool()).
 #pragma once
 
 #include <cstdint>
