@@ -80,6 +80,11 @@ void AddMessengerFlags(CLI::App* cmd, MessengerFlags* f) {
                   "to a prefill node (0: never)")
       ->check(CLI::Range(0, 1 << 24))
       ->capture_default_str();
+  cmd->add_option("--local-prefill-fallback", f->local_prefill_fallback,
+                  "Decode role: with no usable prefill peer, prefill a prompt here (on), or "
+                  "refuse it at once with 503 and Retry-After (off)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   cmd->add_option("--prefill-timeout-ms", f->prefill_timeout_ms,
                   "Decode role: how long a prompt's KV may take to land")
       ->check(CLI::Range(100, 3600000))
@@ -110,6 +115,7 @@ Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFla
   options.handshake_timeout = std::chrono::milliseconds(flags.peer_timeout_ms);
   options.prefill_timeout = std::chrono::milliseconds(flags.prefill_timeout_ms);
   options.local_prefill_max_tokens = flags.local_prefill_max_tokens;
+  options.local_prefill_fallback = flags.local_prefill_fallback != "off";
   options.kv_streaming = flags.kv_streaming != "off";
 
   NodeMessenger node;
@@ -126,6 +132,9 @@ Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFla
     served->extra_metrics = [m] {
       const messenger::PrefillMessengerStats s = m->stats();
       return Gauge("pdserve:messenger_peers_ready", "Decode peers handshaken.", s.peers_ready) +
+             Counter("pdserve:messenger_peer_readmissions_total",
+                     "Removed decode peers (the same process) handshaken again.",
+                     s.peers_readmitted) +
              Gauge("pdserve:messenger_requests_in_flight",
                    "Prefill requests whose pages are held or streaming.", s.requests_in_flight) +
              Gauge("pdserve:messenger_outstanding_prefill_tokens",
@@ -165,6 +174,7 @@ Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFla
     return m->AddPeer(spec(address.host + ":" + std::to_string(address.port)));
   };
   served->internal_routes["events"] = [m] { return m->events().ToJson(); };
+  served->degraded = [m] { return m->Degraded(); };
   served->submit = [m](EngineRequest request, const std::string& peer) {
     return m->Submit(std::move(request), peer);
   };
@@ -176,13 +186,34 @@ Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFla
       peers.push_back({{"name", p.name},
                        {"state", p.state},
                        {"refused", p.refused},
+                       {"epoch", p.epoch},
                        {"last_error", p.last_error}});
     }
     return peers.dump();
   };
   served->extra_metrics = [m] {
     const messenger::DecodeMessengerStats s = m->stats();
+    int handshaking = 0, disconnected = 0, refused = 0;
+    for (const messenger::PrefillPeerStatus& p : s.peers) {
+      refused += p.refused;
+      handshaking += !p.refused && p.state == "handshaking";
+      disconnected += !p.refused && p.state == "disconnected";
+    }
     return Gauge("pdserve:messenger_peers_ready", "Prefill peers handshaken.", s.peers_ready) +
+           fmt::format(
+               "# HELP pdserve:messenger_peers Prefill peers by state.\n"
+               "# TYPE pdserve:messenger_peers gauge\n"
+               "pdserve:messenger_peers{{state=\"ready\"}} {}\n"
+               "pdserve:messenger_peers{{state=\"handshaking\"}} {}\n"
+               "pdserve:messenger_peers{{state=\"disconnected\"}} {}\n"
+               "pdserve:messenger_peers{{state=\"refused\"}} {}\n",
+               s.peers_ready, handshaking, disconnected, refused) +
+           Counter("pdserve:messenger_peer_readmissions_total",
+                   "Removed prefill peers (the same process) handshaken again.",
+                   s.peers_readmitted) +
+           Counter("pdserve:decode_fallback_prefills_total",
+                   "Prompts prefilled here because no prefill peer was usable.",
+                   s.fallback_prefills) +
            Gauge("pdserve:messenger_requests_in_flight",
                  "Requests submitted through the messenger and not finished.",
                  s.requests_in_flight) +

@@ -31,7 +31,8 @@ struct MessengerFlags {
   int peer_timeout_ms = 3000;
   int prefill_timeout_ms = 60000;
   int local_prefill_max_tokens = kDefaultLocalPrefillMaxTokens;  // decode role
-  std::string kv_streaming = "on";  // prefill: on | off (off: the benchmark's baseline)
+  std::string local_prefill_fallback = "on";  // decode: with no usable prefill peer, prefill here
+  std::string kv_streaming = "on";            // prefill: on | off (off: the benchmark's baseline)
 };
 
 void AddMessengerFlags(CLI::App* cmd, MessengerFlags* flags);

@@ -203,6 +203,14 @@ void Engine::Admit(const std::string& id) {
   cv_.NotifyOne();
 }
 
+void Engine::PrefillLocally(const std::string& id) {
+  {
+    MutexLock lock(&mu_);
+    inbox_.push_back({Command::Kind::kPrefillLocally, nullptr, id});
+  }
+  cv_.NotifyOne();
+}
+
 void Engine::ReleaseHeldPages(const std::string& id) {
   {
     MutexLock lock(&mu_);
@@ -257,6 +265,17 @@ void Engine::Apply(Command& cmd) {
       Sequence* seq = it->second.get();
       seq->num_computed = seq->prompt_len - 1;  // the last prompt token runs as a decode step
       scheduler_.AddRunning(seq);
+      return;
+    }
+    case Command::Kind::kPrefillLocally: {
+      auto it = live_.find(cmd.id);
+      if (it == live_.end() || it->second->state != SequenceState::kAwaitingKv) return;
+      Sequence* seq = it->second.get();
+      // An ordinary request from now on: its pages are no write target any more, so a
+      // preemption may free them like any other's.
+      seq->request.kind = RequestKind::kGenerate;
+      seq->num_computed = 0;
+      scheduler_.AddWaiting(seq);
       return;
     }
     case Command::Kind::kRelease: {

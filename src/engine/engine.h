@@ -5,7 +5,7 @@
 // RunUntilIdle(), or the thread Start() spawns. Request callbacks run on the loop thread.
 //
 // Hooks for the KV messenger (DESIGN.md §2), without the engine knowing about it:
-//  - deferred admission: RequestKind::kRemotePrefill + Admit(id);
+//  - deferred admission: RequestKind::kRemotePrefill + Admit(id) (or PrefillLocally(id));
 //  - step announcement: StepObserver::OnStepScheduled before each forward pass;
 //  - layer progress: layer_progress() counts finished layers (after each attention output
 //    projection), monotonically across steps; StepObserver::OnLayerDone also reports it.
@@ -94,6 +94,10 @@ class Engine {
   void Cancel(const std::string& id) EXCLUDES(mu_);
   // kRemotePrefill: the prompt's KV has landed; schedule the request.
   void Admit(const std::string& id) EXCLUDES(mu_);
+  // kRemotePrefill waiting for its KV: prefill the prompt here instead, chunked like any other
+  // request, into the pages it already holds (no prefill node can serve it). Precondition: no
+  // write can still land in those pages. A no-op for a request in any other state.
+  void PrefillLocally(const std::string& id) EXCLUDES(mu_);
   // Frees pages a request left allocated (a finished kPrefillOnly request, whatever its
   // finish reason, or a cancelled kRemotePrefill request). A no-op if it holds none.
   void ReleaseHeldPages(const std::string& id) EXCLUDES(mu_);
@@ -123,7 +127,7 @@ class Engine {
  private:
   class LayerCounter;
   struct Command {
-    enum class Kind : uint8_t { kSubmit, kCancel, kAdmit, kRelease } kind;
+    enum class Kind : uint8_t { kSubmit, kCancel, kAdmit, kPrefillLocally, kRelease } kind;
     std::unique_ptr<Sequence> seq;  // kSubmit
     std::string id;
   };

@@ -326,7 +326,6 @@ Result<PeerId> TransferEngine::AddPeer(const TransferEngineAddress& address) {
   WriterMutexLock lock(&peers_mu_);
   peers_.emplace(id, Peer{address, false, Status::Ok()});
   live_instances_[address.instance] = id;
-  removed_instances_.erase(address.instance);
   return id;
 }
 
@@ -355,7 +354,6 @@ Status TransferEngine::RemovePeer(PeerId id) {
     if (it->second.removed) return Status::Ok();
     it->second.removed = true;
     live_instances_.erase(it->second.address.instance);
-    removed_instances_.insert(it->second.address.instance);
   }
   Status result;
   const Status cancelled = Status::Cancelled(fmt::format("peer {} was removed", id));
@@ -575,13 +573,11 @@ void TransferEngine::HandleMessage(std::span<const std::byte> bytes) {
     messages_dropped_.fetch_add(1);
     return;
   }
+  // A removed peer is no peer: what it still sends arrives as from an unknown sender, never
+  // under its old id, so only what a stranger may say (a new handshake) can come of it.
   PeerId from = kUnknownPeer;
   {
     ReaderMutexLock lock(&peers_mu_);
-    if (removed_instances_.count(header.instance) != 0) {
-      messages_dropped_.fetch_add(1);
-      return;
-    }
     if (auto it = live_instances_.find(header.instance); it != live_instances_.end()) {
       from = it->second;
     }

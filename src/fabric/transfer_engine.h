@@ -18,7 +18,6 @@
 #include <span>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "common/clock.h"
@@ -44,7 +43,8 @@ enum class MemoryKind : uint8_t {
 
 struct TransferEngineHandlers {
   // A control message. `from` is kUnknownPeer when the sender has not been added (e.g. its
-  // first handshake message); `sender_instance` is TransferEngineAddress::instance of the sender.
+  // first handshake message) or was removed (it may be handshaking again: a stalled peer that
+  // came back); `sender_instance` is TransferEngineAddress::instance of the sender.
   std::function<void(PeerId from, uint64_t sender_instance, std::span<const std::byte> payload)>
       on_message;
   // An immediate that no expectation is waiting for. Return true to consume it; false to have
@@ -55,7 +55,7 @@ struct TransferEngineHandlers {
 };
 
 struct TransferEngineStats {
-  uint64_t messages_dropped = 0;  // malformed, or from removed peers
+  uint64_t messages_dropped = 0;  // malformed
 };
 
 class TransferEngine {
@@ -80,10 +80,12 @@ class TransferEngine {
   // The descriptor a remote engine needs to write into `region`.
   Result<MemoryDescriptor> Describe(RegionId region) const;
 
-  // Adds (or finds, for an instance already added) a peer by its address.
+  // Adds (or finds, for an instance already added) a peer by its address. A removed instance
+  // may be added again: it gets a new PeerId (the old one stays removed).
   Result<PeerId> AddPeer(const TransferEngineAddress& address);
   // Ends the peer's unfinished transfers with Cancelled before returning; afterwards no
-  // callback concerns it and nothing it sends reaches a handler or counter.
+  // callback concerns it, and what it sends reaches handlers only as from kUnknownPeer (its
+  // immediates count only for an expectation waiting for them; HandleImmediate).
   Status RemovePeer(PeerId peer);
   // Ok, or the first error of an operation to `peer`; NotFound for an unknown peer.
   Status PeerError(PeerId peer) const;
@@ -152,7 +154,6 @@ class TransferEngine {
   mutable SharedMutex peers_mu_;
   std::unordered_map<PeerId, Peer> peers_ GUARDED_BY(peers_mu_);
   std::unordered_map<uint64_t, PeerId> live_instances_ GUARDED_BY(peers_mu_);
-  std::unordered_set<uint64_t> removed_instances_ GUARDED_BY(peers_mu_);
   PeerId next_peer_ GUARDED_BY(peers_mu_) = 1;
   std::atomic<uint64_t> messages_dropped_{0};
 };

@@ -18,9 +18,13 @@ struct DecodeMessenger::Peer {
   enum class State : uint8_t { kDisconnected, kHelloSent, kFinishSent, kReady };
   PrefillPeerSpec spec;
   State state = State::kDisconnected;
+  // The fabric's id for the current epoch: every handshake, including one with an instance
+  // removed before (a stalled peer that came back), adds the peer anew.
   fabric::PeerId id = fabric::kUnknownPeer;
   uint64_t instance = 0;
-  uint64_t removed_instance = 0;  // the last instance removed (never re-added)
+  uint64_t removed_instance = 0;  // the last instance removed; handshaking it again re-admits it
+  int epoch = 0;                  // handshakes completed with this peer
+  int failed_attempts = 0;        // connection attempts failed since it was last ready
   Status refusal;                 // why its current instance's handshake was refused
   // Every rank's cache as views of this instance's own, registered for it alone (empty: none).
   PeerViews views;
@@ -34,11 +38,13 @@ struct DecodeMessenger::Peer {
   uint64_t heartbeat = 0;
   int64_t reported_tokens = 0;  // from its last LoadReport
   int64_t own_tokens = 0;       // prefill tokens this node has in flight there
-  std::future<Result<fabric::TransferEngineAddress>> resolving;  // spec.resolve() running
+  // spec.resolve() running on a thread of its own; its answer is posted to the loop.
+  std::future<void> resolving;
 };
 
 struct DecodeMessenger::Request {
-  enum class State : uint8_t { kAwaitingPages, kQueued, kInFlight, kLanded, kCancelling };
+  // kLocal: no prefill peer was usable and this node's engine prefills the prompt itself.
+  enum class State : uint8_t { kAwaitingPages, kQueued, kInFlight, kLanded, kCancelling, kLocal };
   std::string id;  // engine id
   std::string peer_override;
   std::vector<int32_t> prefix;  // tokens [0, n-1)
@@ -50,10 +56,13 @@ struct DecodeMessenger::Request {
   uint32_t immediate = 0;
   bool has_slot = false;
   bool engine_finished = false;
-  bool retry_after_ack = false;
+  // Its peer failed it (lost, or a write failed): once no write can land, it goes to another
+  // peer, is prefilled here, or fails with `lost_because`.
+  bool redispatch = false;
   bool failed = false;  // FailRequest ran: the engine's final output finishes it
   int retries = 0;
   std::vector<Peer*> failed_peers;
+  Status lost_because;
   Deadline deadline = Deadline::Never();  // for the KV to land
   TimePoint cancel_sent;
   TimePoint prefill_sent;  // of the current transfer
@@ -229,15 +238,7 @@ void DecodeMessenger::Handle(fabric::PeerId from, Message message) {
                                                         " refused the handshake: " + m.reason));
         } else if constexpr (std::is_same_v<T, LoadReport>) {
           peer->reported_tokens = static_cast<int64_t>(m.outstanding_prefill_tokens);
-          if (peer->state == Peer::State::kFinishSent) {
-            peer->state = Peer::State::kReady;
-            PD_LOG_INFO("prefill peer {} ready (incarnation {:x})", peer->spec.name,
-                        peer->incarnation);
-            PublishStats();
-            for (auto& [id, req] : requests_) {
-              if (req->state == Request::State::kQueued) Dispatch(*req);
-            }
-          }
+          if (peer->state == Peer::State::kFinishSent) PeerReady(*peer);
         } else if constexpr (std::is_same_v<T, WriteFailed>) {
           OnWriteFailed(m.request_id, m.reason);
         } else if constexpr (std::is_same_v<T, CancelAck>) {
@@ -247,22 +248,50 @@ void DecodeMessenger::Handle(fabric::PeerId from, Message message) {
       message);
 }
 
+std::chrono::milliseconds DecodeMessenger::ReconnectBackoff(const Peer& peer) const {
+  // One heartbeat interval, doubled per failed attempt up to kMaxReconnectBackoff (or the
+  // interval, if longer): a peer that answers again is found within about a second, and one
+  // that stays down costs an HTTP attempt a second.
+  const auto first = options_.heartbeat_interval;
+  const auto cap = std::max(first, kMaxReconnectBackoff);
+  auto backoff = first;
+  for (int i = 0; i < peer.failed_attempts && backoff < cap; ++i) backoff *= 2;
+  return std::min(backoff, cap);
+}
+
+void DecodeMessenger::StartResolve(Peer& peer) {
+  std::weak_ptr<ControlLoop> weak_loop = loop_;
+  Peer* p = &peer;  // peers_ never shrinks: the pointer lives as long as the messenger
+  peer.resolving =
+      std::async(std::launch::async, [this, p, weak_loop, resolve = peer.spec.resolve] {
+        Result<fabric::TransferEngineAddress> address = resolve();
+        if (auto loop = weak_loop.lock()) {
+          loop->Post([this, p, address = std::move(address)]() mutable {
+            p->resolving = {};  // its thread has nothing left to do but return
+            if (p->state == Peer::State::kDisconnected) Connect(*p, std::move(address));
+          });
+        }
+      });
+}
+
 void DecodeMessenger::Connect(Peer& peer, Result<fabric::TransferEngineAddress> address) {
   Status s = address.status();
-  if (s.ok() && address->instance == peer.removed_instance) {
-    s = Status::Unavailable("still the removed instance; waiting for a restart");
-  }
   if (s.code() == StatusCode::kPermissionDenied) {
     PeerRefused(peer, s);  // told before any handshake: it does not share the cluster secret
     peer.retry_at = Clock::now() + options_.handshake_timeout / 3;
     return;
   }
+  // A removed instance is added again as a new fabric peer: its old id, views and keys stay
+  // revoked, and the slots its transfers used moved on to new generations (FreeSlot), so
+  // nothing of the old epoch can count in the new one.
   Result<fabric::PeerId> id = s.ok() ? fabric_->AddPeer(*address) : Result<fabric::PeerId>(s);
   Result<Nonce> nonce = MakeNonce();
   if (!id.ok() || !nonce.ok()) {
     PD_LOG_DEBUG("prefill peer {} not reachable: {}", peer.spec.name,
                  (!id.ok() ? id.status() : nonce.status()).ToString());
-    peer.retry_at = Clock::now() + options_.handshake_timeout / 3;
+    ++peer.failed_attempts;
+    peer.retry_at = Clock::now() + ReconnectBackoff(peer);
+    RedispatchQueued();  // a request that waited for its first attempt decides now
     return;
   }
   peer.id = *id;
@@ -308,6 +337,32 @@ void DecodeMessenger::HandleHelloAck(Peer& peer, const HelloAck& ack) {
                            .node = std::move(node).value()});
 }
 
+void DecodeMessenger::PeerReady(Peer& peer) {
+  peer.state = Peer::State::kReady;
+  peer.failed_attempts = 0;
+  ++peer.epoch;
+  if (peer.instance == peer.removed_instance) {
+    // The same process, removed (it stalled, or the link was cut) and now answering again.
+    ++counters_.peers_readmitted;
+    PD_LOG_INFO("prefill peer {} taken back (incarnation {:x}, epoch {})", peer.spec.name,
+                peer.incarnation, peer.epoch);
+  } else {
+    PD_LOG_INFO("prefill peer {} ready (incarnation {:x})", peer.spec.name, peer.incarnation);
+  }
+  PublishStats();
+  RedispatchQueued();
+}
+
+void DecodeMessenger::RedispatchQueued() {
+  std::vector<Request*> queued;
+  for (auto& [id, req] : requests_) {
+    if (req->state == Request::State::kQueued && !req->engine_finished && !req->failed) {
+      queued.push_back(req.get());
+    }
+  }
+  for (Request* req : queued) Dispatch(*req);
+}
+
 Result<NodeInfo> DecodeMessenger::RegisterFor(Peer& peer) {
   // Per peer instance, views of the caches and registrations (keys) of those views alone.
   // Removing the peer revokes the views and closes the keys (PeerDead): a late write of the
@@ -331,29 +386,11 @@ void DecodeMessenger::PeerRefused(Peer& peer, const Status& why) {
   PD_LOG_ERROR("{}; not used until it restarts", why.ToString());
   peer.refusal = why;
   peer.last_error = why.ToString();
-  if (connected) PeerDead(peer, why);
-  // Requests waiting for a peer that none left can take: fail them now, naming the reasons.
-  std::vector<Request*> queued;
-  for (auto& [id, req] : requests_) {
-    if (req->state == Request::State::kQueued && !req->engine_finished && !req->failed) {
-      queued.push_back(req.get());
-    }
+  if (connected) {
+    PeerDead(peer, why);  // which also decides for the requests waiting for a peer
+  } else {
+    RedispatchQueued();  // those that waited for this one's handshake
   }
-  for (Request* req : queued) FailIfAllRefused(*req);
-}
-
-bool DecodeMessenger::FailIfAllRefused(Request& req) {
-  std::string reasons;
-  for (const auto& p : peers_) {
-    if (!req.peer_override.empty() && p->spec.name != req.peer_override) continue;
-    if (p->refusal.ok()) return false;  // it may still become ready
-    reasons += (reasons.empty() ? "" : "; ") + p->refusal.message();
-  }
-  if (reasons.empty()) return false;
-  req.state = Request::State::kQueued;
-  req.deadline = Deadline::Never();  // failed: the engine's final output finishes it
-  FailRequest(req, Status::FailedPrecondition("no usable prefill peer: " + reasons));
-  return true;
 }
 
 void DecodeMessenger::PeerDead(Peer& peer, const Status& why) {
@@ -367,11 +404,14 @@ void DecodeMessenger::PeerDead(Peer& peer, const Status& why) {
   // pages be released.
   if (Status s = fabric_->RemovePeer(peer.id); !s.ok()) PD_LOG_WARN("{}", s.ToString());
   peer.views.Retire(*fabric_, /*revoke=*/true, &retired_views_, peer.spec.name);
-  peer.removed_instance = peer.instance;
+  if (peer.state == Peer::State::kReady) peer.removed_instance = peer.instance;
+  ++peer.failed_attempts;
   peer.state = Peer::State::kDisconnected;
   peer.plan.reset();
   peer.own_tokens = 0;
-  peer.retry_at = Clock::now() + options_.heartbeat_interval;
+  // Removal is for safety, not for ever: the peer is resolved and handshaken again after the
+  // back-off, as a new epoch (Connect).
+  peer.retry_at = Clock::now() + ReconnectBackoff(peer);
   std::vector<Request*> affected;
   for (auto& [id, req] : requests_) {
     if (req->peer == &peer) affected.push_back(req.get());
@@ -381,14 +421,14 @@ void DecodeMessenger::PeerDead(Peer& peer, const Status& why) {
       fabric_->RemoveExpectation(req->immediate);
       req->failed_peers.push_back(&peer);
       if (req->state == Request::State::kInFlight) {
-        req->retry_after_ack = CanRetry(*req);
-        if (!req->retry_after_ack) {
-          FailRequest(*req, why.WithContext("prefill peer " + peer.spec.name + " lost"));
-        }
+        req->redispatch = true;
+        req->lost_because = Status::Unavailable(
+            fmt::format("prefill peer {} lost: {}", peer.spec.name, why.message()));
       }
       Quiesced(*req);  // the peer is removed: none of its writes can land
     }
   }
+  RedispatchQueued();  // those that waited for this peer's handshake decide now
   PublishStats();
 }
 
@@ -410,37 +450,50 @@ void DecodeMessenger::OnPagesAllocated(const std::string& id, std::vector<PageId
   Dispatch(req);
 }
 
-bool DecodeMessenger::CanRetry(const Request& req) const {
-  if (req.retries >= options_.max_retries || !req.peer_override.empty()) return false;
-  // Only onto a peer that is ready now: queueing a request whose peer just died would turn a
-  // clear "peer lost" into a vague timeout when no other peer comes.
-  return std::any_of(peers_.begin(), peers_.end(), [&](const auto& p) {
-    return p->state == Peer::State::kReady && p.get() != req.peer &&
-           std::find(req.failed_peers.begin(), req.failed_peers.end(), p.get()) ==
-               req.failed_peers.end();
-  });
+bool DecodeMessenger::FirstAttempt(const Peer& peer) const {
+  // Never ready nor failed yet: a node starting up, or a peer that just joined.
+  return peer.state == Peer::State::kDisconnected && peer.epoch == 0 && peer.failed_attempts == 0 &&
+         peer.refusal.ok();
+}
+
+bool DecodeMessenger::MayUse(const Request& req, const Peer& peer) const {
+  // A request pinned to a peer (X-Prefill-Peer) is never moved, nor sent there twice.
+  if (!req.peer_override.empty()) {
+    return peer.spec.name == req.peer_override && req.failed_peers.empty();
+  }
+  // A request moves to another peer at most max_retries times, and never back to one that
+  // failed it.
+  if (req.retries >= options_.max_retries && !req.failed_peers.empty()) return false;
+  return std::find(req.failed_peers.begin(), req.failed_peers.end(), &peer) ==
+         req.failed_peers.end();
 }
 
 void DecodeMessenger::Dispatch(Request& req) {
   Peer* best = nullptr;
+  bool pending = false;  // a peer it may use will be ready or known unusable soon
   for (auto& p : peers_) {
+    if (!MayUse(req, *p)) continue;
+    pending |= p->state == Peer::State::kHelloSent || p->state == Peer::State::kFinishSent ||
+               FirstAttempt(*p);
     if (p->state != Peer::State::kReady) continue;
-    if (!req.peer_override.empty() && p->spec.name != req.peer_override) continue;
-    if (std::find(req.failed_peers.begin(), req.failed_peers.end(), p.get()) !=
-            req.failed_peers.end() &&
-        req.peer_override.empty()) {
-      continue;
-    }
     if (best == nullptr ||
         p->own_tokens + p->reported_tokens < best->own_tokens + best->reported_tokens) {
       best = p.get();
     }
   }
   if (best == nullptr) {
-    if (FailIfAllRefused(req)) return;
-    PD_LOG_DEBUG("request {}: no prefill peer ready; queued", req.id);
-    req.state = Request::State::kQueued;  // Tick fails it at its deadline
-    return;
+    if (pending) {
+      // Its answer (or its handshake timeout, or a failed first attempt) comes soon and decides
+      // again (PeerReady, PeerDead, Connect); the deadline still bounds the wait.
+      PD_LOG_DEBUG("request {}: a prefill peer is connecting; queued", req.id);
+      req.state = Request::State::kQueued;
+      return;
+    }
+    return NoUsablePeer(req);
+  }
+  if (!req.failed_peers.empty()) {
+    ++req.retries;
+    ++counters_.requests_retried;
   }
   if (free_slots_.empty()) {
     const uint32_t slot = static_cast<uint32_t>(slot_generation_.size());
@@ -508,6 +561,35 @@ void DecodeMessenger::Dispatch(Request& req) {
   PublishStats();
 }
 
+void DecodeMessenger::NoUsablePeer(Request& req) {
+  // No request waits for a failure already certain: prefill here, or fail now.
+  if (req.peer_override.empty() && options_.local_prefill_fallback) {
+    PD_LOG_INFO("request {}: no usable prefill peer; prefilled here ({} tokens)", req.id,
+                req.prefix.size() + 1);
+    req.state = Request::State::kLocal;
+    req.deadline = Deadline::Never();
+    ++counters_.fallback_prefills;
+    engine_->PrefillLocally(req.id);
+    PublishStats();
+    return;
+  }
+  req.state = Request::State::kQueued;  // failed: the engine's final output finishes it
+  req.deadline = Deadline::Never();
+  if (!req.lost_because.ok()) return FailRequest(req, req.lost_because);
+  std::string reasons;
+  for (const auto& p : peers_) {
+    if (!req.peer_override.empty() && p->spec.name != req.peer_override) continue;
+    const std::string why = !p->refusal.ok()                  ? p->refusal.message()
+                            : !p->last_error.empty()          ? p->last_error
+                            : p->state == Peer::State::kReady ? "failed this request"
+                                                              : "not connected";
+    reasons += fmt::format("{}{}: {}", reasons.empty() ? "" : "; ", p->spec.name, why);
+  }
+  FailRequest(req,
+              Status::Unavailable("no usable prefill peer: " +
+                                  (reasons.empty() ? std::string("none has joined") : reasons)));
+}
+
 void DecodeMessenger::OnLanded(const std::string& id, uint32_t imm, const Status& status,
                                uint32_t arrived, TimePoint at) {
   auto it = requests_.find(id);
@@ -552,8 +634,12 @@ void DecodeMessenger::Abandon(Request& req, const Status& why, bool retry) {
   fabric_->RemoveExpectation(req.immediate);
   req.peer->own_tokens -= static_cast<int64_t>(req.prefix.size());
   req.failed_peers.push_back(req.peer);
-  req.retry_after_ack = retry && CanRetry(req);
-  if (!req.retry_after_ack) FailRequest(req, why);
+  if (retry) {
+    req.redispatch = true;  // once P acknowledges the cancel (Quiesced)
+    req.lost_because = Status::Unavailable(why.message());
+  } else {
+    FailRequest(req, why);
+  }
   // Pages stay held until P says none of its writes can still land.
   req.state = Request::State::kCancelling;
   req.cancel_sent = Clock::now();
@@ -580,11 +666,9 @@ void DecodeMessenger::Quiesced(Request& req) {
     PublishStats();
     return;
   }
-  if (req.retry_after_ack) {
-    ++req.retries;
-    ++counters_.requests_retried;
-    req.retry_after_ack = false;
-    Dispatch(req);
+  if (req.redispatch) {
+    req.redispatch = false;
+    Dispatch(req);  // another peer, this node's engine, or a failure naming the cause
     return;
   }
   // Failed: the engine's final output (kCancelled, rewritten to the error) finishes it.
@@ -600,7 +684,7 @@ void DecodeMessenger::FailRequest(Request& req, const Status& why) {
     MutexLock lock(&failures_mu_);
     failures_[req.id] = why;
   }
-  req.retry_after_ack = false;
+  req.redispatch = false;
   engine_->Cancel(req.id);
 }
 
@@ -642,6 +726,20 @@ void DecodeMessenger::FreeSlot(Request& req) {
 
 void DecodeMessenger::Tick() {
   const TimePoint now = Clock::now();
+  if (last_tick_ != TimePoint{} && now - last_tick_ > options_.peer_timeout) {
+    // This node itself stood still (SIGSTOP, a swap storm, a throttled VM) past the peer
+    // timeout: its peers, hearing no heartbeat, have removed it. Start new epochs with all of
+    // them now rather than after a heartbeat timeout of its own.
+    const auto stalled = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_tick_);
+    for (auto& p : peers_) {
+      if (p->state != Peer::State::kDisconnected) {
+        PeerDead(*p,
+                 Status::Unavailable(fmt::format(
+                     "this decode node stalled for {} ms; handshaking again", stalled.count())));
+      }
+    }
+  }
+  last_tick_ = now;
   for (auto& p : peers_) {
     Peer& peer = *p;
     switch (peer.state) {
@@ -649,20 +747,12 @@ void DecodeMessenger::Tick() {
         // Resolution asks the peer's HTTP API and may take seconds (a hung node accepts the
         // connection and never answers): never on this loop, whose heartbeats keep the other
         // peers alive.
-        if (peer.resolving.valid()) {
-          if (peer.resolving.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
-            Connect(peer, peer.resolving.get());
-          }
-        } else if (now >= peer.retry_at) {
-          peer.resolving = std::async(std::launch::async, peer.spec.resolve);
-        }
+        if (!peer.resolving.valid() && now >= peer.retry_at) StartResolve(peer);
         break;
       case Peer::State::kHelloSent:
       case Peer::State::kFinishSent:
         if (now - peer.state_since > options_.handshake_timeout) {
           PeerDead(peer, Status::DeadlineExceeded("no answer to the handshake"));
-          // The instance may be alive but slow: let it be tried again.
-          peer.removed_instance = 0;
         }
         break;
       case Peer::State::kReady:
@@ -728,6 +818,7 @@ void DecodeMessenger::PublishStats() {
                                 : p->state == Peer::State::kDisconnected ? "disconnected"
                                                                          : "handshaking",
                        .last_error = p->last_error,
+                       .epoch = p->epoch,
                        .refused = !p->refusal.ok()});
   }
   {
@@ -740,6 +831,19 @@ void DecodeMessenger::PublishStats() {
 DecodeMessengerStats DecodeMessenger::stats() const {
   MutexLock lock(&stats_mu_);
   return stats_;
+}
+
+std::string DecodeMessenger::Degraded() const {
+  const DecodeMessengerStats s = stats();
+  if (s.peers_ready > 0) return "";
+  if (s.peers.empty()) return "no prefill peer has joined";
+  std::string out = "no usable prefill peer (";
+  for (size_t i = 0; i < s.peers.size(); ++i) {
+    const PrefillPeerStatus& p = s.peers[i];
+    out += fmt::format("{}{}: {}{}", i == 0 ? "" : "; ", p.name, p.refused ? "refused" : p.state,
+                       p.last_error.empty() ? "" : ", " + p.last_error);
+  }
+  return out + ")";
 }
 
 bool DecodeMessenger::WaitForPeers(int n, Deadline deadline) const {

@@ -13,8 +13,13 @@
 // after P's CancelAck, or after P was removed (missed heartbeats, endpoint error) and the
 // memory registrations that P's writes name were closed (one per prefill peer instance and
 // tensor-parallel rank: every rank's cache is a write target). Requests of
-// a removed peer are retried on another ready peer (MessengerOptions::max_retries) or fail with an
-// error naming the peer and the cause.
+// a removed peer are retried on another ready peer (MessengerOptions::max_retries), prefilled
+// by this node (MessengerOptions::local_prefill_fallback) or failed with an error naming the
+// peer and the cause — at once: no request waits for a failure already certain.
+//
+// Removal is for safety, not for ever: a removed peer is resolved again after a back-off and,
+// if the same process answers (it stalled, or the link was cut), handshaken as a new epoch —
+// a new fabric peer, new views and keys, the old ones staying revoked.
 //
 // Threads: Create/destructor from the owner's thread (the engine must outlive the messenger and
 // its loop must be stopped first). Submit/stats/events from any thread. The peers' `resolve`
@@ -54,11 +59,16 @@ struct PrefillPeerSpec {
 // expected write landed, so it spans P's whole prefill (TTFT-like).
 std::vector<double> TransferLatencyBounds();
 
+// How long a removed or unreachable prefill peer waits, at most, between connection attempts
+// (the first waits one heartbeat interval, each failed one doubles it).
+inline constexpr std::chrono::milliseconds kMaxReconnectBackoff{1000};
+
 // What the decode node knows of one prefill peer (served as /internal/messenger/peers).
 struct PrefillPeerStatus {
   std::string name;
   std::string state;       // "disconnected", "handshaking" or "ready"
   std::string last_error;  // why it was last removed or refused ("" if never)
+  int epoch = 0;           // handshakes completed with it (a re-admission starts a new one)
   // Its handshake was refused (wrong cluster key, another model): requests that only it could
   // take fail at once with the reason, until a restarted process (new instance) is accepted.
   bool refused = false;
@@ -71,6 +81,9 @@ struct DecodeMessengerStats {
   int slots_in_use = 0;
   int64_t requests_total = 0;  // prefilled by a prefill peer
   int64_t local_prefills = 0;  // prefilled by this node (local_prefill_max_tokens)
+  // Prefilled by this node because no prefill peer was usable (local_prefill_fallback).
+  int64_t fallback_prefills = 0;
+  int64_t peers_readmitted = 0;  // removed peers (the same process) handshaken again
   int64_t requests_retried = 0;
   int64_t requests_failed = 0;
   int64_t requests_cancelled = 0;
@@ -107,6 +120,9 @@ class DecodeMessenger {
   const EventLog& events() const { return events_; }
   // True once `n` peers are ready, false if the deadline passes first.
   bool WaitForPeers(int n, Deadline deadline) const;
+  // Why this node cannot serve as a decode node should ("" if it can): no prefill peer is
+  // ready. Requests are then prefilled here (or refused, without local_prefill_fallback).
+  std::string Degraded() const;
 
  private:
   struct Peer;
@@ -115,20 +131,31 @@ class DecodeMessenger {
   Status Init();
   void OnMessage(fabric::PeerId from, std::span<const std::byte> payload);
   void Handle(fabric::PeerId from, Message message);
+  // Resolves `peer` on a thread of its own; the answer is posted to the loop (Connect).
+  void StartResolve(Peer& peer);
   void Connect(Peer& peer, Result<fabric::TransferEngineAddress> address);
+  std::chrono::milliseconds ReconnectBackoff(const Peer& peer) const;
   void HandleHelloAck(Peer& peer, const HelloAck& ack);
+  // The handshake finished (P accepted HelloFinish): a new epoch; queued requests go.
+  void PeerReady(Peer& peer);
   // Registers every rank's KV cache for `peer` alone; returns the NodeInfo (one descriptor per
   // rank) to send it.
   Result<NodeInfo> RegisterFor(Peer& peer);
   void PeerDead(Peer& peer, const Status& why);
   // The handshake with `peer` was refused, by either side, for `why`.
   void PeerRefused(Peer& peer, const Status& why);
-  // Fails `req` at once if every peer it may use refused the handshake; false otherwise.
-  bool FailIfAllRefused(Request& req);
   void OnPagesAllocated(const std::string& id, std::vector<PageId> pages);
+  // Sends `req` to the least loaded ready peer it may use; with none, queues it while one it
+  // may use is handshaking or on its first connection attempt, else NoUsablePeer.
   void Dispatch(Request& req);
-  // Whether `req` may move to another prefill peer: retries left and another peer ready.
-  bool CanRetry(const Request& req) const;
+  // `peer` was never ready nor failed: its first connection attempt is under way.
+  bool FirstAttempt(const Peer& peer) const;
+  // Whether `req` may go to `peer` (its override; retries left; not a peer that failed it).
+  bool MayUse(const Request& req, const Peer& peer) const;
+  // No peer can take `req`, nor will one soon: prefill it here, or fail it now.
+  void NoUsablePeer(Request& req);
+  // Dispatches again every queued request (a peer's handshake ended, either way).
+  void RedispatchQueued();
   void OnLanded(const std::string& id, uint32_t imm, const Status& status, uint32_t arrived,
                 TimePoint at);
   void OnWriteFailed(uint64_t request_id, const std::string& reason);
@@ -163,6 +190,7 @@ class DecodeMessenger {
   std::vector<uint32_t> free_slots_;
   std::vector<uint32_t> slot_generation_;  // by slot
   DecodeMessengerStats counters_;
+  TimePoint last_tick_{};
   // Removed peers' revoked views: a provider may still write into them until fabric_ is gone.
   std::vector<RevocableMapping> retired_views_;
 

@@ -32,6 +32,10 @@ struct MessengerOptions {
   // colocated) unless the request names a prefill peer: for them a round trip to P costs more
   // than the local prefill (docs/messenger.md, "Conditional disaggregation"). 0: never.
   int local_prefill_max_tokens = 0;
+  // D: a request that needs a prefill peer when none is usable (none ready or handshaking,
+  // every one removed or refused) is prefilled by this node instead of failing at once with
+  // 503. A request that names its peer (X-Prefill-Peer) never falls back.
+  bool local_prefill_fallback = true;
   // P: post each layer's final pages while the forward pass runs (DESIGN.md §3.3). Off: a
   // request's writes are all posted after its last forward pass (the benchmark's baseline).
   bool kv_streaming = true;

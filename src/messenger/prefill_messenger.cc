@@ -114,12 +114,19 @@ void PrefillMessenger::HandleHello(uint64_t instance, const Hello& hello) {
     PD_LOG_WARN("hello with a bad reply address from instance {:x}", instance);
     return;
   }
-  // A repeated Hello (D retrying) starts the handshake over with the same fabric peer: its
-  // state is dropped but the peer is not removed from the transfer engine, whose AddPeer then
-  // returns the live instance's id.
+  // A repeated Hello starts the handshake over. Before the handshake finished (D retrying
+  // an unanswered Hello) nothing was given to the peer: its state is dropped but the fabric
+  // peer kept, and AddPeer returns its id. After it, D has removed this node (it stalled, or
+  // the link was cut) and begins a new epoch: the old one is removed like a dead peer — its
+  // jobs stopped, views revoked — and the peer added anew. A Hello from a peer already
+  // removed here arrives as from a stranger, and is a new epoch too.
   for (auto it = peers_.begin(); it != peers_.end(); ++it) {
     if (it->second.instance == instance) {
-      DropPeer(it->first, Status::Cancelled("peer said hello again"), /*remove=*/false);
+      const bool handshaken = it->second.ready;
+      DropPeer(it->first,
+               Status::Cancelled(handshaken ? "the decode peer began a new epoch"
+                                            : "the decode peer said hello again"),
+               /*remove=*/handshaken);
       break;
     }
   }
@@ -177,7 +184,12 @@ void PrefillMessenger::HandleHelloFinish(fabric::PeerId from, const HelloFinish&
   p.dst = std::move(dst);
   p.plan = std::make_shared<const TransferPlan>(std::move(plan).value());
   p.ready = true;
-  PD_LOG_INFO("decode peer {:x} (incarnation {:x}) connected", p.instance, p.incarnation);
+  if (removed_instances_.erase(p.instance) != 0) {
+    ++counters_.peers_readmitted;
+    PD_LOG_INFO("decode peer {:x} (incarnation {:x}) taken back", p.instance, p.incarnation);
+  } else {
+    PD_LOG_INFO("decode peer {:x} (incarnation {:x}) connected", p.instance, p.incarnation);
+  }
   // Also the handshake's confirmation: D sends no PrefillRequest before it (messages are not
   // ordered, so a request must not overtake HelloFinish).
   SendTo(from, LoadReport{static_cast<uint64_t>(counters_.outstanding_prefill_tokens)});
@@ -351,6 +363,11 @@ void PrefillMessenger::DropPeer(fabric::PeerId peer, const Status& why, bool rem
   // provider may still be sending them).
   if (Status s = remove ? fabric_->RemovePeer(peer) : Status::Ok(); !s.ok()) {
     PD_LOG_WARN("removing decode peer: {}", s.ToString());
+  }
+  if (remove && it->second.ready) {
+    // Remembered to count its return (a re-admission); bounded, as instances are random.
+    if (removed_instances_.size() >= kRemovedInstancesKept) removed_instances_.clear();
+    removed_instances_.insert(it->second.instance);
   }
   // From here on whatever of them is still sent reads throwaway memory: the pages may go.
   // (Not removed — D said hello again before any request — nothing is in flight to it.)

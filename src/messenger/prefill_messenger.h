@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,7 @@ struct PrefillMessengerStats {
   int requests_in_flight = 0;  // PrefillRequests not yet finished (pages held or streaming)
   int64_t outstanding_prefill_tokens = 0;
   int64_t requests_total = 0;
+  int64_t peers_readmitted = 0;  // removed decode peers (the same process) handshaken again
   int64_t requests_failed = 0;
   int64_t requests_cancelled = 0;
   int64_t requests_expired = 0;  // passed their deadline here
@@ -98,8 +100,8 @@ class PrefillMessenger {
   // Settles a job: reports failures, releases pages and acknowledges when nothing can land.
   void CheckJob(const std::string& engine_id);
   void FailJob(JobState& state, const Status& why);
-  // Forgets the peer and ends its requests; `remove` also removes it from the fabric (then its
-  // instance can never come back: a restarted process has a new one).
+  // Forgets the peer and ends its requests; `remove` also removes it from the fabric (its
+  // instance may come back with a new Hello: a new epoch, as a new fabric peer).
   void DropPeer(fabric::PeerId peer, const Status& why, bool remove = true);
   void Tick();
   void SendTo(fabric::PeerId peer, const Message& message);
@@ -118,6 +120,8 @@ class PrefillMessenger {
   // Control-loop state.
   std::map<fabric::PeerId, DecodePeer> peers_;
   std::map<std::string, JobState> jobs_;  // by engine id
+  static constexpr size_t kRemovedInstancesKept = 1024;
+  std::set<uint64_t> removed_instances_;  // handshaken decode peers removed since
   PrefillMessengerStats counters_;
   // Dropped peers' views: a provider may still read them until fabric_ is gone.
   std::vector<RevocableMapping> retired_views_;

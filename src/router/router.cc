@@ -407,7 +407,13 @@ void Router::HandleHealth(httplib::Response& res) {
     SendError(res, NoHealthyNode("no healthy node"));
     return;
   }
-  nlohmann::json body = {{"status", "ok"}, {"healthy_nodes", healthy}, {"nodes", pool_.Size()}};
+  // "degraded" when every node that takes traffic says it serves below its role (e.g. decode
+  // nodes with no usable prefill peer prefill locally): requests are answered, more slowly.
+  const int degraded = pool_.DegradedCount();
+  nlohmann::json body = {{"status", degraded == healthy ? "degraded" : "ok"},
+                         {"healthy_nodes", healthy},
+                         {"degraded_nodes", degraded},
+                         {"nodes", pool_.Size()}};
   res.set_content(body.dump(), "application/json");
 }
 
@@ -440,6 +446,12 @@ void Router::HandleMetrics(const httplib::Request& req, httplib::Response& res) 
   header("pdserve:router_node_healthy", "gauge", "1 if the node gets traffic.");
   for (const NodeSnapshot& n : nodes) {
     out << "pdserve:router_node_healthy{node=\"" << n.url << "\"} " << (n.healthy ? 1 : 0) << '\n';
+  }
+  header("pdserve:router_node_degraded", "gauge",
+         "1 if the node says it serves below its role (/health \"degraded: ...\").");
+  for (const NodeSnapshot& n : nodes) {
+    out << "pdserve:router_node_degraded{node=\"" << n.url << "\"} " << (n.degraded.empty() ? 0 : 1)
+        << '\n';
   }
   header("pdserve:router_node_outstanding_requests", "gauge", "Requests in flight on the node.");
   for (const NodeSnapshot& n : nodes) {
@@ -511,7 +523,22 @@ void Router::CheckAllNodes() {
     client.set_tcp_nodelay(true);
     httplib::Result result = client.Get("/health");
     if (result && result->status == 200) {
-      if (pool_.ReportHealthy(node.url)) PD_LOG_INFO("router: node {} is healthy", node.url);
+      // A node serving below its role says so: "degraded: <why>".
+      constexpr std::string_view kDegraded = "degraded: ";
+      std::string degraded;
+      if (std::string_view(result->body).substr(0, kDegraded.size()) == kDegraded) {
+        degraded = result->body.substr(kDegraded.size());
+        while (!degraded.empty() && (degraded.back() == '\n' || degraded.back() == '\r')) {
+          degraded.pop_back();
+        }
+      }
+      if (pool_.ReportHealthy(node.url, degraded)) {
+        if (degraded.empty()) {
+          PD_LOG_INFO("router: node {} is healthy", node.url);
+        } else {
+          PD_LOG_WARN("router: node {} is degraded: {}", node.url, degraded);
+        }
+      }
     } else if (pool_.ReportUnhealthy(node.url)) {
       PD_LOG_WARN("router: node {} is down (health checks failing)", node.url);
     }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <limits>
+#include <utility>
 
 namespace pdserve::router {
 
@@ -90,8 +91,10 @@ std::optional<NodeAddress> NodePool::Acquire(const std::vector<std::string>& exc
     Node& node = nodes_[i];
     if (!node.healthy) continue;
     if (std::find(exclude.begin(), exclude.end(), node.address.url) != exclude.end()) continue;
-    // Strictly fewer wins, so among equals the first after next_ does: round robin on ties.
-    if (best == nullptr || node.outstanding < best->outstanding) {
+    // Not degraded first; then strictly fewer wins, so among equals the first after next_
+    // does: round robin on ties.
+    if (best == nullptr || std::pair(!node.degraded.empty(), node.outstanding) <
+                               std::pair(!best->degraded.empty(), best->outstanding)) {
       best = &node;
       best_index = i;
     }
@@ -109,12 +112,13 @@ void NodePool::Release(const std::string& url) {
   if (Node* node = FindLocked(url); node != nullptr && node->outstanding > 0) --node->outstanding;
 }
 
-bool NodePool::ReportHealthy(const std::string& url) {
+bool NodePool::ReportHealthy(const std::string& url, const std::string& degraded) {
   MutexLock lock(&mu_);
   Node* node = FindLocked(url);
   if (node == nullptr) return false;
-  const bool changed = !node->healthy;
+  const bool changed = !node->healthy || node->degraded.empty() != degraded.empty();
   node->healthy = true;
+  node->degraded = degraded;
   node->consecutive_failures = 0;
   return changed;
 }
@@ -148,8 +152,13 @@ std::vector<NodeSnapshot> NodePool::Snapshot() const {
   MutexLock lock(&mu_);
   std::vector<NodeSnapshot> out;
   for (const Node& node : nodes_) {
-    out.push_back({node.address.url, node.healthy, node.registered, node.outstanding, node.requests,
-                   node.consecutive_failures});
+    out.push_back({.url = node.address.url,
+                   .healthy = node.healthy,
+                   .degraded = node.healthy ? node.degraded : "",
+                   .registered = node.registered,
+                   .outstanding = node.outstanding,
+                   .requests = node.requests,
+                   .consecutive_failures = node.consecutive_failures});
   }
   return out;
 }
@@ -158,6 +167,13 @@ int NodePool::HealthyCount() const {
   MutexLock lock(&mu_);
   return static_cast<int>(
       std::count_if(nodes_.begin(), nodes_.end(), [](const Node& n) { return n.healthy; }));
+}
+
+int NodePool::DegradedCount() const {
+  MutexLock lock(&mu_);
+  return static_cast<int>(std::count_if(nodes_.begin(), nodes_.end(), [](const Node& n) {
+    return n.healthy && !n.degraded.empty();
+  }));
 }
 
 int NodePool::Size() const {

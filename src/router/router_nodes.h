@@ -1,5 +1,6 @@
 // The router's table of nodes: addresses, health and outstanding requests, and the choice of
-// the node for the next request (least outstanding among healthy nodes, ties round robin).
+// the node for the next request (least outstanding among healthy nodes, those not degraded
+// first, ties round robin).
 // Pure bookkeeping, no I/O: the router's health checker and request handlers report what they
 // saw. NodePool is thread-safe; every method may be called from any thread.
 #pragma once
@@ -37,6 +38,9 @@ struct NodePoolOptions {
 struct NodeSnapshot {
   std::string url;
   bool healthy = false;
+  // Why a healthy node serves below its role ("" if it does not), from its /health answer
+  // ("degraded: <why>"; e.g. a decode node with no usable prefill peer).
+  std::string degraded;
   bool registered = false;  // added by POST /internal/register rather than --node
   int outstanding = 0;
   int64_t requests = 0;  // requests sent to it
@@ -58,15 +62,17 @@ class NodePool {
   void ExpireRegistrations(TimePoint now = Clock::now()) EXCLUDES(mu_);
 
   // Picks the healthy node with the fewest outstanding requests, skipping the urls in
-  // `exclude` (nodes already tried for this request), and counts one more request on it.
+  // `exclude` (nodes already tried for this request), and counts one more request on it. A
+  // degraded node is picked only when no healthy node that is not degraded is left.
   // Every successful Acquire is paired with one Release.
   std::optional<NodeAddress> Acquire(const std::vector<std::string>& exclude = {}) EXCLUDES(mu_);
   void Release(const std::string& url) EXCLUDES(mu_);
 
   // Health check results. A success makes the node healthy at once; failures_to_down
   // consecutive failures make it unhealthy.
-  // Both return true when the node's health changed (for the log).
-  bool ReportHealthy(const std::string& url) EXCLUDES(mu_);
+  // `degraded`: why the node says it is degraded ("" if it does not). Both return true when
+  // the node's health (or degraded state) changed (for the log).
+  bool ReportHealthy(const std::string& url, const std::string& degraded = "") EXCLUDES(mu_);
   bool ReportUnhealthy(const std::string& url) EXCLUDES(mu_);
   // A request could not even connect: the node is marked down without waiting for the
   // health checker (it comes back with the next successful check).
@@ -75,12 +81,14 @@ class NodePool {
   std::vector<NodeAddress> Addresses() const EXCLUDES(mu_);
   std::vector<NodeSnapshot> Snapshot() const EXCLUDES(mu_);
   int HealthyCount() const EXCLUDES(mu_);
+  int DegradedCount() const EXCLUDES(mu_);  // healthy nodes that say they are degraded
   int Size() const EXCLUDES(mu_);
 
  private:
   struct Node {
     NodeAddress address;
     bool healthy = false;
+    std::string degraded;
     bool registered = false;
     TimePoint last_registration;
     int outstanding = 0;

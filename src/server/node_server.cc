@@ -85,7 +85,9 @@ struct NodeServer::Impl {
   // GET /v1/models/{id}: the one model this node serves, or 404 model_not_found.
   void HandleModel(const std::string& id, httplib::Response& res);
   json ModelEntry() const;
-  void HandleHealth(httplib::Response& res);
+  // /health (readiness false) or /ready: loading, draining and stopping are 503 on both; a
+  // degraded node is 200 on /health and 503 on /ready, both saying why.
+  void HandleHealth(httplib::Response& res, bool readiness);
   void HandleMetrics(httplib::Response& res);
   void HandleTokenize(const httplib::Request& req, httplib::Response& res);
   void HandleJoin(const httplib::Request& req, httplib::Response& res);
@@ -359,7 +361,7 @@ void NodeServer::Impl::HandleModel(const std::string& id, httplib::Response& res
   res.set_content(DumpJson(ModelEntry()), "application/json");
 }
 
-void NodeServer::Impl::HandleHealth(httplib::Response& res) {
+void NodeServer::Impl::HandleHealth(httplib::Response& res, bool readiness) {
   if (!ready.load() || draining.load() || stopping.load()) {
     res.status = 503;
     res.set_content(stopping.load()   ? "stopping\n"
@@ -368,7 +370,12 @@ void NodeServer::Impl::HandleHealth(httplib::Response& res) {
                     "text/plain");
     return;
   }
-  res.set_content("ok\n", "text/plain");
+  const std::string degraded = model.degraded ? model.degraded() : "";
+  if (degraded.empty()) return res.set_content("ok\n", "text/plain");
+  // Alive and answering (/health 200), but not what its role promises: a load balancer that
+  // reads /ready sends its traffic elsewhere.
+  if (readiness) res.status = 503;
+  res.set_content("degraded: " + degraded + "\n", "text/plain");
 }
 
 void NodeServer::Impl::HandleMetrics(httplib::Response& res) {
@@ -460,8 +467,12 @@ NodeServer::NodeServer(NodeServerOptions options)
   http_->Get("/v1/models/(.+)", [impl](const httplib::Request& req, httplib::Response& res) {
     impl->HandleModel(req.matches[1].str(), res);
   });
-  http_->Get("/health",
-             [impl](const httplib::Request&, httplib::Response& res) { impl->HandleHealth(res); });
+  http_->Get("/health", [impl](const httplib::Request&, httplib::Response& res) {
+    impl->HandleHealth(res, /*readiness=*/false);
+  });
+  http_->Get("/ready", [impl](const httplib::Request&, httplib::Response& res) {
+    impl->HandleHealth(res, /*readiness=*/true);
+  });
   http_->Get("/metrics",
              [impl](const httplib::Request&, httplib::Response& res) { impl->HandleMetrics(res); });
   http_->Get(R"(/internal/messenger/([a-z_]+))",

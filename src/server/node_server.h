@@ -1,5 +1,5 @@
 // NodeServer: the OpenAI-compatible HTTP front of one colocated node — /v1/completions,
-// /v1/chat/completions (stream and not), /v1/models, /health, /metrics, /tokenize and
+// /v1/chat/completions (stream and not), /v1/models, /health, /ready, /metrics, /tokenize and
 // /detokenize — over one Engine running on its own loop thread.
 //
 // Threading: Bind/Start/SetModel/Stop are called by the owner (serve's main thread); Stop is
@@ -66,6 +66,10 @@ struct ServedModel {
   std::function<std::string()> extra_metrics;
   std::map<std::string, std::function<std::string()>> internal_routes;
   std::function<Status(const std::string& url)> join;
+  // Why the node serves below its role ("" if it does not): a decode node with no usable
+  // prefill peer. /health then says "degraded: <why>" (still 200: it answers requests) and
+  // /ready answers 503.
+  std::function<std::string()> degraded;
 };
 
 class NodeServer {

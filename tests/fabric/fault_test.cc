@@ -15,6 +15,7 @@
 
 #include "common/revocable_mapping.h"
 #include "fabric_test_util.h"
+#include "messenger/immediate.h"
 
 namespace pdserve::fabric::testing {
 namespace {
@@ -41,7 +42,10 @@ class FaultTest : public ::testing::TestWithParam<Provider> {
     ASSERT_TRUE(started.ok()) << started.status().ToString();
     remote_ = *started;
     TransferEngineHandlers handlers;
-    handlers.on_message = [this](PeerId, uint64_t, std::span<const std::byte>) { ++messages_; };
+    handlers.on_message = [this](PeerId from, uint64_t, std::span<const std::byte>) {
+      if (from != kUnknownPeer) last_sender_ = from;
+      ++(from == kUnknownPeer ? messages_from_strangers_ : messages_);
+    };
     auto engine = TransferEngine::Create(TestConfig(GetParam(), 1), std::move(handlers));
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     engine_ = std::move(*engine);
@@ -83,7 +87,9 @@ class FaultTest : public ::testing::TestWithParam<Provider> {
   std::unique_ptr<TransferEngine> engine_;
   RegionId region_ = 0;
   PeerId peer_id_ = 0;
-  std::atomic<int> messages_{0};
+  std::atomic<int> messages_{0};                 // attributed to a peer
+  std::atomic<int> messages_from_strangers_{0};  // from kUnknownPeer
+  std::atomic<PeerId> last_sender_{kUnknownPeer};
 };
 
 // Tests that kill the peer process: tcp only (see the comment above). On shm they are skipped
@@ -179,8 +185,9 @@ TEST_P(FaultTest, PeerRemovedWithWritesInFlightGetsNoLateCallback) {
   EXPECT_EQ(finished.load(), kTransfers);  // all ended before RemovePeer returned
   EXPECT_EQ(engine_->PostPagedWrite(Write(pages, 1000), Completion{}).code(),
             StatusCode::kNotFound);
-  // Nothing the removed peer sends reaches a handler or is remembered (with no expectation
-  // waiting, its immediates count nowhere).
+  // Nothing the removed peer sends is attributed to it or remembered (with no expectation
+  // waiting, its immediates count nowhere); its messages arrive as a stranger's, which is how a
+  // stalled peer that comes back can say hello again.
   auto desc = engine_->Describe(region_);
   ASSERT_TRUE(desc.ok());
   ASSERT_TRUE(peer_.Command("send 1 after-removal", Deadline::AfterMs(5000)).ok());
@@ -196,8 +203,86 @@ TEST_P(FaultTest, PeerRemovedWithWritesInFlightGetsNoLateCallback) {
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(engine_->EarlyArrivals(9), 0u);
   EXPECT_EQ(messages_.load(), 0);
-  EXPECT_EQ(engine_->stats().messages_dropped, 1u);
+  EXPECT_EQ(messages_from_strangers_.load(), 1);
+  EXPECT_EQ(engine_->stats().messages_dropped, 0u);
   EXPECT_EQ(late.load(), 0);
+}
+
+// A removed peer that comes back (a stalled node resumed) is added again as a new peer: a new
+// id, writes to it complete, and what it sends is attributed to the new id, never the old one.
+TEST_P(FaultTest, RemovedPeerAddedAgainIsANewPeer) {
+  const auto pages = FirstPages(kPages);
+  ASSERT_TRUE(engine_->RemovePeer(peer_id_).ok());
+  ASSERT_TRUE(peer_.Command("send 1 while-removed", Deadline::AfterMs(5000)).ok());
+  ASSERT_TRUE(peer_.WaitEvent("sent ", Deadline::AfterMs(20000)).ok());
+  // Handled as a stranger's (the sender's completion may come before this side handles it).
+  for (const Deadline d = Deadline::AfterMs(10000);
+       messages_from_strangers_.load() == 0 && !d.Passed();) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(messages_from_strangers_.load(), 1);
+  EXPECT_EQ(messages_.load(), 0);
+  auto again = engine_->AddPeer(remote_.address);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_NE(*again, peer_id_);
+  EXPECT_EQ(engine_->PeerError(*again), Status::Ok());
+  const PeerId old_id = peer_id_;
+  peer_id_ = *again;
+  TransferCounter counter;
+  ASSERT_TRUE(engine_->PostPagedWrite(Write(pages, 10000), Completion{nullptr, &counter}).ok());
+  ASSERT_TRUE(counter.WaitFor(1, Deadline::AfterMs(20000)));
+  EXPECT_TRUE(counter.first_error().ok()) << counter.first_error().ToString();
+  ASSERT_TRUE(peer_.Command("send 1 after-readmission", Deadline::AfterMs(5000)).ok());
+  ASSERT_TRUE(peer_.WaitEvent("sent ", Deadline::AfterMs(20000)).ok());
+  const Deadline deadline = Deadline::AfterMs(10000);
+  while (messages_.load() == 0 && !deadline.Passed()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(messages_.load(), 1);                 // the message after re-admission
+  EXPECT_EQ(messages_from_strangers_.load(), 1);  // the one while removed
+  EXPECT_EQ(last_sender_.load(), peer_id_);
+  EXPECT_EQ(engine_
+                ->PostPagedWrite(
+                    [&] {
+                      PagedWrite w = Write(pages, 1000);
+                      w.peer = old_id;
+                      return w;
+                    }(),
+                    Completion{})
+                .code(),
+            StatusCode::kNotFound);
+
+  // The decode messenger's slot generations across the epochs: transfer slot 5 carried
+  // generation 7 with the removed peer and moved on to 8 when it was freed. A late write of the
+  // old epoch (5, 7) counts for nobody; the new epoch's writes (5, 8) complete the expectation.
+  const uint32_t old_epoch = messenger::EncodeImmediate({.slot = 5, .generation = 7});
+  const uint32_t new_epoch =
+      messenger::EncodeImmediate({.slot = 5, .generation = messenger::NextGeneration(7)});
+  std::atomic<uint32_t> counted{0};
+  std::atomic<int> fired{0};
+  ASSERT_TRUE(engine_
+                  ->Expect(new_epoch, 2, Deadline::AfterMs(20000),
+                           [&](const Status& st, uint32_t n) {
+                             if (st.ok()) counted = n;
+                             ++fired;
+                           })
+                  .ok());
+  auto desc = engine_->Describe(region_);
+  ASSERT_TRUE(desc.ok());
+  for (const auto& [imm, repeat] : {std::pair(old_epoch, 1), std::pair(new_epoch, 2)}) {
+    ASSERT_TRUE(peer_
+                    .Command(fmt::format("write 1 {} 64 {} 0 64 0 64 0 0 {} 5000",
+                                         HexEncode(desc->Serialize()), imm, repeat),
+                             Deadline::AfterMs(5000))
+                    .ok());
+    ASSERT_TRUE(peer_.WaitEvent("written ", Deadline::AfterMs(20000)).ok());
+  }
+  for (const Deadline d = Deadline::AfterMs(10000); fired.load() == 0 && !d.Passed();) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(fired.load(), 1);
+  EXPECT_EQ(counted.load(), 2u);
+  EXPECT_EQ(engine_->EarlyArrivals(old_epoch), 1u);  // remembered, counted by no expectation
 }
 
 size_t NonZeroBytes(std::span<const std::byte> bytes) {

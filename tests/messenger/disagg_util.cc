@@ -24,10 +24,13 @@ Completion Complete(int port, const std::vector<int32_t>& prompt, int max_tokens
                                {"temperature", 0},
                                {"ignore_eos", true},
                                {"return_token_ids", true}};
+  const auto start = std::chrono::steady_clock::now();
   auto res = client.Post("/v1/completions", headers, body.dump(), "application/json");
   Completion c;
+  c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!res) return c;
   c.status = res->status;
+  c.retry_after = res->get_header_value("Retry-After");
   c.body = nlohmann::json::parse(res->body, nullptr, false);
   if (c.status == 200 && c.body.is_object()) {
     c.token_ids = c.body["choices"][0]["token_ids"].get<std::vector<int32_t>>();
@@ -55,6 +58,14 @@ double WaitForMetric(int port, const std::string& name, double value, int deadli
     seen = NodeMetric(port, name);
   }
   return seen;
+}
+
+std::pair<int, std::string> GetText(int port, const std::string& path) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(5, 0);
+  auto res = client.Get(path);
+  if (!res) return {0, ""};
+  return {res->status, res->body};
 }
 
 nlohmann::json GetJson(int port, const std::string& path) {

@@ -32,6 +32,8 @@ struct Completion {
   int status = 0;
   std::vector<int32_t> token_ids;
   nlohmann::json body;
+  std::string retry_after;  // the Retry-After header ("" if none)
+  double seconds = 0;       // from sending the request to the whole answer
 };
 
 // POST /v1/completions with prompt ids, greedy, ignore_eos, max_tokens.
@@ -44,6 +46,9 @@ std::string ErrorMessage(const Completion& c);
 double NodeMetric(int port, const std::string& name);
 // Polls until the metric equals `value` (deadline ms); returns the last value seen.
 double WaitForMetric(int port, const std::string& name, double value, int deadline_ms);
+
+// GET path: its status and body (status 0 if the node does not answer).
+std::pair<int, std::string> GetText(int port, const std::string& path);
 
 // GET path as JSON (a discarded value if the node does not answer or the body is not JSON).
 nlohmann::json GetJson(int port, const std::string& path);

@@ -1,6 +1,7 @@
 // Peers that die, hang or come back (DESIGN.md §3.5, §6): a prefill node killed (SIGKILL) or
-// hung (SIGSTOP) while a prompt's KV streams makes the decode node fail that request with an
-// error naming the peer, or retry it on a second prefill node; a prefill node restarted at the
+// hung (SIGSTOP) while a prompt's KV streams makes the decode node retry that request on a
+// second prefill node, prefill it itself, or (--local-prefill-fallback off) fail it with an
+// error naming the peer — and later ones at once; a prefill node restarted at the
 // same address is handshaken again and used; a decode node killed mid-transfer leaves the
 // prefill node with nothing held, ready for a new decode node. Every surviving node ends with
 // no page in use. Real `pdserve serve` processes over tcp (a killed shm peer can hang its
@@ -33,11 +34,12 @@ std::unique_ptr<NodeProcess> StartPrefill(const std::string& listen = "127.0.0.1
 // A decode node whose prefill peers are all ready: a request's deadline starts when its pages
 // are allocated, and under TSan the handshake alone took over a second of a 4 s deadline.
 std::unique_ptr<NodeProcess> StartDecode(const std::vector<int>& prefill_ports,
-                                         int prefill_timeout_ms = kPrefillTimeoutMs) {
+                                         const std::vector<std::string>& extra = {}) {
   auto decode = std::make_unique<NodeProcess>(
-      TinyModelDir(), DecodeArgs("tcp", prefill_ports, [prefill_timeout_ms] {
+      TinyModelDir(), DecodeArgs("tcp", prefill_ports, [&extra] {
         auto a = kFlags;
-        a.insert(a.end(), {"--prefill-timeout-ms", std::to_string(prefill_timeout_ms)});
+        a.insert(a.end(), {"--prefill-timeout-ms", std::to_string(kPrefillTimeoutMs)});
+        a.insert(a.end(), extra.begin(), extra.end());
         return a;
       }()));
   const double peers = static_cast<double>(prefill_ports.size());
@@ -52,39 +54,77 @@ bool WaitUntilPrefilling(int port) {
   return WaitForMetric(port, "pdserve:messenger_requests_in_flight", 1, 10000) == 1;
 }
 
-TEST(MessengerPeerFailureTest, KilledPrefillFailsTheRequestWithAClearError) {
+// Without local fallback: the request whose prefill node dies fails naming the peer, and with
+// no prefill node left a request is refused at once (503, Retry-After) — never after the
+// prefill deadline — naming how the peer was lost. /health says degraded, /ready 503.
+TEST(MessengerPeerFailureTest, KilledPrefillFailsTheRequestAndLaterOnesAtOnceWithoutFallback) {
   auto prefill = StartPrefill();
   ASSERT_TRUE(prefill->ok()) << prefill->error();
   const int prefill_port = prefill->port();
-  // Short: a request with no prefill peer left fails at this deadline.
-  auto decode = StartDecode({prefill_port}, 4000);
+  auto decode = StartDecode({prefill_port}, {"--local-prefill-fallback", "off"});
   ASSERT_TRUE(decode->ok()) << decode->error();
+  EXPECT_EQ(GetText(decode->port(), "/ready"), std::make_pair(200, std::string("ok\n")));
   const std::vector<int32_t> prompt = RandomPrompt(kLongPrompt, 21);
   auto pending =
       std::async(std::launch::async, [&] { return Complete(decode->port(), prompt, 4); });
   ASSERT_TRUE(WaitUntilPrefilling(prefill_port));
   ASSERT_EQ(kill(prefill->pid(), SIGKILL), 0);
   const Completion failed = pending.get();
-  EXPECT_NE(failed.status, 200);
+  EXPECT_EQ(failed.status, 503) << failed.body.dump();
   EXPECT_NE(
       ErrorMessage(failed).find("prefill peer 127.0.0.1:" + std::to_string(prefill_port) + " lost"),
       std::string::npos)
       << ErrorMessage(failed);
   prefill.reset();
-  // The decode node keeps serving: with no prefill peer, a clear error after its deadline.
   ExpectNodeDrained(decode->port());
+  EXPECT_EQ(WaitForMetric(decode->port(), "pdserve:messenger_peers_ready", 0, 10000), 0);
+  // The decode node keeps serving: a prompt it would send to a prefill node is refused at once.
   const Completion no_peer = Complete(decode->port(), RandomPrompt(9, 1), 2);
-  EXPECT_EQ(no_peer.status / 100, 5) << no_peer.body.dump();
-  // The last peer error names how the peer was found dead: a missed heartbeat, a control
-  // message that could not be delivered before its deadline, or a send the transport failed at
-  // once (tcp seeing the closed connection: "send to peer 1 failed: ... Broken pipe"), whichever
-  // came first.
+  EXPECT_EQ(no_peer.status, 503) << no_peer.body.dump();
+  EXPECT_FALSE(no_peer.retry_after.empty());
+  EXPECT_LT(no_peer.seconds, 1.0);
+  // The reason names the peer and how it was found dead: a missed heartbeat, a control message
+  // that could not be delivered before its deadline, or a send the transport failed at once
+  // (tcp seeing the closed connection: "send to peer 1 failed: ... Broken pipe").
   const std::string message = ErrorMessage(no_peer);
-  EXPECT_NE(message.find("no prefill peer became available"), std::string::npos) << message;
+  EXPECT_NE(message.find("no usable prefill peer"), std::string::npos) << message;
+  EXPECT_NE(message.find("127.0.0.1:" + std::to_string(prefill_port)), std::string::npos)
+      << message;
   EXPECT_TRUE(message.find("no heartbeat answer") != std::string::npos ||
               message.find("did not complete before its deadline") != std::string::npos ||
               message.find("send to peer") != std::string::npos)
       << message;
+  const auto [health_status, health] = GetText(decode->port(), "/health");
+  EXPECT_EQ(health_status, 200);
+  EXPECT_EQ(health.rfind("degraded: no usable prefill peer", 0), 0u) << health;
+  EXPECT_EQ(GetText(decode->port(), "/ready").first, 503);
+  ExpectNodeDrained(decode->port());
+}
+
+// With local fallback (the default): the request whose prefill node dies mid-transfer is
+// prefilled by the decode node once the peer is removed, and so are later ones, at once.
+TEST(MessengerPeerFailureTest, KilledPrefillsRequestsArePrefilledByTheDecodeNode) {
+  auto prefill = StartPrefill();
+  ASSERT_TRUE(prefill->ok()) << prefill->error();
+  auto decode = StartDecode({prefill->port()});
+  ASSERT_TRUE(decode->ok()) << decode->error();
+  const std::vector<int32_t> prompt = RandomPrompt(kLongPrompt, 21);
+  const Completion want = Complete(decode->port(), prompt, 4);
+  ASSERT_EQ(want.status, 200) << want.body.dump();
+  auto pending =
+      std::async(std::launch::async, [&] { return Complete(decode->port(), prompt, 4); });
+  ASSERT_TRUE(WaitUntilPrefilling(prefill->port()));
+  ASSERT_EQ(kill(prefill->pid(), SIGKILL), 0);
+  const Completion got = pending.get();
+  ASSERT_EQ(got.status, 200) << got.body.dump();
+  EXPECT_EQ(got.token_ids, want.token_ids);
+  prefill.reset();
+  const std::vector<int32_t> later_prompt = RandomPrompt(37, 3);
+  const Completion later = Complete(decode->port(), later_prompt, 3);
+  ASSERT_EQ(later.status, 200) << later.body.dump();
+  EXPECT_EQ(later.token_ids.size(), 3u);
+  EXPECT_EQ(NodeMetric(decode->port(), "pdserve:decode_fallback_prefills_total"), 2);
+  EXPECT_EQ(GetText(decode->port(), "/ready").first, 503);
   ExpectNodeDrained(decode->port());
 }
 
@@ -105,8 +145,10 @@ void ExpectRestartedPrefillUsed(bool mid_transfer) {
     ASSERT_TRUE(WaitUntilPrefilling(prefill_port));
   }
   ASSERT_EQ(kill(prefill->pid(), SIGKILL), 0);
-  if (mid_transfer) {
-    EXPECT_NE(pending.get().status, 200);
+  if (mid_transfer) {  // prefilled by the decode node once the peer is removed
+    const Completion got = pending.get();
+    ASSERT_EQ(got.status, 200) << got.body.dump();
+    EXPECT_EQ(got.token_ids, want.token_ids);
   }
   prefill.reset();
   EXPECT_EQ(WaitForMetric(decode->port(), "pdserve:messenger_peers_ready", 0, 10000), 0);

@@ -107,8 +107,13 @@ TEST(MessengerRefusalTest, IncompatibleModelsAreRefusedNamingTheDifference) {
   auto shape = StartPrefill(SyntheticModelDir("tiny-llama3"), kClusterKey);
   ASSERT_TRUE(checkpoint->ok()) << checkpoint->error();
   ASSERT_TRUE(shape->ok()) << shape->error();
+  // Without local fallback, so that a request with no usable peer is refused, naming why.
   auto decode = std::make_unique<NodeProcess>(
-      TinyModelDir(), DecodeArgs("tcp", {checkpoint->port(), shape->port()}, kFlags));
+      TinyModelDir(), DecodeArgs("tcp", {checkpoint->port(), shape->port()}, [] {
+        auto flags = kFlags;
+        flags.insert(flags.end(), {"--local-prefill-fallback", "off"});
+        return flags;
+      }()));
   ASSERT_TRUE(decode->ok()) << decode->error();
 
   const nlohmann::json other_weights = WaitUntilRefused(decode->port(), Name(*checkpoint));
@@ -128,7 +133,8 @@ TEST(MessengerRefusalTest, IncompatibleModelsAreRefusedNamingTheDifference) {
   const auto start = std::chrono::steady_clock::now();
   const Completion c = Complete(decode->port(), RandomPrompt(13, 6), 3);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
-  EXPECT_NE(c.status, 200);
+  EXPECT_EQ(c.status, 503);
+  EXPECT_FALSE(c.retry_after.empty());
   const std::string message = ErrorMessage(c);
   EXPECT_NE(message.find("no usable prefill peer"), std::string::npos) << message;
   EXPECT_NE(message.find("model weights differ"), std::string::npos) << message;
