@@ -297,6 +297,48 @@ TEST(EngineTest, PrefillOnlyPlusRemoteAdmissionEqualsColocated) {
   EXPECT_EQ(d.engine().page_pool().used(), 0);
 }
 
+// A kRemotePrefill request whose KV will never come (no prefill node is usable) is prefilled by
+// its own engine, into the pages it holds, chunk by chunk: the colocated tokens, and its pages
+// are freed at the end like any request's. Admit afterwards changes nothing.
+TEST(EngineTest, RemotePrefillRequestPrefilledLocallyEqualsColocated) {
+  const std::string dir = testing::SyntheticModelDir("tiny-qwen3", DType::kBF16);
+  auto prompts = RandomPrompts(3, VocabOf(dir), 7);
+  const int n = 10;
+  EngineFixture colocated(dir, {.page_tokens = 4, .max_batch_tokens = 64});
+  auto want = colocated.GreedyBatch(prompts, n);
+
+  EngineFixture d(dir, {.page_tokens = 4, .max_batch_tokens = 5});
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::vector<PageId> d_pages;
+    std::vector<int32_t> got;
+    bool finished = false;
+    EngineRequest dreq;
+    dreq.id = "r" + std::to_string(i);
+    dreq.prompt = prompts[i];
+    dreq.params.temperature = 0;
+    dreq.params.max_tokens = n;
+    dreq.params.ignore_eos = true;
+    dreq.kind = RequestKind::kRemotePrefill;
+    dreq.on_pages_allocated = [&](const std::vector<PageId>& pages) { d_pages = pages; };
+    dreq.on_output = [&](const RequestOutput& o) {
+      got.insert(got.end(), o.tokens.begin(), o.tokens.end());
+      finished = o.finished;
+    };
+    ASSERT_TRUE(d.engine().Submit(std::move(dreq)).ok());
+    d.engine().Step();
+    ASSERT_FALSE(d_pages.empty());
+    EXPECT_EQ(d.engine().stats().awaiting_kv, 1);
+    d.engine().PrefillLocally("r" + std::to_string(i));
+    d.engine().Step();
+    EXPECT_EQ(d.engine().stats().awaiting_kv, 0);
+    d.engine().Admit("r" + std::to_string(i));  // no longer awaiting KV: ignored
+    d.engine().RunUntilIdle();
+    EXPECT_TRUE(finished);
+    EXPECT_EQ(got, want[i]) << "prompt " << i;
+    EXPECT_EQ(d.engine().page_pool().used(), 0);
+  }
+}
+
 // The step announcements and the layer counter the messenger will watch.
 TEST(EngineTest, AnnouncesStepsAndCountsLayers) {
   const std::string dir = testing::SyntheticModelDir("tiny", DType::kBF16);

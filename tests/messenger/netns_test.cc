@@ -4,7 +4,9 @@
 // removes the namespace itself; without root (CAP_NET_ADMIN) or iproute2 it is SKIPPED, loudly.
 #include <unistd.h>
 
+#include <chrono>
 #include <optional>
+#include <thread>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -57,7 +59,9 @@ class MessengerNetnsTest : public ::testing::Test {
     // A subnet of its own per process, so that two runs at once do not share a route.
     prefill_ip_ = fmt::format("10.214.{}.1", id % 250);
     decode_ip_ = fmt::format("10.214.{}.2", id % 250);
-    const std::string host_end = fmt::format("pdmh{}", id), ns_end = fmt::format("pdmn{}", id);
+    host_end_ = fmt::format("pdmh{}", id);
+    const std::string& host_end = host_end_;
+    const std::string ns_end = fmt::format("pdmn{}", id);
     if (IpBinary().empty()) GTEST_SKIP() << "SKIPPED: the cross-host test needs iproute2 (`ip`)";
     const std::vector<std::vector<std::string>> steps = {
         {"netns", "add", ns_},
@@ -122,7 +126,7 @@ class MessengerNetnsTest : public ::testing::Test {
     return false;
   }
 
-  std::string ns_, prefill_ip_, decode_ip_;
+  std::string ns_, prefill_ip_, decode_ip_, host_end_;
   std::optional<Subprocess> prefill_;  // killed and reaped on destruction
   int prefill_port_ = 0;
 };
@@ -148,6 +152,50 @@ TEST_F(MessengerNetnsTest, TcpAcrossNamespacesMatchesColocated) {
     ASSERT_EQ(got.status, 200) << "length " << length << ": " << got.body.dump();
     EXPECT_EQ(got.token_ids, want.token_ids) << "prompt length " << length;
   }
+  ExpectNodeDrained(decode.port());
+  EXPECT_EQ(MetricAt(prefill_ip_, prefill_port_, "pdserve:kv_cache_usage_perc"), 0);
+  EXPECT_EQ(MetricAt(prefill_ip_, prefill_port_, "pdserve:messenger_requests_in_flight"), 0);
+}
+
+// The link between the hosts cut for 10 s and restored (a brief network partition): both nodes
+// remove each other after the peer timeout (3 s), the decode node serves meanwhile by
+// prefilling locally, and once the link is back it takes the prefill node back — the same
+// process, as a new epoch — and the tokens stay the colocated node's.
+TEST_F(MessengerNetnsTest, LinkCutAndRestoredThePrefillNodeIsUsedAgain) {
+  std::string error;
+  ASSERT_TRUE(StartPrefill(&error)) << error;
+  auto d_args = DecodeArgs("tcp", {},
+                           {"--fabric-address", decode_ip_, "--prefill-peer",
+                            fmt::format("{}:{}", prefill_ip_, prefill_port_)});
+  d_args.insert(d_args.end(), kFlags.begin(), kFlags.end());
+  NodeProcess decode(TinyModelDir(), d_args);
+  NodeProcess colocated(TinyModelDir(), kFlags);
+  ASSERT_TRUE(decode.ok()) << decode.error();
+  ASSERT_TRUE(colocated.ok()) << colocated.error();
+  ASSERT_EQ(WaitForMetric(decode.port(), "pdserve:messenger_peers_ready", 1, 30000), 1);
+  const std::vector<int32_t> prompt = RandomPrompt(37, 90);
+  const Completion want = Complete(colocated.port(), prompt, 6);
+  ASSERT_EQ(want.status, 200) << want.body.dump();
+
+  const auto cut_at = std::chrono::steady_clock::now();
+  ASSERT_EQ(RunIp({"link", "set", host_end_, "down"}), 0);
+  EXPECT_EQ(WaitForMetric(decode.port(), "pdserve:messenger_peers_ready", 0, 20000), 0);
+  const Completion during = Complete(decode.port(), prompt, 6);  // prefilled locally
+  ASSERT_EQ(during.status, 200) << during.body.dump();
+  EXPECT_EQ(during.token_ids, want.token_ids);
+  EXPECT_EQ(NodeMetric(decode.port(), "pdserve:decode_fallback_prefills_total"), 1);
+  std::this_thread::sleep_until(cut_at + std::chrono::seconds(10));
+  ASSERT_EQ(RunIp({"link", "set", host_end_, "up"}), 0);
+
+  ASSERT_EQ(WaitForMetric(decode.port(), "pdserve:messenger_peers_ready", 1, 30000), 1)
+      << "the prefill node was not taken back after the link came back";
+  EXPECT_EQ(NodeMetric(decode.port(), "pdserve:messenger_peer_readmissions_total"), 1);
+  EXPECT_EQ(MetricAt(prefill_ip_, prefill_port_, "pdserve:messenger_peer_readmissions_total"), 1);
+  const double remote_before = NodeMetric(decode.port(), "pdserve:decode_remote_prefills_total");
+  const Completion after = Complete(decode.port(), prompt, 6);
+  ASSERT_EQ(after.status, 200) << after.body.dump();
+  EXPECT_EQ(after.token_ids, want.token_ids);
+  EXPECT_EQ(NodeMetric(decode.port(), "pdserve:decode_remote_prefills_total"), remote_before + 1);
   ExpectNodeDrained(decode.port());
   EXPECT_EQ(MetricAt(prefill_ip_, prefill_port_, "pdserve:kv_cache_usage_perc"), 0);
   EXPECT_EQ(MetricAt(prefill_ip_, prefill_port_, "pdserve:messenger_requests_in_flight"), 0);

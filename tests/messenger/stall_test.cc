@@ -8,10 +8,13 @@
 
 #include <chrono>
 #include <future>
+#include <thread>
 
 #include <gtest/gtest.h>
 
 #include "disagg_util.h"
+#include "router_test_util.h"
+#include "testing/test_paths.h"
 
 namespace pdserve::testing {
 namespace {
@@ -77,6 +80,19 @@ void ExpectServedRemotely(const Cluster& c, uint32_t seed) {
             fallback_before);
 }
 
+// The router's /health "status" once it is `want` (polled up to 10 s); the last seen otherwise.
+std::string WaitForRouterStatus(int router_port, const std::string& want) {
+  std::string seen;
+  for (const Deadline d = Deadline::AfterMs(10000); !d.Passed();) {
+    const nlohmann::json health = nlohmann::json::parse(GetText(router_port, "/health").second,
+                                                        nullptr, /*allow_exceptions=*/false);
+    seen = health.is_object() ? health.value("status", "") : "";
+    if (seen == want) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return seen;
+}
+
 // Polls until the decode node has `n` ready prefill peers; the time it took.
 steady_clock::duration WaitForReadyPeers(int port, int n) {
   const auto start = steady_clock::now();
@@ -90,6 +106,12 @@ TEST(MessengerStallTest, PausedPrefillIsTakenBackAndUsedAgain) {
   const int d = c.decode->port();
   ExpectServedRemotely(c, 1);
   EXPECT_EQ(GetText(d, "/health"), std::make_pair(200, std::string("ok\n")));
+  const int router_port = FreePort();
+  Subprocess router({BinaryPath("src/cli/pdserve"), "router", "--listen",
+                     "127.0.0.1:" + std::to_string(router_port), "--node",
+                     "http://127.0.0.1:" + std::to_string(d), "--health-interval-ms", "100"});
+  ASSERT_TRUE(WaitHealthy(router_port, Deadline::AfterMs(20000)));
+  EXPECT_EQ(WaitForRouterStatus(router_port, "ok"), "ok");
 
   ASSERT_EQ(kill(c.prefill->pid(), SIGSTOP), 0);
   WaitForReadyPeers(d, 0);  // removed after 1.5 s without a heartbeat answer
@@ -99,6 +121,13 @@ TEST(MessengerStallTest, PausedPrefillIsTakenBackAndUsedAgain) {
   EXPECT_EQ(health.rfind("degraded: no usable prefill peer", 0), 0u) << health;
   EXPECT_NE(health.find("no heartbeat answer"), std::string::npos) << health;
   EXPECT_EQ(GetText(d, "/ready").first, 503);
+  // The router shows it, and still sends it requests (the only node).
+  EXPECT_EQ(WaitForRouterStatus(router_port, "degraded"), "degraded");
+  EXPECT_NE(GetText(router_port, "/metrics")
+                .second.find("pdserve:router_node_degraded{node=\"http"
+                             "://127.0.0.1:" +
+                             std::to_string(d) + "\"} 1"),
+            std::string::npos);
   const std::vector<int32_t> prompt = RandomPrompt(37, 2);
   const Completion want = Complete(c.colocated->port(), prompt, 6);
   const Completion local = Complete(d, prompt, 6);
@@ -120,6 +149,7 @@ TEST(MessengerStallTest, PausedPrefillIsTakenBackAndUsedAgain) {
   ASSERT_TRUE(peers.is_array() && peers.size() == 1) << peers.dump();
   EXPECT_EQ(peers[0].value("epoch", 0), 2) << peers.dump();
   EXPECT_EQ(GetText(d, "/ready"), std::make_pair(200, std::string("ok\n")));
+  EXPECT_EQ(WaitForRouterStatus(router_port, "ok"), "ok");
   ExpectServedRemotely(c, 3);
   ExpectNodeDrained(d);
   ExpectNodeDrained(c.prefill->port());

@@ -67,6 +67,31 @@ TEST(NodePoolTest, LeastOutstandingWithRoundRobinTies) {
   EXPECT_FALSE(pool.Acquire({"http://a:1", "http://b:2"}).has_value());
 }
 
+// A degraded node (a decode node with no usable prefill peer: it prefills locally) still serves,
+// but only when no node that is not degraded is left, whatever its load.
+TEST(NodePoolTest, DegradedNodesServeOnlyWhenNoOtherIsLeft) {
+  NodePool pool;
+  ASSERT_TRUE(pool.AddStatic("http://a:1").ok());
+  ASSERT_TRUE(pool.AddStatic("http://b:2").ok());
+  EXPECT_TRUE(pool.ReportHealthy("http://a:1", "no usable prefill peer"));
+  EXPECT_TRUE(pool.ReportHealthy("http://b:2"));
+  EXPECT_EQ(pool.DegradedCount(), 1);
+  for (int i = 0; i < 3; ++i) {  // b gets them all, however many it has outstanding
+    EXPECT_EQ(pool.Acquire()->url, "http://b:2");
+  }
+  auto fallback = pool.Acquire({"http://b:2"});
+  ASSERT_TRUE(fallback.has_value());
+  EXPECT_EQ(fallback->url, "http://a:1");
+  const auto snapshot = pool.Snapshot();
+  EXPECT_EQ(snapshot[0].degraded, "no usable prefill peer");
+  EXPECT_EQ(snapshot[1].degraded, "");
+  // Recovered: a change the health checker logs, and a again takes its share.
+  EXPECT_TRUE(pool.ReportHealthy("http://a:1"));
+  EXPECT_FALSE(pool.ReportHealthy("http://a:1"));
+  EXPECT_EQ(pool.DegradedCount(), 0);
+  EXPECT_EQ(pool.Acquire()->url, "http://a:1") << "0 outstanding beats 4";
+}
+
 TEST(NodePoolTest, HealthTransitions) {
   NodePoolOptions options;
   options.failures_to_down = 2;
