@@ -404,8 +404,11 @@ void DecodeMessenger::PeerDead(Peer& peer, const Status& why) {
   // pages be released.
   if (Status s = fabric_->RemovePeer(peer.id); !s.ok()) PD_LOG_WARN("{}", s.ToString());
   peer.views.Retire(*fabric_, /*revoke=*/true, &retired_views_, peer.spec.name);
-  if (peer.state == Peer::State::kReady) peer.removed_instance = peer.instance;
-  ++peer.failed_attempts;
+  if (peer.state == Peer::State::kReady) {
+    peer.removed_instance = peer.instance;
+  } else {
+    ++peer.failed_attempts;  // its handshake failed
+  }
   peer.state = Peer::State::kDisconnected;
   peer.plan.reset();
   peer.own_tokens = 0;
@@ -579,11 +582,15 @@ void DecodeMessenger::NoUsablePeer(Request& req) {
   std::string reasons;
   for (const auto& p : peers_) {
     if (!req.peer_override.empty() && p->spec.name != req.peer_override) continue;
-    const std::string why = !p->refusal.ok()                  ? p->refusal.message()
-                            : !p->last_error.empty()          ? p->last_error
-                            : p->state == Peer::State::kReady ? "failed this request"
-                                                              : "not connected";
-    reasons += fmt::format("{}{}: {}", reasons.empty() ? "" : "; ", p->spec.name, why);
+    if (!reasons.empty()) reasons += "; ";
+    if (!p->refusal.ok()) {
+      reasons += p->refusal.message();  // names the peer
+      continue;
+    }
+    reasons += fmt::format("{}: {}", p->spec.name,
+                           !p->last_error.empty()            ? p->last_error
+                           : p->state == Peer::State::kReady ? "failed this request"
+                                                             : "not connected");
   }
   FailRequest(req,
               Status::Unavailable("no usable prefill peer: " +
