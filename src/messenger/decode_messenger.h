@@ -28,51 +28,27 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "common/histogram.h"
 #include "common/mutex.h"
-#include "common/revocable_mapping.h"
 #include "common/status.h"
 #include "engine/engine.h"
-#include "fabric/transfer_engine.h"
-#include "messenger/control_loop.h"
 #include "messenger/event_log.h"
+#include "messenger/messenger_core.h"
 #include "messenger/messenger_options.h"
+#include "messenger/prefill_peers.h"
 #include "messenger/protocol.h"
+#include "messenger/slot_table.h"
 
 namespace pdserve::messenger {
-
-struct PrefillPeerSpec {
-  std::string name;  // how requests name it (e.g. the prefill node's URL)
-  // Where it is now; asked again whenever the peer is (re)connected, so a restarted prefill
-  // node (new fabric address, new incarnation) is found.
-  std::function<Result<fabric::TransferEngineAddress>()> resolve;
-};
 
 // Upper bounds (seconds) of the transfer latency histogram: PrefillRequest sent -> every
 // expected write landed, so it spans P's whole prefill (TTFT-like).
 std::vector<double> TransferLatencyBounds();
-
-// How long a removed or unreachable prefill peer waits, at most, between connection attempts
-// (the first waits one heartbeat interval, each failed one doubles it).
-inline constexpr std::chrono::milliseconds kMaxReconnectBackoff{1000};
-
-// What the decode node knows of one prefill peer (served as /internal/messenger/peers).
-struct PrefillPeerStatus {
-  std::string name;
-  std::string state;       // "disconnected", "handshaking" or "ready"
-  std::string last_error;  // why it was last removed or refused ("" if never)
-  int epoch = 0;           // handshakes completed with it (a re-admission starts a new one)
-  // Its handshake was refused (wrong cluster key, another model): requests that only it could
-  // take fail at once with the reason, until a restarted process (new instance) is accepted.
-  bool refused = false;
-};
 
 struct DecodeMessengerStats {
   int peers_ready = 0;
@@ -116,8 +92,8 @@ class DecodeMessenger {
   // nothing (joins repeat every few seconds). Any thread.
   Status AddPeer(PrefillPeerSpec peer);
   DecodeMessengerStats stats() const;
-  // kPrefillSent and kKvLanded of every transfer (its request id is the one P's log shows).
-  const EventLog& events() const { return events_; }
+  // kPrefillSent and kKvLanded of every transfer (its transfer id is the one P's log shows).
+  const EventLog& events() const { return core_->events(); }
   // True once `n` peers are ready, false if the deadline passes first.
   bool WaitForPeers(int n, Deadline deadline) const;
   // Why this node cannot serve as a decode node should ("" if it can): no prefill peer is
@@ -125,78 +101,49 @@ class DecodeMessenger {
   std::string Degraded() const;
 
  private:
-  struct Peer;
   struct Request;
-  DecodeMessenger(Engine* engine, MessengerOptions options, std::vector<PrefillPeerSpec> peers);
-  Status Init();
-  void OnMessage(fabric::PeerId from, std::span<const std::byte> payload);
+  DecodeMessenger(Engine* engine, MessengerOptions options);
+  Status Init(std::vector<PrefillPeerSpec> peers);
   void Handle(fabric::PeerId from, Message message);
-  // Resolves `peer` on a thread of its own; the answer is posted to the loop (Connect).
-  void StartResolve(Peer& peer);
-  void Connect(Peer& peer, Result<fabric::TransferEngineAddress> address);
-  std::chrono::milliseconds ReconnectBackoff(const Peer& peer) const;
-  void HandleHelloAck(Peer& peer, const HelloAck& ack);
-  // The handshake finished (P accepted HelloFinish): a new epoch; queued requests go.
-  void PeerReady(Peer& peer);
-  // Registers every rank's KV cache for `peer` alone; returns the NodeInfo (one descriptor per
-  // rank) to send it.
-  Result<NodeInfo> RegisterFor(Peer& peer);
-  void PeerDead(Peer& peer, const Status& why);
-  // The handshake with `peer` was refused, by either side, for `why`.
-  void PeerRefused(Peer& peer, const Status& why);
+  // The peer table's hooks: an epoch began, or ended (every in-flight request of the peer is
+  // decided: no write of it can land any more).
+  void OnPeerReady(PrefillPeer& peer);
+  void OnPeerRemoved(PrefillPeer& peer, const Status& why);
   void OnPagesAllocated(const std::string& id, std::vector<PageId> pages);
   // Sends `req` to the least loaded ready peer it may use; with none, queues it while one it
   // may use is handshaking or on its first connection attempt, else NoUsablePeer.
   void Dispatch(Request& req);
-  // `peer` was never ready nor failed: its first connection attempt is under way.
-  bool FirstAttempt(const Peer& peer) const;
   // Whether `req` may go to `peer` (its override; retries left; not a peer that failed it).
-  bool MayUse(const Request& req, const Peer& peer) const;
+  bool MayUse(const Request& req, const PrefillPeer& peer) const;
   // No peer can take `req`, nor will one soon: prefill it here, or fail it now.
   void NoUsablePeer(Request& req);
   // Dispatches again every queued request (a peer's handshake ended, either way).
   void RedispatchQueued();
   void OnLanded(const std::string& id, uint32_t imm, const Status& status, uint32_t arrived,
                 TimePoint at);
-  void OnWriteFailed(uint64_t request_id, const std::string& reason);
-  void OnCancelAck(uint64_t request_id);
+  void OnWriteFailed(uint64_t transfer_id, const std::string& reason);
+  void OnCancelAck(uint64_t transfer_id);
   void OnEngineFinished(const std::string& id);
-  // The KV of `req` will not land from its peer: ask P to stop; then retry or fail.
+  // The KV of `req` will not land from its peer: ask P to stop; then redispatch or fail.
   void Abandon(Request& req, const Status& why, bool retry);
   // No write of `req`'s current transfer can land any more.
   void Quiesced(Request& req);
   void FailRequest(Request& req, const Status& why);
-  void Finish(const std::string& id);
   void FreeSlot(Request& req);
   void Tick();
-  void SendTo(Peer& peer, const Message& message);
-  Peer* FindPeer(fabric::PeerId id);
   void PublishStats();
 
   Engine* const engine_;
   const MessengerOptions options_;
-  const uint64_t incarnation_;
-  EventLog events_;
-  NodeInfo local_;
-  std::string reply_address_;
-  std::shared_ptr<ControlLoop> loop_;
-  std::unique_ptr<fabric::TransferEngine> fabric_;
+  std::unique_ptr<MessengerCore> core_;
+  std::unique_ptr<PrefillPeers> peers_;  // after core_: destroyed before it
 
-  // Control-loop state.
-  std::vector<std::unique_ptr<Peer>> peers_;
+  // Control-loop state: the transfers.
   std::map<std::string, std::unique_ptr<Request>> requests_;  // by engine id
-  std::map<uint64_t, std::string> by_request_id_;             // transfer request id -> engine id
-  uint64_t next_request_id_ = 1;
-  std::vector<uint32_t> free_slots_;
-  std::vector<uint32_t> slot_generation_;  // by slot
+  std::map<uint64_t, std::string> by_transfer_id_;            // transfer id -> engine id
+  uint64_t next_transfer_id_ = 1;
+  SlotTable slots_;
   DecodeMessengerStats counters_;
-  TimePoint last_tick_{};
-  // Removed peers' revoked views: a provider may still write into them until fabric_ is gone.
-  std::vector<RevocableMapping> retired_views_;
-
-  // Every peer's name (peers_ is the control loop's; Submit checks names on other threads).
-  mutable Mutex names_mu_;
-  std::set<std::string> peer_names_ GUARDED_BY(names_mu_);
 
   // Failures the engine's final output must carry (engine.Cancel alone says "cancelled").
   Mutex failures_mu_;

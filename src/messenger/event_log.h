@@ -21,7 +21,7 @@ enum class EventKind : uint8_t {
   kWritesPosted,    // `count` writes of layer `layer` of step `step` posted for `request`
   kWritesComplete,  // every write of `request` completed locally
   kStepFinished,    // the streamer saw the last layer of step `step` done
-  // Decode side (`request` is the transfer request id P's events carry too):
+  // Decode side (`request` is the transfer id P's events carry too):
   kPrefillSent,  // D sent the PrefillRequest of `request`; `count` prompt tokens
   kKvLanded,     // D counted the last expected write of `request` (`count` writes)
 };

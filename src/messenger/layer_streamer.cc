@@ -150,10 +150,10 @@ void LayerStreamer::PostLayer(StepPlan& plan, int layer) {
     int64_t posted = 0;
     if (s.ok()) s = PostSegmentWrites(seg, &posted);
     if (posted > 0) {
-      events_->Record(EventKind::kWritesPosted, plan.step, layer, job->request_id, posted);
+      events_->Record(EventKind::kWritesPosted, plan.step, layer, job->transfer_id, posted);
     }
     if (!s.ok()) {
-      PD_LOG_WARN("request {}: posting a KV write failed: {}", job->request_id, s.ToString());
+      PD_LOG_WARN("transfer {}: posting a KV write failed: {}", job->transfer_id, s.ToString());
       job->stopped = true;
       {
         MutexLock error_lock(&job->error_mu);

@@ -33,7 +33,7 @@ namespace pdserve::messenger {
 // One PrefillRequest being served. Fields above the line are fixed at creation.
 struct StreamJob {
   std::string engine_id;
-  uint64_t request_id = 0;
+  uint64_t transfer_id = 0;
   uint64_t peer_instance = 0;
   fabric::PeerId peer = fabric::kUnknownPeer;
   // This node's cache regions the writes read, one per source rank of `plan` (rank order).

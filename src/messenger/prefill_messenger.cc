@@ -8,50 +8,37 @@
 #include "common/logging.h"
 #include "messenger/immediate.h"
 #include "messenger/node_info.h"
-#include "messenger/send_control.h"
 
 namespace pdserve::messenger {
 
 Result<std::unique_ptr<PrefillMessenger>> PrefillMessenger::Create(Engine* engine,
                                                                    MessengerOptions options) {
   if (engine == nullptr) return Status::InvalidArgument("prefill messenger needs an engine");
-  if (options.cluster_key.empty()) {
-    return Status::InvalidArgument("the messenger needs a cluster key");
-  }
   std::unique_ptr<PrefillMessenger> m(new PrefillMessenger(engine, std::move(options)));
   PD_RETURN_IF_ERROR(m->Init());
   return m;
 }
 
 PrefillMessenger::PrefillMessenger(Engine* engine, MessengerOptions options)
-    : engine_(engine),
-      options_(std::move(options)),
-      incarnation_(NewIncarnation()),
-      kv_streaming_(options_.kv_streaming) {}
+    : engine_(engine), options_(std::move(options)), kv_streaming_(options_.kv_streaming) {}
 
 Status PrefillMessenger::Init() {
-  loop_ = std::make_shared<ControlLoop>(options_.heartbeat_interval, [this] { Tick(); });
-  std::weak_ptr<ControlLoop> weak_loop = loop_;
-  fabric::TransferEngineHandlers handlers;
-  handlers.on_message = [this](fabric::PeerId from, uint64_t instance,
-                               std::span<const std::byte> payload) {
-    OnMessage(from, instance, payload);
+  MessengerHandlers handlers;
+  handlers.on_message = [this](fabric::PeerId from, uint64_t instance, Message m) {
+    Handle(from, instance, std::move(m));
   };
-  handlers.on_unmatched_immediate = [](fabric::PeerId, uint32_t) { return true; };  // not a target
   handlers.on_peer_error = [this](fabric::PeerId peer, const Status& error) {
-    loop_->Post([this, peer, error] { DropPeer(peer, error); });
+    DropPeer(peer, error);
   };
-  PD_ASSIGN_OR_RETURN(fabric_, fabric::TransferEngine::Create(options_.fabric, handlers));
+  handlers.on_tick = [this] { Tick(); };
   // Every rank's cache is mapped in this process (rank workers hand theirs over); each decode
-  // peer gets views of them of its own at its handshake (PeerViews).
-  std::vector<KvLayout> layouts;
-  for (int r = 0; r < engine_->tp_size(); ++r) layouts.push_back(engine_->kv_cache(r).layout());
-  // P's memory is never a write target: no descriptor goes out.
-  PD_ASSIGN_OR_RETURN(local_, MakeLocalNodeInfo(engine_->model().config().num_kv_heads, layouts,
-                                                std::vector<std::string>(layouts.size()),
-                                                options_.model_fingerprint, options_.kernel_path));
+  // peer gets views of them of its own at its handshake (PeerViews). P's memory is never a
+  // write target: no descriptor goes out.
+  PD_ASSIGN_OR_RETURN(core_, MessengerCore::Create(engine_, options_, std::move(handlers)));
+  const KvLayout& layout = engine_->kv_cache(0).layout();
+  std::weak_ptr<ControlLoop> weak_loop = core_->weak_loop();
   streamer_ = std::make_unique<LayerStreamer>(
-      fabric_.get(), layouts[0].page_tokens, layouts[0].num_layers, &events_,
+      &core_->fabric(), layout.page_tokens, layout.num_layers, &core_->events(),
       [weak_loop, this](const std::shared_ptr<StreamJob>& job) {
         if (auto loop = weak_loop.lock()) {
           loop->Post([this, id = job->engine_id] { CheckJob(id); });
@@ -59,29 +46,17 @@ Status PrefillMessenger::Init() {
       });
   engine_->SetStepObserver(streamer_.get());
   streamer_->Start();
-  loop_->Start();
+  core_->Start();
   return Status::Ok();
 }
 
 PrefillMessenger::~PrefillMessenger() {
   if (streamer_) streamer_->Stop();
-  if (loop_) loop_->Stop();
-  // Ends every transfer (completions find the loop stopped) before the streamer they call.
-  fabric_.reset();
+  // Ends every transfer (completions find the loop stopped) before the streamer they call, and
+  // before the peers' live views are freed.
+  if (core_) core_->Shutdown();
   streamer_.reset();
-}
-
-void PrefillMessenger::OnMessage(fabric::PeerId from, uint64_t instance,
-                                 std::span<const std::byte> payload) {
-  Result<Message> message = DecodeMessage(
-      std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()));
-  if (!message.ok()) {
-    PD_LOG_WARN("dropped a malformed message from peer {}: {}", from, message.status().ToString());
-    return;
-  }
-  loop_->Post([this, from, instance, m = std::move(message).value()]() mutable {
-    Handle(from, instance, std::move(m));
-  });
+  peers_.clear();
 }
 
 void PrefillMessenger::Handle(fabric::PeerId from, uint64_t instance, Message message) {
@@ -130,7 +105,7 @@ void PrefillMessenger::HandleHello(uint64_t instance, const Hello& hello) {
       break;
     }
   }
-  Result<fabric::PeerId> peer = fabric_->AddPeer(*address);
+  Result<fabric::PeerId> peer = core_->fabric().AddPeer(*address);
   Result<Nonce> nonce = MakeNonce();
   if (!peer.ok() || !nonce.ok()) {
     PD_LOG_WARN("cannot answer hello from {:x}: {}", instance,
@@ -144,20 +119,20 @@ void PrefillMessenger::HandleHello(uint64_t instance, const Hello& hello) {
   p.own_nonce = *nonce;
   p.peer_nonce = hello.nonce;
   p.last_heard = Clock::now();
-  SendTo(*peer, HelloAck{.incarnation = incarnation_,
+  SendTo(*peer, HelloAck{.incarnation = core_->incarnation(),
                          .nonce = p.own_nonce,
                          .hello_nonce = p.peer_nonce,
                          .proof = MakeClusterProof(options_.cluster_key, p.own_nonce, p.peer_nonce,
-                                                   incarnation_),
-                         .node = local_});
+                                                   core_->incarnation()),
+                         .node = core_->local()});
 }
 
 void PrefillMessenger::HandleHelloFinish(fabric::PeerId from, const HelloFinish& finish) {
   DecodePeer& p = peers_[from];
   if (p.ready) return;
-  Status s = VerifyClusterProof(options_.cluster_key, p.own_nonce, p.peer_nonce, incarnation_,
-                                p.incarnation, finish.proof);
-  if (s.ok()) s = CheckPeerCompatible(local_, finish.node);
+  Status s = VerifyClusterProof(options_.cluster_key, p.own_nonce, p.peer_nonce,
+                                core_->incarnation(), p.incarnation, finish.proof);
+  if (s.ok()) s = CheckPeerCompatible(core_->local(), finish.node);
   // One descriptor per decode rank (DecodeMessage guarantees the count): each rank's region
   // is the target of the writes the plan routes to that rank.
   auto dst = std::make_shared<std::vector<fabric::MemoryDescriptor>>();
@@ -170,10 +145,10 @@ void PrefillMessenger::HandleHelloFinish(fabric::PeerId from, const HelloFinish&
       dst->push_back(std::move(d).value());
     }
   }
-  Result<TransferPlan> plan = TransferPlan::Create(local_.kv, finish.node.kv);
+  Result<TransferPlan> plan = TransferPlan::Create(core_->local().kv, finish.node.kv);
   if (s.ok() && !plan.ok()) s = plan.status();
   // Every write to the peer reads through views of its own, revoked when it is dropped.
-  if (s.ok()) s = p.views.Open(*engine_, *fabric_);
+  if (s.ok()) s = p.views.Open(*engine_, core_->fabric());
   if (s.ok()) p.src = std::make_shared<const std::vector<fabric::RegionId>>(p.views.regions());
   if (!s.ok()) {
     PD_LOG_WARN("handshake with decode peer {:x} refused: {}", p.instance, s.ToString());
@@ -198,16 +173,16 @@ void PrefillMessenger::HandleHelloFinish(fabric::PeerId from, const HelloFinish&
 
 void PrefillMessenger::HandlePrefill(fabric::PeerId from, PrefillRequest request) {
   DecodePeer& p = peers_[from];
-  const std::string engine_id = fmt::format("pd-{:x}-{}", p.instance, request.request_id);
-  PD_LOG_DEBUG("prefill request {} from {:x}: {} tokens", request.request_id, p.instance,
+  const std::string engine_id = fmt::format("pd-{:x}-{}", p.instance, request.transfer_id);
+  PD_LOG_DEBUG("prefill request {} from {:x}: {} tokens", request.transfer_id, p.instance,
                request.token_ids.size());
   auto refuse = [&](const std::string& why) {
-    PD_LOG_WARN("prefill request {} refused: {}", request.request_id, why);
-    SendTo(from, WriteFailed{request.request_id, why});
+    PD_LOG_WARN("prefill request {} refused: {}", request.transfer_id, why);
+    SendTo(from, WriteFailed{request.transfer_id, why});
     ++counters_.requests_failed;
   };
   if (!p.ready) return refuse("prefill request before the handshake finished");
-  if (jobs_.count(engine_id) != 0) return refuse("request id already in flight");
+  if (jobs_.count(engine_id) != 0) return refuse("transfer id already in flight");
   // Every rank of both sides has the same page size (TransferPlan::Create checked), but each
   // may have its own page count: a destination page must exist in every decode rank's cache.
   const KvLayout& layout = p.plan->source().ranks[0];
@@ -228,7 +203,7 @@ void PrefillMessenger::HandlePrefill(fabric::PeerId from, PrefillRequest request
   }
   auto job = std::make_shared<StreamJob>();
   job->engine_id = engine_id;
-  job->request_id = request.request_id;
+  job->transfer_id = request.transfer_id;
   job->peer_instance = p.instance;
   job->peer = from;
   job->src = p.src;
@@ -247,8 +222,7 @@ void PrefillMessenger::HandlePrefill(fabric::PeerId from, PrefillRequest request
   er.prompt = std::move(request.token_ids);
   er.kind = RequestKind::kPrefillOnly;
   er.params.max_tokens = 1;  // never sampled; Validate wants a sane value
-  er.on_output = [weak_loop = std::weak_ptr<ControlLoop>(loop_), this,
-                  engine_id](const RequestOutput& out) {
+  er.on_output = [weak_loop = core_->weak_loop(), this, engine_id](const RequestOutput& out) {
     if (!out.finished) return;
     if (auto loop = weak_loop.lock()) {
       loop->Post([this, engine_id, out] { OnEngineOutput(engine_id, out); });
@@ -271,11 +245,12 @@ void PrefillMessenger::HandlePrefill(fabric::PeerId from, PrefillRequest request
 }
 
 void PrefillMessenger::HandleCancel(fabric::PeerId from, const Cancel& cancel) {
-  const std::string engine_id = fmt::format("pd-{:x}-{}", peers_[from].instance, cancel.request_id);
+  const std::string engine_id =
+      fmt::format("pd-{:x}-{}", peers_[from].instance, cancel.transfer_id);
   auto it = jobs_.find(engine_id);
   if (it == jobs_.end()) {
     // Already done (every write completed): nothing can land.
-    SendTo(from, CancelAck{cancel.request_id});
+    SendTo(from, CancelAck{cancel.transfer_id});
     return;
   }
   JobState& state = it->second;
@@ -326,7 +301,7 @@ void PrefillMessenger::CheckJob(const std::string& engine_id) {
     if (!state.engine_finished) engine_->Cancel(engine_id);
     if (!state.cancelled && !state.peer_gone) {
       // At once: D need not wait for its deadline.
-      SendTo(job->peer, WriteFailed{job->request_id, error.ToString()});
+      SendTo(job->peer, WriteFailed{job->transfer_id, error.ToString()});
       ++counters_.requests_failed;
     }
   }
@@ -335,13 +310,14 @@ void PrefillMessenger::CheckJob(const std::string& engine_id) {
   const bool quiescent = state.engine_finished && (progress.stopped || all_streamed) &&
                          job->writes_completed.load() == progress.writes_posted;
   if (!quiescent) return;
-  PD_LOG_DEBUG("prefill request {} done: {} writes", job->request_id, progress.writes_posted);
+  PD_LOG_DEBUG("prefill request {} done: {} writes", job->transfer_id, progress.writes_posted);
   // Nothing of this request is in flight any more: its source pages may be reused. The engine
   // holds a prefill-only request's pages however it ended (cancelled or failed mid-prefill
   // too), so this is the only place P's pages are freed (a no-op if none were allocated).
   engine_->ReleaseHeldPages(engine_id);
-  events_.Record(EventKind::kWritesComplete, 0, -1, job->request_id, progress.writes_posted);
-  if (state.cancelled && !state.peer_gone) SendTo(job->peer, CancelAck{job->request_id});
+  core_->events().Record(EventKind::kWritesComplete, 0, -1, job->transfer_id,
+                         progress.writes_posted);
+  if (state.cancelled && !state.peer_gone) SendTo(job->peer, CancelAck{job->transfer_id});
   streamer_->Remove(job);
   jobs_.erase(it);
   PublishStats();
@@ -361,7 +337,7 @@ void PrefillMessenger::DropPeer(fabric::PeerId peer, const Status& why, bool rem
   }
   // Ends the peer's unfinished writes (their completions run before this returns; the
   // provider may still be sending them).
-  if (Status s = remove ? fabric_->RemovePeer(peer) : Status::Ok(); !s.ok()) {
+  if (Status s = remove ? core_->fabric().RemovePeer(peer) : Status::Ok(); !s.ok()) {
     PD_LOG_WARN("removing decode peer: {}", s.ToString());
   }
   if (remove && it->second.ready) {
@@ -371,8 +347,7 @@ void PrefillMessenger::DropPeer(fabric::PeerId peer, const Status& why, bool rem
   }
   // From here on whatever of them is still sent reads throwaway memory: the pages may go.
   // (Not removed — D said hello again before any request — nothing is in flight to it.)
-  it->second.views.Retire(*fabric_, remove, &retired_views_,
-                          fmt::format("{:x}", it->second.instance));
+  core_->RetireViews(it->second.views, remove, fmt::format("{:x}", it->second.instance));
   peers_.erase(it);
   for (const std::string& id : ids) CheckJob(id);
   PublishStats();
@@ -399,7 +374,7 @@ void PrefillMessenger::Tick() {
 }
 
 void PrefillMessenger::SendTo(fabric::PeerId peer, const Message& message) {
-  SendControlMessage(*fabric_, peer, message, options_.peer_timeout);
+  core_->Send(peer, message);
 }
 
 void PrefillMessenger::PublishStats() {

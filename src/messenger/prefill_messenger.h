@@ -21,13 +21,12 @@
 #include <vector>
 
 #include "common/mutex.h"
-#include "common/revocable_mapping.h"
 #include "common/status.h"
 #include "engine/engine.h"
 #include "fabric/transfer_engine.h"
-#include "messenger/control_loop.h"
 #include "messenger/event_log.h"
 #include "messenger/layer_streamer.h"
+#include "messenger/messenger_core.h"
 #include "messenger/messenger_options.h"
 #include "messenger/peer_views.h"
 #include "messenger/protocol.h"
@@ -55,10 +54,10 @@ class PrefillMessenger {
   PrefillMessenger& operator=(const PrefillMessenger&) = delete;
 
   // What a decode node needs to reach this one (serve publishes it over HTTP).
-  const fabric::TransferEngineAddress& address() const { return fabric_->address(); }
-  uint64_t incarnation() const { return incarnation_; }
+  const fabric::TransferEngineAddress& address() const { return core_->fabric().address(); }
+  uint64_t incarnation() const { return core_->incarnation(); }
   PrefillMessengerStats stats() const;
-  const EventLog& events() const { return events_; }
+  const EventLog& events() const { return core_->events(); }
   // Streaming on or off for PrefillRequests that arrive from now on (MessengerOptions::
   // kv_streaming); for benchmarks that compare both on one node. Any thread.
   void SetKvStreaming(bool on) { kv_streaming_.store(on); }
@@ -90,7 +89,6 @@ class PrefillMessenger {
 
   PrefillMessenger(Engine* engine, MessengerOptions options);
   Status Init();
-  void OnMessage(fabric::PeerId from, uint64_t instance, std::span<const std::byte> payload);
   void Handle(fabric::PeerId from, uint64_t instance, Message message);
   void HandleHello(uint64_t instance, const Hello& hello);
   void HandleHelloFinish(fabric::PeerId from, const HelloFinish& finish);
@@ -109,11 +107,7 @@ class PrefillMessenger {
 
   Engine* const engine_;
   const MessengerOptions options_;
-  const uint64_t incarnation_;
-  EventLog events_;
-  NodeInfo local_;
-  std::shared_ptr<ControlLoop> loop_;
-  std::unique_ptr<fabric::TransferEngine> fabric_;
+  std::unique_ptr<MessengerCore> core_;
   std::unique_ptr<LayerStreamer> streamer_;
   std::atomic<bool> kv_streaming_;
 
@@ -123,8 +117,6 @@ class PrefillMessenger {
   static constexpr size_t kRemovedInstancesKept = 1024;
   std::set<uint64_t> removed_instances_;  // handshaken decode peers removed since
   PrefillMessengerStats counters_;
-  // Dropped peers' views: a provider may still read them until fabric_ is gone.
-  std::vector<RevocableMapping> retired_views_;
 
   mutable Mutex stats_mu_;
   PrefillMessengerStats stats_ GUARDED_BY(stats_mu_);  // published by the control loop

@@ -23,16 +23,16 @@ struct Overloaded : Fs... {
 template <typename... Fs>
 Overloaded(Fs...) -> Overloaded<Fs...>;
 
-bool CarriesRequestId(MessageType type) {
+bool CarriesTransferId(MessageType type) {
   return type == MessageType::kPrefillRequest || type == MessageType::kCancel ||
          type == MessageType::kCancelAck || type == MessageType::kWriteFailed;
 }
 
-uint64_t RequestIdOf(const Message& m) {
-  return std::visit(Overloaded{[](const PrefillRequest& r) { return r.request_id; },
-                               [](const Cancel& r) { return r.request_id; },
-                               [](const CancelAck& r) { return r.request_id; },
-                               [](const WriteFailed& r) { return r.request_id; },
+uint64_t TransferIdOf(const Message& m) {
+  return std::visit(Overloaded{[](const PrefillRequest& r) { return r.transfer_id; },
+                               [](const Cancel& r) { return r.transfer_id; },
+                               [](const CancelAck& r) { return r.transfer_id; },
+                               [](const WriteFailed& r) { return r.transfer_id; },
                                [](const auto&) { return uint64_t{0}; }},
                     m);
 }
@@ -106,8 +106,8 @@ Status CheckPrefillRequest(const PrefillRequest& p) {
 }
 
 Status CheckMessage(const Message& m) {
-  if (CarriesRequestId(TypeOf(m)) && RequestIdOf(m) == 0) {
-    return Invalid(fmt::format("{} with request id 0", MessageTypeName(TypeOf(m))));
+  if (CarriesTransferId(TypeOf(m)) && TransferIdOf(m) == 0) {
+    return Invalid(fmt::format("{} with transfer id 0", MessageTypeName(TypeOf(m))));
   }
   return std::visit(
       Overloaded{[](const Hello& h) { return CheckDescriptor("reply address", h.reply_address); },
@@ -261,7 +261,7 @@ Status ReadPrefillRequest(WireReader& r, PrefillRequest* p) {
   return Status::Ok();
 }
 
-Result<Message> ReadBody(WireReader& r, MessageType type, uint64_t request_id) {
+Result<Message> ReadBody(WireReader& r, MessageType type, uint64_t transfer_id) {
   switch (type) {
     case MessageType::kHello: {
       Hello h;
@@ -292,16 +292,16 @@ Result<Message> ReadBody(WireReader& r, MessageType type, uint64_t request_id) {
     }
     case MessageType::kPrefillRequest: {
       PrefillRequest p;
-      p.request_id = request_id;
+      p.transfer_id = transfer_id;
       PD_RETURN_IF_ERROR(ReadPrefillRequest(r, &p));
       return Message(std::move(p));
     }
     case MessageType::kCancel:
-      return Message(Cancel{.request_id = request_id});
+      return Message(Cancel{.transfer_id = transfer_id});
     case MessageType::kCancelAck:
-      return Message(CancelAck{.request_id = request_id});
+      return Message(CancelAck{.transfer_id = transfer_id});
     case MessageType::kWriteFailed: {
-      WriteFailed f{.request_id = request_id, .reason = {}};
+      WriteFailed f{.transfer_id = transfer_id, .reason = {}};
       PD_RETURN_IF_ERROR(r.Bytes("write failure reason", kMaxTextBytes, &f.reason));
       return Message(std::move(f));
     }
@@ -376,7 +376,7 @@ Result<std::string> EncodeMessage(const Message& message) {
   w.U16(kProtocolVersion);
   w.U16(static_cast<uint16_t>(type));
   w.U32(0);  // body length, patched below
-  w.U64(RequestIdOf(message));
+  w.U64(TransferIdOf(message));
   WriteBody(w, message);
   if (w.size() > kMaxMessageBytes) {
     return Status::InvalidArgument(fmt::format("{} encodes to {} bytes (at most {})",
@@ -408,10 +408,10 @@ Result<Message> DecodeMessage(std::string_view bytes) {
   }
   uint16_t raw_type = 0;
   uint32_t body_length = 0;
-  uint64_t request_id = 0;
+  uint64_t transfer_id = 0;
   PD_RETURN_IF_ERROR(r.U16("type", &raw_type));
   PD_RETURN_IF_ERROR(r.U32("body length", &body_length));
-  PD_RETURN_IF_ERROR(r.U64("request id", &request_id));
+  PD_RETURN_IF_ERROR(r.U64("transfer id", &transfer_id));
   if (body_length != r.remaining()) {
     return Status::ProtocolError(fmt::format(
         "length field says {} body bytes but {} follow the header", body_length, r.remaining()));
@@ -421,10 +421,10 @@ Result<Message> DecodeMessage(std::string_view bytes) {
   }
   const MessageType type = static_cast<MessageType>(raw_type);
   const std::string_view name = MessageTypeName(type);
-  if (!CarriesRequestId(type) && request_id != 0) {
-    return Status::ProtocolError(fmt::format("{} carries request id {}", name, request_id));
+  if (!CarriesTransferId(type) && transfer_id != 0) {
+    return Status::ProtocolError(fmt::format("{} carries transfer id {}", name, transfer_id));
   }
-  auto message = ReadBody(r, type, request_id);
+  auto message = ReadBody(r, type, transfer_id);
   if (!message.ok())
     return Status::ProtocolError(fmt::format("{}: {}", name, message.status().message()));
   if (r.remaining() != 0) {

@@ -1,7 +1,7 @@
 // The KV messenger's control messages (DESIGN.md §3) and their binary encoding.
 //
 // Every message is a 20-byte header — magic "PDKV", protocol version (u16), type (u16), body
-// length (u32), request id (u64; 0 for types that concern no request) — then its body. All
+// length (u32), transfer id (u64; 0 for types that concern no transfer) — then its body. All
 // integers are little-endian with explicit sizes; strings and lists carry a u32 length.
 // DecodeMessage refuses, with a ProtocolError naming the problem, anything that is not exactly
 // one well-formed message of this version: short, long, corrupt lengths, counts over the caps,
@@ -102,7 +102,7 @@ struct HandshakeRefused {
 
 // D→P: prefill tokens [0, n-1) of a prompt into D's pages (DESIGN.md §3.2).
 struct PrefillRequest {
-  uint64_t request_id = 0;
+  uint64_t transfer_id = 0;
   std::vector<int32_t> token_ids;
   std::vector<PageId> destination_pages;
   uint32_t transfer_slot = 0;  // with generation: the writes' immediate (immediate.h)
@@ -116,19 +116,19 @@ struct PrefillRequest {
 };
 
 struct Cancel {
-  uint64_t request_id = 0;
+  uint64_t transfer_id = 0;
   friend bool operator==(const Cancel&, const Cancel&) = default;
 };
 
 // P→D: none of the request's writes can still land.
 struct CancelAck {
-  uint64_t request_id = 0;
+  uint64_t transfer_id = 0;
   friend bool operator==(const CancelAck&, const CancelAck&) = default;
 };
 
 // P→D: a write of the request failed to post; D need not wait for its deadline.
 struct WriteFailed {
-  uint64_t request_id = 0;
+  uint64_t transfer_id = 0;
   std::string reason;
   friend bool operator==(const WriteFailed&, const WriteFailed&) = default;
 };

@@ -231,6 +231,26 @@ TEST(EngineTest, RejectsBadRequestsWithClearErrors) {
   EXPECT_EQ(submit({1}, bad).code(), StatusCode::kInvalidArgument);
 }
 
+// A greedy kRemotePrefill request of `n` tokens (eos ignored) whose pages, tokens and end land
+// in the caller's variables.
+EngineRequest GreedyRemotePrefill(const std::string& id, const std::vector<int32_t>& prompt, int n,
+                                  std::vector<PageId>* pages, std::vector<int32_t>* tokens,
+                                  bool* finished) {
+  EngineRequest r;
+  r.id = id;
+  r.prompt = prompt;
+  r.params.temperature = 0;
+  r.params.max_tokens = n;
+  r.params.ignore_eos = true;
+  r.kind = RequestKind::kRemotePrefill;
+  r.on_pages_allocated = [pages](const std::vector<PageId>& p) { *pages = p; };
+  r.on_output = [tokens, finished](const RequestOutput& o) {
+    tokens->insert(tokens->end(), o.tokens.begin(), o.tokens.end());
+    *finished = o.finished;
+  };
+  return r;
+}
+
 // The disaggregated flow without a messenger: engine P prefills [0, n-1) with kPrefillOnly,
 // its pages are copied into the pages engine D allocated for a kRemotePrefill request, D is
 // told Admit — and D's tokens equal a colocated run's.
@@ -248,19 +268,10 @@ TEST(EngineTest, PrefillOnlyPlusRemoteAdmissionEqualsColocated) {
     std::vector<PageId> d_pages;
     std::vector<int32_t> got;
     bool finished = false;
-    EngineRequest dreq;
-    dreq.id = "r" + std::to_string(i);
-    dreq.prompt = prompts[i];
-    dreq.params.temperature = 0;
-    dreq.params.max_tokens = n;
-    dreq.params.ignore_eos = true;
-    dreq.kind = RequestKind::kRemotePrefill;
-    dreq.on_pages_allocated = [&](const std::vector<PageId>& pages) { d_pages = pages; };
-    dreq.on_output = [&](const RequestOutput& o) {
-      got.insert(got.end(), o.tokens.begin(), o.tokens.end());
-      finished = o.finished;
-    };
-    ASSERT_TRUE(d.engine().Submit(std::move(dreq)).ok());
+    ASSERT_TRUE(d.engine()
+                    .Submit(GreedyRemotePrefill("r" + std::to_string(i), prompts[i], n, &d_pages,
+                                                &got, &finished))
+                    .ok());
     d.engine().Step();
     ASSERT_FALSE(d_pages.empty());
     EXPECT_TRUE(got.empty());  // not admitted yet: nothing runs
@@ -312,19 +323,10 @@ TEST(EngineTest, RemotePrefillRequestPrefilledLocallyEqualsColocated) {
     std::vector<PageId> d_pages;
     std::vector<int32_t> got;
     bool finished = false;
-    EngineRequest dreq;
-    dreq.id = "r" + std::to_string(i);
-    dreq.prompt = prompts[i];
-    dreq.params.temperature = 0;
-    dreq.params.max_tokens = n;
-    dreq.params.ignore_eos = true;
-    dreq.kind = RequestKind::kRemotePrefill;
-    dreq.on_pages_allocated = [&](const std::vector<PageId>& pages) { d_pages = pages; };
-    dreq.on_output = [&](const RequestOutput& o) {
-      got.insert(got.end(), o.tokens.begin(), o.tokens.end());
-      finished = o.finished;
-    };
-    ASSERT_TRUE(d.engine().Submit(std::move(dreq)).ok());
+    ASSERT_TRUE(d.engine()
+                    .Submit(GreedyRemotePrefill("r" + std::to_string(i), prompts[i], n, &d_pages,
+                                                &got, &finished))
+                    .ok());
     d.engine().Step();
     ASSERT_FALSE(d_pages.empty());
     EXPECT_EQ(d.engine().stats().awaiting_kv, 1);

@@ -349,7 +349,7 @@ class RevokedViewTest : public ::testing::Test {
 // The decode node's defence against the rest of a removed peer's write (docs/messenger.md): the
 // peer writes 256 MiB into a view of this process's memory (a memfd, as the KV cache is) in one
 // write; as soon as its first bytes have landed, the peer is removed, the view revoked and its
-// registration closed, as DecodeMessenger::PeerDead does. tcp checks a write's key when its
+// registration closed, as PrefillPeers::Remove does. tcp checks a write's key when its
 // header arrives and then receives the payload straight into the target, so the rest of the
 // write keeps arriving after the removal and the deregistration (libfabric 1.17 closes no
 // connection at either); it must land in the revoked view's throwaway memory, never in the

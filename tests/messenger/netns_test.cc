@@ -126,6 +126,15 @@ class MessengerNetnsTest : public ::testing::Test {
     return false;
   }
 
+  // A decode node on this side's veth address, pointed at the prefill node across it.
+  std::vector<std::string> DecodeFlags() const {
+    auto args = DecodeArgs("tcp", {},
+                           {"--fabric-address", decode_ip_, "--prefill-peer",
+                            fmt::format("{}:{}", prefill_ip_, prefill_port_)});
+    args.insert(args.end(), kFlags.begin(), kFlags.end());
+    return args;
+  }
+
   std::string ns_, prefill_ip_, decode_ip_, host_end_;
   std::optional<Subprocess> prefill_;  // killed and reaped on destruction
   int prefill_port_ = 0;
@@ -134,11 +143,7 @@ class MessengerNetnsTest : public ::testing::Test {
 TEST_F(MessengerNetnsTest, TcpAcrossNamespacesMatchesColocated) {
   std::string error;
   ASSERT_TRUE(StartPrefill(&error)) << error;
-  auto d_args = DecodeArgs("tcp", {},
-                           {"--fabric-address", decode_ip_, "--prefill-peer",
-                            fmt::format("{}:{}", prefill_ip_, prefill_port_)});
-  d_args.insert(d_args.end(), kFlags.begin(), kFlags.end());
-  NodeProcess decode(TinyModelDir(), d_args);
+  NodeProcess decode(TinyModelDir(), DecodeFlags());
   NodeProcess colocated(TinyModelDir(), kFlags);
   ASSERT_TRUE(decode.ok()) << decode.error();
   ASSERT_TRUE(colocated.ok()) << colocated.error();
@@ -164,11 +169,7 @@ TEST_F(MessengerNetnsTest, TcpAcrossNamespacesMatchesColocated) {
 TEST_F(MessengerNetnsTest, LinkCutAndRestoredThePrefillNodeIsUsedAgain) {
   std::string error;
   ASSERT_TRUE(StartPrefill(&error)) << error;
-  auto d_args = DecodeArgs("tcp", {},
-                           {"--fabric-address", decode_ip_, "--prefill-peer",
-                            fmt::format("{}:{}", prefill_ip_, prefill_port_)});
-  d_args.insert(d_args.end(), kFlags.begin(), kFlags.end());
-  NodeProcess decode(TinyModelDir(), d_args);
+  NodeProcess decode(TinyModelDir(), DecodeFlags());
   NodeProcess colocated(TinyModelDir(), kFlags);
   ASSERT_TRUE(decode.ok()) << decode.error();
   ASSERT_TRUE(colocated.ok()) << colocated.error();

@@ -40,7 +40,7 @@ Nonce FilledNonce(uint8_t first) {
 }
 
 PrefillRequest SampleRequest() {
-  return PrefillRequest{.request_id = 0x0102030405060708,
+  return PrefillRequest{.transfer_id = 0x0102030405060708,
                         .token_ids = {100000, 200000, 7, 0, 151643},
                         .destination_pages = {900000, 3, 2},
                         .transfer_slot = kMaxTransferSlots - 1,
@@ -53,7 +53,7 @@ PrefillRequest SampleRequest() {
 std::vector<Message> SampleMessages() {
   PrefillRequest no_context = SampleRequest();
   no_context.context_buffer.reset();
-  no_context.request_id = 9;
+  no_context.transfer_id = 9;
   ClusterProof proof;
   for (size_t i = 0; i < proof.size(); ++i) proof[i] = static_cast<uint8_t>(255 - i);
   return {
@@ -67,9 +67,9 @@ std::vector<Message> SampleMessages() {
       HandshakeRefused{.reason = "model fingerprint differs"},
       SampleRequest(),
       no_context,
-      Cancel{.request_id = 77},
-      CancelAck{.request_id = 78},
-      WriteFailed{.request_id = 79, .reason = "fi_writedata: -FI_EIO"},
+      Cancel{.transfer_id = 77},
+      CancelAck{.transfer_id = 78},
+      WriteFailed{.transfer_id = 79, .reason = "fi_writedata: -FI_EIO"},
       Heartbeat{.sequence = 12345},
       LoadReport{.outstanding_prefill_tokens = 1u << 30},
   };
@@ -207,7 +207,7 @@ TEST(ProtocolTest, CorruptLengthFieldsAreRefused) {
 }
 
 TEST(ProtocolTest, VersionMismatchNamesBothVersions) {
-  std::string bytes = Encode(Cancel{.request_id = 5});
+  std::string bytes = Encode(Cancel{.transfer_id = 5});
   bytes[4] = 7;  // version 7
   auto decoded = DecodeMessage(bytes);
   ASSERT_FALSE(decoded.ok());
@@ -233,11 +233,11 @@ TEST(ProtocolTest, BadMagicUnknownTypesAndMisplacedRequestIdsAreRefused) {
     ExpectRefused(bytes, "type " + std::to_string(type));
   }
   bytes = Encode(Heartbeat{.sequence = 1});
-  bytes[12] = 1;  // a request id on a message that concerns no request
-  ExpectRefused(bytes, "request id on a heartbeat");
-  bytes = Encode(Cancel{.request_id = 1});
-  bytes[12] = 0;  // request id 0 on a Cancel
-  ExpectRefused(bytes, "Cancel without request id");
+  bytes[12] = 1;  // a transfer id on a message that concerns no transfer
+  ExpectRefused(bytes, "transfer id on a heartbeat");
+  bytes = Encode(Cancel{.transfer_id = 1});
+  bytes[12] = 0;  // transfer id 0 on a Cancel
+  ExpectRefused(bytes, "Cancel without transfer id");
 }
 
 TEST(ProtocolTest, OutOfRangeValuesAreRefusedOnDecode) {
@@ -303,8 +303,8 @@ TEST(ProtocolTest, EncoderRefusesWhatTheDecoderWould) {
   r.deadline_ms = 0;
   refused(r, "no deadline");
   r = SampleRequest();
-  r.request_id = 0;
-  refused(r, "request id 0");
+  r.transfer_id = 0;
+  refused(r, "transfer id 0");
   refused(HelloAck{}, "node info without ranks");
   NodeInfo node = SampleNode(4, 2);
   node.rank_memory.pop_back();
@@ -312,7 +312,7 @@ TEST(ProtocolTest, EncoderRefusesWhatTheDecoderWould) {
   node = SampleNode(4, 2);
   node.kv.ranks[1].dtype = DType::kF16;
   refused(HelloFinish{.proof = {}, .node = node}, "f16 KV layout");
-  refused(WriteFailed{.request_id = 1, .reason = std::string(kMaxTextBytes + 1, 'x')},
+  refused(WriteFailed{.transfer_id = 1, .reason = std::string(kMaxTextBytes + 1, 'x')},
           "reason too long");
   // Within every count cap but over the message cap.
   r = SampleRequest();

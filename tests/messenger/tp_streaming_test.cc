@@ -186,7 +186,7 @@ TEST_P(MessengerTpStreamTest, EveryRankReceivesItsHeadsFromTheRightRank) {
                                                   [](const std::shared_ptr<StreamJob>&) {});
   auto job = std::make_shared<StreamJob>();
   job->engine_id = "job";
-  job->request_id = 1;
+  job->transfer_id = 1;
   job->peer = *peer;
   job->src = std::make_shared<const std::vector<fabric::RegionId>>(p.regions);
   job->dst = dst;
