@@ -21,9 +21,9 @@
 #include "cli/serve_messenger.h"
 #include "common/logging.h"
 #include "http/cluster_auth.h"
+#include "http/node_url.h"
 #include "kernels/dispatch.h"
 #include "model/fingerprint.h"
-#include "router/router_nodes.h"
 #include "server/node_registration.h"
 #include "server/node_server.h"
 
@@ -46,6 +46,7 @@ struct ServeFlags {
 };
 
 int RunServe(const ServeFlags& f) {
+  PD_ASSIGN_OR_RETURN_CLI(const server::NodeRole role, server::ParseNodeRole(f.role));
   server::NodeServerOptions options;
   PD_ASSIGN_OR_RETURN_CLI(HostPort listen, ParseHostPort("--listen", f.listen));
   options.host = listen.host;
@@ -57,12 +58,12 @@ int RunServe(const ServeFlags& f) {
     return Fail("--router needs the cluster secret the router was given (--cluster-key or " +
                 std::string(http::kClusterKeyEnv) + "): registration is authenticated");
   }
-  if (!f.messenger.decode_peers.empty() && f.role != "prefill") {
+  if (!f.messenger.decode_peers.empty() && role != server::NodeRole::kPrefill) {
     return Fail("--decode-peer is for --role prefill");
   }
   std::vector<std::string> decode_urls;  // normalised: http://host:port
   for (const std::string& peer : f.messenger.decode_peers) {
-    Result<router::NodeAddress> address = router::ParseNodeUrl(peer);
+    Result<http::NodeAddress> address = http::ParseNodeUrl(peer);
     if (!address.ok()) return Fail("--decode-peer: " + address.status().message());
     decode_urls.push_back(address->url);
   }
@@ -110,16 +111,18 @@ int RunServe(const ServeFlags& f) {
   served.tokenizer = std::move(dir.tokenizer);
   PD_ASSIGN_OR_RETURN_CLI(served.engine, Engine::Create(std::move(dir.transformer),
                                                         served.tokenizer.get(), engine_options));
-  NodeMessenger messenger;  // destroyed after node.Stop() stopped the engine, before the engine
-  if (f.role != "colocated") {
+  std::string fingerprint;
+  if (role != server::NodeRole::kColocated) {
     PD_ASSIGN_OR_RETURN_CLI(std::string files, ModelFingerprint(dir.path, dir.config));
     // Fields, so that a refused handshake says what differs (messenger/node_info.h); the
     // weights' dtype changes the forward pass, hence the KV bits.
-    const std::string fingerprint = fmt::format("config={:016x};files={};weights={}",
-                                                dir.config.Fingerprint(), files, f.model.dtype);
-    PD_ASSIGN_OR_RETURN_CLI(
-        messenger, StartMessenger(f.role, f.messenger, fingerprint, served.engine.get(), &served));
+    fingerprint = fmt::format("config={:016x};files={};weights={}", dir.config.Fingerprint(), files,
+                              f.model.dtype);
   }
+  // Its messenger is destroyed with the served model: after node.Stop() stopped the engine,
+  // before the engine.
+  PD_ASSIGN_OR_RETURN_CLI(served.role,
+                          MakeRoleFront(role, f.messenger, fingerprint, served.engine.get()));
   if (Status s = node.SetModel(std::move(served)); !s.ok()) return Fail(s.ToString());
   // A line scripts and tests can wait for.
   std::printf("pdserve serve: ready on http://%s:%d model %s\n", options.host.c_str(), node.port(),
@@ -144,7 +147,6 @@ int RunServe(const ServeFlags& f) {
   node.Drain(rank_failed.load() ? std::chrono::seconds(0)
                                 : std::chrono::seconds(f.http.shutdown_grace_s));
   node.Stop();
-  messenger = NodeMessenger{};
   return rank_failed.load() ? 1 : 0;
 }
 

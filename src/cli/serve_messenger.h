@@ -1,6 +1,6 @@
-// The KV messenger side of `pdserve serve --role prefill|decode`: its flags, and the wiring of
-// a PrefillMessenger or DecodeMessenger into the node's ServedModel (DESIGN.md §1). Used from
-// serve's main thread only.
+// The KV messenger side of `pdserve serve --role prefill|decode`: its flags, and the role's
+// front built from them (server/disagg_fronts.h, DESIGN.md §1). Used from serve's main thread
+// only.
 #pragma once
 
 #include <memory>
@@ -11,9 +11,7 @@
 
 #include "common/status.h"
 #include "engine/engine.h"
-#include "messenger/decode_messenger.h"
-#include "messenger/prefill_messenger.h"
-#include "server/node_server.h"
+#include "server/role_front.h"
 
 namespace pdserve::cli {
 
@@ -37,17 +35,12 @@ struct MessengerFlags {
 
 void AddMessengerFlags(CLI::App* cmd, MessengerFlags* flags);
 
-// Whichever messenger the role needs; destroy it after the engine's loop stopped and before
-// the engine.
-struct NodeMessenger {
-  std::unique_ptr<messenger::PrefillMessenger> prefill;
-  std::unique_ptr<messenger::DecodeMessenger> decode;
-};
-
-// Creates the role's messenger over `engine` and fills the served model's hooks. `fingerprint`
-// identifies the model (config, weights, weight dtype).
-Result<NodeMessenger> StartMessenger(const std::string& role, const MessengerFlags& flags,
-                                     const std::string& fingerprint, Engine* engine,
-                                     server::ServedModel* served);
+// The role's front (server/role_front.h): for prefill and decode, its KV messenger over
+// `engine` with the options the flags give. `fingerprint` identifies the model (config, weights,
+// weight dtype).
+Result<std::unique_ptr<server::RoleFront>> MakeRoleFront(server::NodeRole role,
+                                                         const MessengerFlags& flags,
+                                                         const std::string& fingerprint,
+                                                         Engine* engine);
 
 }  // namespace pdserve::cli

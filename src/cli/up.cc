@@ -8,6 +8,7 @@
 // peers; Ctrl-C/SIGTERM drains and stops all, nodes first, router last.
 #include <unistd.h>
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -25,9 +26,9 @@
 #include "cli/router_process.h"
 #include "cli/up_processes.h"
 #include "common/logging.h"
+#include "common/random_bytes.h"
 #include "fabric/descriptors.h"
 #include "http/cluster_auth.h"
-#include "messenger/cluster_proof.h"
 #include "model/synthetic.h"
 #include "router/router.h"
 
@@ -87,7 +88,8 @@ Result<std::string> DefaultModelDir() {
 
 // A fresh random secret (hex) for this cluster when none is given.
 Result<std::string> RandomSecret() {
-  PD_ASSIGN_OR_RETURN(messenger::Nonce bytes, messenger::MakeNonce());
+  std::array<uint8_t, 32> bytes;
+  PD_RETURN_IF_ERROR(FillRandomBytes(bytes, "a cluster secret"));
   return fabric::HexEncode(
       std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }

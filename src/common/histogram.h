@@ -1,6 +1,6 @@
-// Histogram: a cumulative histogram with fixed upper bounds and its Prometheus text exposition
-// (_bucket/_sum/_count). Used by the node's /metrics and the KV messenger's transfer latency.
-// Thread-compatible: callers lock.
+// Histogram: a histogram with fixed upper bounds (written out by common/metrics_text.h as
+// Prometheus's cumulative _bucket/_sum/_count). Used by the node's /metrics and the KV
+// messenger's transfer latency. Thread-compatible: callers lock.
 #pragma once
 
 #include <cstdint>
@@ -15,8 +15,9 @@ class Histogram {
   void Observe(double value);
   uint64_t count() const { return count_; }
   double sum() const { return sum_; }
-  // Appends "# HELP", "# TYPE" and the _bucket/_sum/_count lines.
-  void Render(const std::string& name, const std::string& help, std::string* out) const;
+  const std::vector<double>& bounds() const { return bounds_; }
+  // Observations per bound (not cumulative), then one more for those above the last bound.
+  const std::vector<uint64_t>& bucket_counts() const { return counts_; }
 
  private:
   std::vector<double> bounds_;

@@ -1,9 +1,8 @@
 #include "messenger/cluster_proof.h"
 
-#include <sys/random.h>
-
-#include <cerrno>
 #include <string>
+
+#include "common/random_bytes.h"
 
 namespace pdserve::messenger {
 namespace {
@@ -14,15 +13,7 @@ constexpr std::string_view kProofLabel = "pdserve-hello";
 
 Result<Nonce> MakeNonce() {
   Nonce nonce;
-  size_t filled = 0;
-  while (filled < nonce.size()) {
-    const ssize_t n = getrandom(nonce.data() + filled, nonce.size() - filled, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Status::FromErrno("getrandom for a handshake nonce", errno);
-    }
-    filled += static_cast<size_t>(n);
-  }
+  PD_RETURN_IF_ERROR(FillRandomBytes(nonce, "a handshake nonce"));
   return nonce;
 }
 

@@ -119,4 +119,13 @@ uint64_t NewIncarnation() {
   return v;
 }
 
+std::string PublishedAddress(const fabric::TransferEngineAddress& address) {
+  return fabric::HexEncode(address.Serialize());
+}
+
+Result<fabric::TransferEngineAddress> ParsePublishedAddress(std::string_view hex) {
+  PD_ASSIGN_OR_RETURN(std::string bytes, fabric::HexDecode(hex));
+  return fabric::TransferEngineAddress::Parse(bytes);
+}
+
 }  // namespace pdserve::messenger

@@ -6,9 +6,11 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
+#include "fabric/descriptors.h"
 #include "kv/layout.h"
 #include "messenger/protocol.h"
 
@@ -33,5 +35,11 @@ Status CheckPeerCompatible(const NodeInfo& prefill, const NodeInfo& decode);
 
 // A fresh random incarnation id (never 0).
 uint64_t NewIncarnation();
+
+// A transfer engine's address as a prefill node publishes it over HTTP
+// (/internal/messenger/fabric_address): the hex of its encoding; and back (errors say what is
+// malformed).
+std::string PublishedAddress(const fabric::TransferEngineAddress& address);
+Result<fabric::TransferEngineAddress> ParsePublishedAddress(std::string_view hex);
 
 }  // namespace pdserve::messenger

@@ -5,13 +5,13 @@
 #include <cerrno>
 #include <csignal>
 #include <optional>
-#include <sstream>
 #include <string_view>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "common/logging.h"
+#include "common/metrics_text.h"
 #include "http/lingering_close.h"
 #include "http/request_id.h"
 #include "http/server_setup.h"
@@ -421,48 +421,44 @@ void Router::HandleMetrics(const httplib::Request& req, httplib::Response& res) 
   // /metrics needs no key, but with one set a scrape without it must not learn where the
   // nodes listen (their ports would bypass the router): nodes are then named by position.
   const bool show_urls = http::HasApiKey(req, options_.api_key);
-  std::ostringstream out;
-  auto header = [&](const char* name, const char* type, const char* help) {
-    out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
-  };
-  header("pdserve:router_requests_total", "counter", "Requests answered, by HTTP status.");
+  MetricsText out;
+  out.Family("pdserve:router_requests_total", MetricType::kCounter,
+             "Requests answered, by HTTP status.");
   {
     MutexLock lock(&metrics_mu_);
     for (const auto& [status, count] : responses_by_status_) {
-      out << "pdserve:router_requests_total{status=\"" << status << "\"} " << count << '\n';
+      out.Sample("pdserve:router_requests_total", {{"status", std::to_string(status)}},
+                 static_cast<double>(count));
     }
   }
-  header("pdserve:router_retries_total", "counter", "Requests sent again to another node.");
-  out << "pdserve:router_retries_total " << retries_.load() << '\n';
-  header("pdserve:router_no_healthy_node_total", "counter", "Requests refused: no healthy node.");
-  out << "pdserve:router_no_healthy_node_total " << no_healthy_node_.load() << '\n';
-  header("pdserve:router_client_disconnects_total", "counter",
-         "Streams whose client left before the end.");
-  out << "pdserve:router_client_disconnects_total " << client_disconnects_.load() << '\n';
+  out.Counter("pdserve:router_retries_total", "Requests sent again to another node.",
+              static_cast<double>(retries_.load()))
+      .Counter("pdserve:router_no_healthy_node_total", "Requests refused: no healthy node.",
+               static_cast<double>(no_healthy_node_.load()))
+      .Counter("pdserve:router_client_disconnects_total",
+               "Streams whose client left before the end.",
+               static_cast<double>(client_disconnects_.load()));
   std::vector<NodeSnapshot> nodes = pool_.Snapshot();
   if (!show_urls) {
     for (size_t i = 0; i < nodes.size(); ++i) nodes[i].url = "node" + std::to_string(i);
   }
-  header("pdserve:router_node_healthy", "gauge", "1 if the node gets traffic.");
-  for (const NodeSnapshot& n : nodes) {
-    out << "pdserve:router_node_healthy{node=\"" << n.url << "\"} " << (n.healthy ? 1 : 0) << '\n';
-  }
-  header("pdserve:router_node_degraded", "gauge",
-         "1 if the node says it serves below its role (/health \"degraded: ...\").");
-  for (const NodeSnapshot& n : nodes) {
-    out << "pdserve:router_node_degraded{node=\"" << n.url << "\"} " << (n.degraded.empty() ? 0 : 1)
-        << '\n';
-  }
-  header("pdserve:router_node_outstanding_requests", "gauge", "Requests in flight on the node.");
-  for (const NodeSnapshot& n : nodes) {
-    out << "pdserve:router_node_outstanding_requests{node=\"" << n.url << "\"} " << n.outstanding
-        << '\n';
-  }
-  header("pdserve:router_node_requests_total", "counter", "Requests sent to the node.");
-  for (const NodeSnapshot& n : nodes) {
-    out << "pdserve:router_node_requests_total{node=\"" << n.url << "\"} " << n.requests << '\n';
-  }
-  res.set_content(out.str(), "text/plain; version=0.0.4");
+  // One family per property, a sample per node.
+  auto per_node = [&](const char* name, MetricType type, const char* help, auto value) {
+    out.Family(name, type, help);
+    for (const NodeSnapshot& n : nodes) {
+      out.Sample(name, {{"node", n.url}}, static_cast<double>(value(n)));
+    }
+  };
+  per_node("pdserve:router_node_healthy", MetricType::kGauge, "1 if the node gets traffic.",
+           [](const NodeSnapshot& n) { return n.healthy ? 1 : 0; });
+  per_node("pdserve:router_node_degraded", MetricType::kGauge,
+           "1 if the node says it serves below its role (/health \"degraded: ...\").",
+           [](const NodeSnapshot& n) { return n.degraded.empty() ? 0 : 1; });
+  per_node("pdserve:router_node_outstanding_requests", MetricType::kGauge,
+           "Requests in flight on the node.", [](const NodeSnapshot& n) { return n.outstanding; });
+  per_node("pdserve:router_node_requests_total", MetricType::kCounter, "Requests sent to the node.",
+           [](const NodeSnapshot& n) { return n.requests; });
+  res.set_content(out.text(), "text/plain; version=0.0.4");
 }
 
 void Router::HandleRegister(const httplib::Request& req, httplib::Response& res) {

@@ -14,18 +14,12 @@
 #include "common/clock.h"
 #include "common/mutex.h"
 #include "common/status.h"
+#include "http/node_url.h"
 
 namespace pdserve::router {
 
-// A node's HTTP address. `url` is the normalized form "http://host:port" used as its key.
-struct NodeAddress {
-  std::string host;
-  int port = 0;
-  std::string url;
-};
-
-// Accepts "http://host:port", "host:port" (and a trailing '/'); https and paths are refused.
-Result<NodeAddress> ParseNodeUrl(std::string_view text);
+using http::NodeAddress;
+using http::ParseNodeUrl;
 
 struct NodePoolOptions {
   // Consecutive failed health checks after which a node gets no traffic.

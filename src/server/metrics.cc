@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include <fmt/format.h>
+#include "common/metrics_text.h"
 
 namespace pdserve::server {
 
@@ -17,10 +17,6 @@ const std::vector<double> kItlBounds = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2
 const std::vector<double> kE2eBounds = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.5,
                                         5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
                                         60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
-
-void Gauge(const std::string& name, const std::string& help, double value, std::string* out) {
-  *out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n{} {}\n", name, help, name, name, value);
-}
 
 }  // namespace
 
@@ -56,53 +52,46 @@ void ServerMetrics::RequestFailed(int http_status) {
 }
 
 std::string ServerMetrics::Render(const EngineStats& stats) const {
-  std::string out;
-  Gauge("pdserve:num_requests_running", "Requests in the engine's running batch.", stats.running,
-        &out);
-  Gauge("pdserve:num_requests_waiting", "Requests queued in the engine, not yet running.",
-        stats.waiting, &out);
-  Gauge("pdserve:kv_cache_usage_perc", "Fraction of KV cache pages in use (0 to 1).",
-        stats.pages_total > 0 ? static_cast<double>(stats.pages_used) / stats.pages_total : 0.0,
-        &out);
-  // The page pool in pages: on a decode node, pages held for KV in flight count as used.
-  Gauge("pdserve:kv_pages_used", "KV cache pages in use (allocated, held or pinned).",
-        stats.pages_used, &out);
-  Gauge("pdserve:kv_pages_total", "KV cache pages in the pool.", stats.pages_total, &out);
-  Gauge("pdserve:tensor_parallel_size", "Tensor-parallel ranks computing each step.", stats.tp_size,
-        &out);
-  out += fmt::format(
-      "# HELP pdserve:num_preemptions_total Sequences preempted for lack of KV pages.\n"
-      "# TYPE pdserve:num_preemptions_total counter\npdserve:num_preemptions_total {}\n",
-      stats.preemptions);
+  MetricsText out;
+  out.Gauge("pdserve:num_requests_running", "Requests in the engine's running batch.",
+            stats.running)
+      .Gauge("pdserve:num_requests_waiting", "Requests queued in the engine, not yet running.",
+             stats.waiting)
+      .Gauge(
+          "pdserve:kv_cache_usage_perc", "Fraction of KV cache pages in use (0 to 1).",
+          stats.pages_total > 0 ? static_cast<double>(stats.pages_used) / stats.pages_total : 0.0)
+      // The page pool in pages: on a decode node, pages held for KV in flight count as used.
+      .Gauge("pdserve:kv_pages_used", "KV cache pages in use (allocated, held or pinned).",
+             stats.pages_used)
+      .Gauge("pdserve:kv_pages_total", "KV cache pages in the pool.", stats.pages_total)
+      .Gauge("pdserve:tensor_parallel_size", "Tensor-parallel ranks computing each step.",
+             stats.tp_size)
+      .Counter("pdserve:num_preemptions_total", "Sequences preempted for lack of KV pages.",
+               static_cast<double>(stats.preemptions));
   MutexLock lock(&mu_);
-  out += fmt::format(
-      "# HELP pdserve:prompt_tokens_total Prompt tokens processed.\n"
-      "# TYPE pdserve:prompt_tokens_total counter\npdserve:prompt_tokens_total {}\n",
-      prompt_tokens_);
-  out += fmt::format(
-      "# HELP pdserve:generation_tokens_total Tokens generated.\n"
-      "# TYPE pdserve:generation_tokens_total counter\npdserve:generation_tokens_total {}\n",
-      generation_tokens_);
-  out +=
-      "# HELP pdserve:request_success_total Requests finished, by finish reason.\n"
-      "# TYPE pdserve:request_success_total counter\n";
+  out.Counter("pdserve:prompt_tokens_total", "Prompt tokens processed.",
+              static_cast<double>(prompt_tokens_))
+      .Counter("pdserve:generation_tokens_total", "Tokens generated.",
+               static_cast<double>(generation_tokens_))
+      .Family("pdserve:request_success_total", MetricType::kCounter,
+              "Requests finished, by finish reason.");
   for (const char* reason : {"stop", "length"}) {
     auto it = success_.find(reason);
-    out += fmt::format("pdserve:request_success_total{{finished_reason=\"{}\"}} {}\n", reason,
-                       it == success_.end() ? 0 : it->second);
+    out.Sample("pdserve:request_success_total", {{"finished_reason", reason}},
+               static_cast<double>(it == success_.end() ? 0 : it->second));
   }
-  out +=
-      "# HELP pdserve:request_error_total Requests answered with an error, by HTTP status.\n"
-      "# TYPE pdserve:request_error_total counter\n";
+  out.Family("pdserve:request_error_total", MetricType::kCounter,
+             "Requests answered with an error, by HTTP status.");
   for (const auto& [status, n] : errors_) {
-    out += fmt::format("pdserve:request_error_total{{status=\"{}\"}} {}\n", status, n);
+    out.Sample("pdserve:request_error_total", {{"status", std::to_string(status)}},
+               static_cast<double>(n));
   }
-  ttft_.Render("pdserve:time_to_first_token_seconds", "Time to first token.", &out);
-  itl_.Render("pdserve:inter_token_latency_seconds", "Time between consecutive output tokens.",
-              &out);
-  e2e_.Render("pdserve:e2e_request_latency_seconds", "Request latency, arrival to last token.",
-              &out);
-  return out;
+  out.Histogram("pdserve:time_to_first_token_seconds", "Time to first token.", ttft_)
+      .Histogram("pdserve:inter_token_latency_seconds", "Time between consecutive output tokens.",
+                 itl_)
+      .Histogram("pdserve:e2e_request_latency_seconds", "Request latency, arrival to last token.",
+                 e2e_);
+  return out.text();
 }
 
 }  // namespace pdserve::server

@@ -175,9 +175,9 @@ Status NodeServer::Impl::Submit(const Prepared& p, RequestDrain& drain) {
   EngineRequest request;
   request.prompt = p.prompt;
   request.params = p.request.params;
-  if (model.submit) {
+  if (model.role) {
     return drain.Submit(std::move(request), [this, &p](EngineRequest r) {
-      return model.submit(std::move(r), p.prefill_peer);
+      return model.role->Submit(*model.engine, std::move(r), p.prefill_peer);
     });
   }
   return drain.Submit(std::move(request));
@@ -186,7 +186,7 @@ Status NodeServer::Impl::Submit(const Prepared& p, RequestDrain& drain) {
 void NodeServer::Impl::HandleGenerate(ApiKind kind, const httplib::Request& req,
                                       httplib::Response& res) {
   if (!ready.load(std::memory_order_acquire)) return SendError(res, Loading());
-  if (!model.api_enabled) {
+  if (model.role && !model.role->serves_generation()) {
     return SendError(res,
                      ApiError::NotFound(req.method, req.path + " (this is a prefill node; "
                                                                "send requests to a decode node)"));
@@ -370,7 +370,7 @@ void NodeServer::Impl::HandleHealth(httplib::Response& res, bool readiness) {
                     "text/plain");
     return;
   }
-  const std::string degraded = model.degraded ? model.degraded() : "";
+  const std::string degraded = model.role ? model.role->Degraded() : "";
   if (degraded.empty()) return res.set_content("ok\n", "text/plain");
   // Alive and answering (/health 200), but not what its role promises: a load balancer that
   // reads /ready sends its traffic elsewhere.
@@ -380,21 +380,24 @@ void NodeServer::Impl::HandleHealth(httplib::Response& res, bool readiness) {
 
 void NodeServer::Impl::HandleMetrics(httplib::Response& res) {
   const EngineStats stats = ready.load() ? model.engine->stats() : EngineStats{};
-  std::string text = metrics.Render(stats);
-  if (ready.load() && model.extra_metrics) text += model.extra_metrics();
-  res.set_content(text, "text/plain; version=0.0.4");
+  MetricsText text;
+  text.Append(metrics.Render(stats));
+  if (ready.load() && model.role) model.role->AppendMetrics(text);
+  res.set_content(text.text(), "text/plain; version=0.0.4");
 }
 
 void NodeServer::Impl::HandleJoin(const httplib::Request& req, httplib::Response& res) {
   if (!ready.load()) return SendError(res, Loading());
-  if (!model.join) return SendError(res, ApiError::NotFound("POST", req.path));
+  if (!model.role || model.role->role() != NodeRole::kDecode) {
+    return SendError(res, ApiError::NotFound("POST", req.path));
+  }
   // The cluster proof was checked before routing (http/server_setup.h).
   json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (!body.is_object() || !body.contains("url") || !body["url"].is_string()) {
     return SendError(res, ApiError::InvalidRequest("expected {\"url\": \"http://host:port\"}",
                                                    "url", "invalid_registration"));
   }
-  if (Status s = model.join(body["url"].get<std::string>()); !s.ok()) {
+  if (Status s = model.role->Join(body["url"].get<std::string>()); !s.ok()) {
     return SendError(res, ApiError::InvalidRequest(s.message(), "url", "invalid_registration"));
   }
   res.set_content(json{{"joined", true}}.dump(), "application/json");
@@ -478,11 +481,11 @@ NodeServer::NodeServer(NodeServerOptions options)
   http_->Get(R"(/internal/messenger/([a-z_]+))",
              [impl](const httplib::Request& req, httplib::Response& res) {
                if (!impl->ready.load()) return SendError(res, Loading());
-               const auto& routes = impl->model.internal_routes;
-               auto route = routes.find(req.matches[1]);
-               if (route == routes.end())
-                 return SendError(res, ApiError::NotFound("GET", req.path));
-               res.set_content(route->second(), "text/plain");
+               Result<std::string> body =
+                   impl->model.role ? impl->model.role->InternalRoute(req.matches[1].str())
+                                    : Result<std::string>(Status::NotFound("no role routes"));
+               if (!body.ok()) return SendError(res, ApiError::NotFound("GET", req.path));
+               res.set_content(*body, "text/plain");
              });
   http_->set_logger([impl](const httplib::Request& req, const httplib::Response& res) {
     if (res.status >= 400) impl->metrics.RequestFailed(res.status);

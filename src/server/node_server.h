@@ -24,6 +24,7 @@
 #include "common/status.h"
 #include "engine/engine.h"
 #include "server/metrics.h"
+#include "server/role_front.h"
 #include "tokenizer/tokenizer.h"
 
 namespace pdserve::http {
@@ -53,23 +54,10 @@ struct ServedModel {
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<Engine> engine;  // the server starts its loop thread
   int max_model_len = 0;
-  // Disaggregated roles (the KV messenger; cli/serve.cc wires it). Decode: generation requests
-  // go through `submit` (remote prefill; the second argument is the X-Prefill-Peer header, ""
-  // without one) instead of engine->Submit. Prefill: `api_enabled` is false and the
-  // generation API answers 404. `extra_metrics` is appended to /metrics; `internal_routes`
-  // are served as GET /internal/messenger/NAME (e.g. the fabric address peers resolve).
-  // Decode: `join` takes POST /internal/messenger/join {"url": "http://host:port"} from a
-  // prefill node that joins this one (unset: 404). Called on HTTP threads; each must be
-  // thread-safe.
-  std::function<Status(EngineRequest, const std::string&)> submit;
-  bool api_enabled = true;
-  std::function<std::string()> extra_metrics;
-  std::map<std::string, std::function<std::string()>> internal_routes;
-  std::function<Status(const std::string& url)> join;
-  // Why the node serves below its role ("" if it does not): a decode node with no usable
-  // prefill peer. /health then says "degraded: <why>" (still 200: it answers requests) and
-  // /ready answers 503.
-  std::function<std::string()> degraded;
+  // What the node's role adds (server/role_front.h): how generation requests are submitted,
+  // /metrics, /health's "degraded: <why>" (200; /ready 503), /internal/messenger/ routes, joins.
+  // Null: colocated. After `engine`, so destroyed before it (after the engine loop stopped).
+  std::unique_ptr<RoleFront> role;
 };
 
 class NodeServer {

@@ -49,10 +49,12 @@ TEST(MessengerCancelTest, ClientGoneMidPrefillCancelsOnBothNodes) {
   ASSERT_TRUE(StreamThenDrop(c.decode->port(), prompt, 8, 10000, [p] {
     return NodeMetric(p, "pdserve:messenger_requests_in_flight") == 1;
   }));
-  EXPECT_EQ(WaitForMetric(c.decode->port(), "pdserve:messenger_requests_cancelled", 1, 10000), 1)
+  EXPECT_EQ(WaitForMetric(c.decode->port(), "pdserve:messenger_requests_cancelled_total", 1, 10000),
+            1)
       << "the decode node sent no Cancel";
   // Counted on P only if the job was still running when the Cancel came.
-  EXPECT_EQ(WaitForMetric(c.prefill->port(), "pdserve:messenger_requests_cancelled", 1, 10000), 1)
+  EXPECT_EQ(
+      WaitForMetric(c.prefill->port(), "pdserve:messenger_requests_cancelled_total", 1, 10000), 1)
       << "the prefill node did not stop a running job";
   ExpectNodeDrained(c.prefill->port());
   ExpectNodeDrained(c.decode->port());
@@ -103,8 +105,8 @@ TEST_P(MessengerCancelStormTest, RandomDisconnectsLeaveNothingBehind) {
   ExpectNodeDrained(c.decode->port(), 20000);
   EXPECT_EQ(NodeMetric(c.decode->port(), "pdserve:messenger_slots_in_use"), 0);
   // The storm cancelled transfers in flight on both sides, not only finished requests.
-  EXPECT_GT(NodeMetric(c.decode->port(), "pdserve:messenger_requests_cancelled"), 0);
-  EXPECT_GT(NodeMetric(c.prefill->port(), "pdserve:messenger_requests_cancelled"), 0);
+  EXPECT_GT(NodeMetric(c.decode->port(), "pdserve:messenger_requests_cancelled_total"), 0);
+  EXPECT_GT(NodeMetric(c.prefill->port(), "pdserve:messenger_requests_cancelled_total"), 0);
   const Completion after = Complete(c.decode->port(), reference_prompt, 8);
   ASSERT_EQ(after.status, 200) << after.body.dump();
   EXPECT_EQ(after.token_ids, before.token_ids);

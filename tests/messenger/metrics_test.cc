@@ -87,8 +87,16 @@ TEST(MessengerMetricsTest, BothNodesCountTheSameTransfer) {
   EXPECT_EQ(NodeMetric(decode.port(), "pdserve:messenger_requests_waiting_kv"), 0);
   EXPECT_EQ(NodeMetric(decode.port(), "pdserve:messenger_requests_expired_total"), 0);
   EXPECT_EQ(NodeMetric(prefill.port(), "pdserve:messenger_requests_expired_total"), 0);
-  EXPECT_EQ(NodeMetric(decode.port(), "pdserve:messenger_requests_failed"), 0);
-  EXPECT_EQ(NodeMetric(decode.port(), "pdserve:messenger_requests_retried"), 0);
+  EXPECT_EQ(NodeMetric(decode.port(), "pdserve:messenger_requests_failed_total"), 0);
+  EXPECT_EQ(NodeMetric(decode.port(), "pdserve:messenger_requests_retried_total"), 0);
+  // Counts are exported as counters (one writer: common/metrics_text.h).
+  const std::string text = GetText(decode.port(), "/metrics").second;
+  for (const char* counter :
+       {"pdserve:messenger_requests_retried_total", "pdserve:messenger_requests_failed_total",
+        "pdserve:messenger_requests_cancelled_total", "pdserve:decode_remote_prefills_total"}) {
+    EXPECT_NE(text.find(std::string("# TYPE ") + counter + " counter\n"), std::string::npos)
+        << counter;
+  }
   for (int port : {prefill.port(), decode.port()}) {
     EXPECT_EQ(WaitForMetric(port, "pdserve:kv_pages_used", 0, 5000), 0) << "port " << port;
   }

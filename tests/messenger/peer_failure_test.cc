@@ -205,7 +205,7 @@ void ExpectRetriedOnSecondPrefill(int fault) {
   const Completion got = pending.get();
   ASSERT_EQ(got.status, 200) << got.body.dump();
   EXPECT_EQ(got.token_ids, want.token_ids);
-  EXPECT_EQ(NodeMetric(decode->port(), "pdserve:messenger_requests_retried"), 1);
+  EXPECT_EQ(NodeMetric(decode->port(), "pdserve:messenger_requests_retried_total"), 1);
   ExpectNodeDrained(decode->port());
   ExpectNodeDrained(survivor->port());
   if (fault == SIGSTOP) kill(victim->pid(), SIGKILL);  // a stopped process cannot take SIGTERM

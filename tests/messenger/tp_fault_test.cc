@@ -249,7 +249,7 @@ TEST(TpFaultTest, PrefillNodeLosingARankIsRetriedOnTheOther) {
   const Completion got = pending.get();
   ASSERT_EQ(got.status, 200) << got.body.dump() << "\nvictim's log:\n" << victim->Log();
   EXPECT_EQ(got.token_ids, want.token_ids);
-  EXPECT_EQ(NodeMetric(decode.port(), "pdserve:messenger_requests_retried"), 1);
+  EXPECT_EQ(NodeMetric(decode.port(), "pdserve:messenger_requests_retried_total"), 1);
   EXPECT_EQ(victim->node().Wait(15000), 1) << victim->Log();
   EXPECT_TRUE(Contains(victim->Log(), "group failed: rank 1 (pid " + Pid(rank1) +
                                           ") killed by signal 9: the node stops"))

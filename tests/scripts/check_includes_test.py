@@ -52,6 +52,28 @@ class CheckIncludesTest(unittest.TestCase):
                           result.stdout)
             self.assertEqual(len(result.stdout.splitlines()), 2, result.stdout)
 
+    def test_cli_reaches_the_messenger_through_server_and_the_router_only_from_its_commands(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            src = pathlib.Path(tmp) / "src"
+            (src / "cli").mkdir(parents=True)
+            # The router's commands may include router/; any other cli file may not, and no
+            # cli file may include messenger/.
+            (src / "cli" / "up.cc").write_text('#include "router/router.h"\n')
+            (src / "cli" / "router.cc").write_text('#include "router/router.h"\n')
+            self.assertEqual(run_checker(src).returncode, 0)
+            (src / "cli" / "serve.cc").write_text(
+                '#include "server/role_front.h"\n#include "messenger/decode_messenger.h"\n'
+                '#include "router/router_nodes.h"\n')
+            (src / "cli" / "up.cc").write_text(
+                '#include "router/router.h"\n#include "messenger/cluster_proof.h"\n')
+            result = run_checker(src)
+            print(result.stdout + result.stderr)  # the issue quotes this output
+            self.assertEqual(result.returncode, 1)
+            self.assertIn("cli/serve.cc:2: cli/ may not include messenger/", result.stdout)
+            self.assertIn("cli/serve.cc:3: cli/ may not include router/", result.stdout)
+            self.assertIn("cli/up.cc:2: cli/ may not include messenger/", result.stdout)
+            self.assertEqual(len(result.stdout.splitlines()), 3, result.stdout)
+
     def test_module_may_include_itself_and_third_party_paths(self):
         with tempfile.TemporaryDirectory() as tmp:
             src = pathlib.Path(tmp) / "src"

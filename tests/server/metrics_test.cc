@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/metrics_text.h"
+
 namespace pdserve::server {
 namespace {
 
@@ -11,8 +13,7 @@ TEST(MetricsTest, HistogramIsCumulative) {
   h.Observe(0.05);
   h.Observe(0.5);
   h.Observe(5.0);
-  std::string out;
-  h.Render("x", "help", &out);
+  const std::string out = MetricsText().Histogram("x", "help", h).text();
   EXPECT_NE(out.find("x_bucket{le=\"0.1\"} 1\n"), std::string::npos) << out;
   EXPECT_NE(out.find("x_bucket{le=\"1\"} 2\n"), std::string::npos) << out;
   EXPECT_NE(out.find("x_bucket{le=\"+Inf\"} 3\n"), std::string::npos) << out;
