@@ -74,7 +74,9 @@ void Connection::CountIn(std::atomic<size_t>* counter) {
 
 void Connection::Consume(size_t n) {
   begin_ += std::min(n, buffer_.size() - begin_);
-  head_scan_ -= std::min(head_scan_, n);
+  // The next head starts elsewhere now: scanned afresh.
+  head_scanner_ = HeadScanner();
+  head_state_ = ScanState::kIncomplete;
   if (begin_ == buffer_.size()) {
     buffer_.clear();
     begin_ = 0;
@@ -105,12 +107,30 @@ ssize_t Connection::ReadAvailable(size_t max_bytes) {
   return static_cast<ssize_t>(total);
 }
 
-bool Connection::HasCompleteHead() {
-  const std::string_view p = pending();
-  if (p.find("\r\n\r\n", head_scan_) != std::string_view::npos) return true;
-  // A blank line found later starts at most 3 bytes before today's end.
-  head_scan_ = p.size() < 3 ? 0 : p.size() - 3;
-  return false;
+ssize_t Connection::ReadWithin(Duration timeout) {
+  if (!WaitFor(fd_, POLLIN, timeout)) return 0;
+  return ReadAvailable(4 * kReadChunk);
+}
+
+ScanState Connection::ExamineHead() {
+  if (head_state_ != ScanState::kIncomplete) return head_state_;
+  if (!head_scanner_.started()) {
+    while (pending().starts_with("\r\n")) Consume(2);
+    if (pending() == "\r") return ScanState::kIncomplete;  // perhaps another empty line
+  }
+  head_state_ = head_scanner_.Scan(pending());
+  if (head_state_ == ScanState::kMalformed) {
+    head_problem_ = head_scanner_.problem();
+  } else if (head_state_ == ScanState::kComplete) {
+    Result<RequestFraming> framing = ParseFraming(pending().substr(0, head_scanner_.head_size()));
+    if (framing.ok()) {
+      framing_ = *framing;
+    } else {
+      head_state_ = ScanState::kMalformed;
+      head_problem_ = framing.status().message();
+    }
+  }
+  return head_state_;
 }
 
 bool ConnectionStream::is_readable() const {
@@ -128,6 +148,8 @@ bool ConnectionStream::is_writable() const {
 }
 
 ssize_t ConnectionStream::read(char* ptr, size_t size) {
+  size = static_cast<size_t>(std::min<uint64_t>(size, unread()));
+  if (size == 0) return 0;  // the request's end: what follows is the next request's
   if (conn_.pending().empty()) {
     if (!is_readable()) return -1;
     if (size >= kReadChunk) {

@@ -170,7 +170,7 @@ void Router::InstallRoutes() {
   posts.push_back(
       {"/internal/register",
        [this](const httplib::Request& req, httplib::Response& res) { HandleRegister(req, res); }});
-  http::AddPostRoutes(server_, options_.max_body_bytes, std::move(posts));
+  http::AddPostRoutes(server_, std::move(posts));
   server_.Get("/v1/models", forward);
   server_.Get("/v1/models/(.+)", forward);
   server_.Get("/health",
