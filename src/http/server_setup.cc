@@ -19,6 +19,7 @@
 #include "common/logging.h"
 #include "common/sha256.h"
 #include "http/cluster_auth.h"
+#include "http/cluster_proof_cache.h"
 #include "http/lingering_close.h"
 #include "http/request_id.h"
 
@@ -116,6 +117,16 @@ std::string BodyRefusal(const httplib::Request& req) {
   return "";
 }
 
+// What an /internal/ request is answered when its proof is refused: `proof` failed, or
+// verified but was taken before (a replay).
+ApiError ProofRefusal(const Result<ClusterProofStamp>& proof) {
+  if (proof.ok()) return ApiError::ClusterProofRejected("cluster proof already used (a replay)");
+  if (proof.status().code() == StatusCode::kFailedPrecondition) {
+    return ApiError::InternalDisabled(proof.status().message());
+  }
+  return ApiError::ClusterProofRejected(proof.status().message());
+}
+
 }  // namespace
 
 void SendError(httplib::Response& res, const ApiError& error) {
@@ -186,9 +197,12 @@ void ConfigureServer(Server& server, const ServerConfig& config) {
   // wait for an ACK.
   server.set_tcp_nodelay(true);
 
+  // Proofs accepted by this server, each once (http/cluster_proof_cache.h).
+  auto spent_proofs = std::make_shared<ClusterProofReplayCache>();
   server.set_pre_routing_handler([api_key = config.api_key, cluster_key = config.cluster_key,
-                                  open_paths = config.open_paths, max_body = config.max_body_bytes](
-                                     const httplib::Request& req, httplib::Response& res) {
+                                  open_paths = config.open_paths, max_body = config.max_body_bytes,
+                                  spent_proofs](const httplib::Request& req,
+                                                httplib::Response& res) {
     res.set_header(kRequestIdHeader, ChooseRequestId(req.get_header_value(kRequestIdHeader)));
     // Refused from the header: http::Server left the body unread (it reads none over the
     // limit), so the connection closes after the answer.
@@ -196,15 +210,15 @@ void ConfigureServer(Server& server, const ServerConfig& config) {
       SendErrorAndClose(req, res, ApiError::PayloadTooLarge());
       return httplib::Server::HandlerResponse::Handled;
     }
-    // Cluster-internal endpoints answer only to the cluster's own processes, key or no key.
+    // Cluster-internal endpoints answer only to the cluster's own processes, key or no key,
+    // and each proof (which covers the body, read by now) only once.
     if (req.path.starts_with(kInternalPathPrefix)) {
-      const Status proof = VerifyClusterAuth(req, cluster_key);
-      if (proof.ok()) return httplib::Server::HandlerResponse::Unhandled;
+      Result<ClusterProofStamp> proof = VerifyClusterAuth(req, cluster_key);
+      if (proof.ok() && spent_proofs->Admit(*proof)) {
+        return httplib::Server::HandlerResponse::Unhandled;
+      }
       // Closed after the answer: whoever sends a bad proof has nothing more to say here.
-      SendErrorAndClose(req, res,
-                        proof.code() == StatusCode::kFailedPrecondition
-                            ? ApiError::InternalDisabled(proof.message())
-                            : ApiError::ClusterProofRejected(proof.message()));
+      SendErrorAndClose(req, res, ProofRefusal(proof));
       return httplib::Server::HandlerResponse::Handled;
     }
     const bool open = std::find(open_paths.begin(), open_paths.end(), req.path) != open_paths.end();

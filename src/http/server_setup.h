@@ -59,8 +59,8 @@ struct ServerConfig {
 };
 
 // Applies `config` to `server` and installs its pre-routing handler (request id, API key or
-// cluster proof for /internal/, and 413 at once for a declared Content-Length over the
-// limit), error handler
+// cluster proof for /internal/ — checked against the body, and each proof taken once — and
+// 413 at once for a declared Content-Length over the limit), error handler
 // (404/405/413/414/431/400 from httplib in the OpenAI shape), exception handler (500 with the
 // request id; the exception's text goes to the log only) and post-routing handler (HTTP/1.0
 // clients get streams without chunked framing, ended by closing the connection). Call before
