@@ -138,13 +138,18 @@ bool ConnectionStream::is_readable() const {
 }
 
 bool ConnectionStream::is_writable() const {
-  if (!WaitFor(conn_.fd(), POLLOUT, write_timeout_)) return false;
-  // Like httplib's is_socket_alive: a readable socket whose peek finds the end of the stream
-  // belongs to a client that went away.
-  pollfd p{conn_.fd(), POLLIN, 0};
-  if (poll(&p, 1, 0) <= 0) return true;
-  char byte;
-  return recv(conn_.fd(), &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+  // One poll for both questions in the usual case (room to write, nothing to read): httplib
+  // asks before every write, and a stream writes once per event.
+  pollfd p{conn_.fd(), POLLOUT | POLLIN, 0};
+  if (poll(&p, 1, 0) < 0) return false;
+  if ((p.revents & POLLIN) != 0) {
+    // Like httplib's is_socket_alive: a readable socket whose peek finds the end of the stream
+    // belongs to a client that went away.
+    char byte;
+    if (recv(conn_.fd(), &byte, 1, MSG_PEEK | MSG_DONTWAIT) <= 0) return false;
+  }
+  if ((p.revents & (POLLERR | POLLHUP)) != 0) return false;
+  return (p.revents & POLLOUT) != 0 || WaitFor(conn_.fd(), POLLOUT, write_timeout_);
 }
 
 ssize_t ConnectionStream::read(char* ptr, size_t size) {
@@ -168,10 +173,16 @@ ssize_t ConnectionStream::read(char* ptr, size_t size) {
 }
 
 ssize_t ConnectionStream::write(const char* ptr, size_t size) {
-  if (!is_writable()) return -1;
+  // httplib asks is_writable() (which also notices a client that left) before each piece of a
+  // stream; the send itself waits only when the socket's buffer is full.
   for (;;) {
-    const ssize_t n = send(conn_.fd(), ptr, size, MSG_NOSIGNAL);
-    if (n >= 0 || errno != EINTR) return n;
+    const ssize_t n = send(conn_.fd(), ptr, size, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) return n;
+    if (errno == EINTR) continue;
+    if ((errno != EAGAIN && errno != EWOULDBLOCK) ||
+        !WaitFor(conn_.fd(), POLLOUT, write_timeout_)) {
+      return -1;
+    }
   }
 }
 

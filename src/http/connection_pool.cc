@@ -260,7 +260,12 @@ void ConnectionPool::WorkerLoop() {
     std::unique_ptr<Connection> conn;
     {
       MutexLock lock(&mu_);
-      while (ready_.empty() && !stopping_.load()) ready_cv_.WaitFor(&mu_, std::chrono::seconds(1));
+      // Work and shutdown both notify; the bound is a backstop only. (At one second, the
+      // router's 256 idle workers woke together every second and stalled what was being
+      // served on a small machine.)
+      while (ready_.empty() && !stopping_.load()) {
+        ready_cv_.WaitFor(&mu_, std::chrono::seconds(60));
+      }
       // Heads already whole when the server stopped are still answered (as httplib's pool
       // runs the tasks queued before its shutdown).
       if (ready_.empty()) return;
