@@ -138,8 +138,8 @@ bool ConnectionStream::is_readable() const {
 }
 
 bool ConnectionStream::is_writable() const {
-  // One poll for both questions in the usual case (room to write, nothing to read): httplib
-  // asks before every write, and a stream writes once per event.
+  // One poll for both questions in the usual case (room to write, nothing to read): write()
+  // asks before every send, and a stream sends once per event.
   pollfd p{conn_.fd(), POLLOUT | POLLIN, 0};
   if (poll(&p, 1, 0) < 0) return false;
   if ((p.revents & POLLIN) != 0) {
@@ -173,8 +173,9 @@ ssize_t ConnectionStream::read(char* ptr, size_t size) {
 }
 
 ssize_t ConnectionStream::write(const char* ptr, size_t size) {
-  // httplib asks is_writable() (which also notices a client that left) before each piece of a
-  // stream; the send itself waits only when the socket's buffer is full.
+  // Before every write, as httplib's SocketStream: a client that left is noticed here, before
+  // another token is made for it (a send to a closed peer still succeeds once).
+  if (!is_writable()) return -1;
   for (;;) {
     const ssize_t n = send(conn_.fd(), ptr, size, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n >= 0) return n;
