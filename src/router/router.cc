@@ -189,7 +189,11 @@ void Router::HandleForward(const httplib::Request& req, httplib::Response& res) 
     Finish(request_id, req, start, Outcome{"-", res.status, 0, res.body.size(), "shutdown"});
     return;
   }
-  UpstreamRequest upstream{req.method, req.target.empty() ? req.path : req.target, {}, req.body};
+  // Only POST routes take a body: a GET's (http::Server read it whole) goes no further.
+  UpstreamRequest upstream{req.method,
+                           req.target.empty() ? req.path : req.target,
+                           {},
+                           req.method == "POST" ? req.body : std::string()};
   for (const char* key : kForwardedHeaders) {
     if (req.has_header(key)) upstream.headers.emplace(key, req.get_header_value(key));
   }
