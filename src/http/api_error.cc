@@ -61,8 +61,18 @@ ApiError ApiError::UriTooLong() {
   return Make(414, kInvalidRequest, "uri_too_long", "request URI too long");
 }
 
-ApiError ApiError::RequestTimeout() {
-  return Make(408, kInvalidRequest, "request_timeout", "the request head did not arrive in time");
+ApiError ApiError::RequestTimeout(std::string message) {
+  return Make(408, kInvalidRequest, "request_timeout", std::move(message));
+}
+
+ApiError ApiError::MalformedRequest(std::string_view problem) {
+  std::string message = "malformed request: ";
+  message.append(problem);
+  return Make(400, kInvalidRequest, "malformed_request", std::move(message));
+}
+
+ApiError ApiError::UnsupportedMediaType(std::string message) {
+  return Make(415, kInvalidRequest, "unsupported_media_type", std::move(message));
 }
 
 ApiError ApiError::HeaderTooLarge() {

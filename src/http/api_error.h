@@ -42,8 +42,15 @@ struct ApiError {
   // 400 context_length_exceeded: the prompt does not fit the model (400, as OpenAI and vLLM
   // answer it: SDKs raise BadRequestError with the code).
   static ApiError ContextLengthExceeded(std::string message, std::string param = "");
-  // 408 request_timeout: the request head did not arrive within the server's header timeout.
-  static ApiError RequestTimeout();
+  // 408 request_timeout: the request head did not arrive within the server's header timeout
+  // (or, as `message` says, its body within the read timeout).
+  static ApiError RequestTimeout(std::string message = "the request head did not arrive in time");
+  // 400 malformed_request: a request whose head or chunked body breaks HTTP/1.1's syntax or
+  // frames its body ambiguously (http/request_framing.h); `problem` names the fault.
+  static ApiError MalformedRequest(std::string_view problem);
+  // 415 unsupported_media_type: a body whose Content-Type or Content-Encoding the route does
+  // not take; the message says what it takes.
+  static ApiError UnsupportedMediaType(std::string message);
   // 414 uri_too_long.
   static ApiError UriTooLong();
   // 431 request_header_fields_too_large: a header line over the server's limit.
@@ -59,7 +66,8 @@ struct ApiError {
   static ApiError Timeout(std::string message, std::string code = "timeout");
   // 502 server_error: the router's node failed ("upstream_unreachable", "upstream_broken").
   static ApiError BadGateway(std::string message, std::string code);
-  // 500 internal_error: a bug; the message says what.
+  // 500 internal_error: a bug; the message says what (never an exception's text: that is for
+  // the log).
   static ApiError Internal(std::string message);
   // Another 4xx/5xx status with no more specific constructor (httplib's own parse errors).
   static ApiError ForHttpStatus(int http_status);

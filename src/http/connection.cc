@@ -74,7 +74,9 @@ void Connection::CountIn(std::atomic<size_t>* counter) {
 
 void Connection::Consume(size_t n) {
   begin_ += std::min(n, buffer_.size() - begin_);
-  head_scan_ -= std::min(head_scan_, n);
+  // The next head starts elsewhere now: scanned afresh.
+  head_scanner_ = HeadScanner();
+  head_state_ = ScanState::kIncomplete;
   if (begin_ == buffer_.size()) {
     buffer_.clear();
     begin_ = 0;
@@ -105,12 +107,30 @@ ssize_t Connection::ReadAvailable(size_t max_bytes) {
   return static_cast<ssize_t>(total);
 }
 
-bool Connection::HasCompleteHead() {
-  const std::string_view p = pending();
-  if (p.find("\r\n\r\n", head_scan_) != std::string_view::npos) return true;
-  // A blank line found later starts at most 3 bytes before today's end.
-  head_scan_ = p.size() < 3 ? 0 : p.size() - 3;
-  return false;
+ssize_t Connection::ReadWithin(Duration timeout) {
+  if (!WaitFor(fd_, POLLIN, timeout)) return 0;
+  return ReadAvailable(4 * kReadChunk);
+}
+
+ScanState Connection::ExamineHead() {
+  if (head_state_ != ScanState::kIncomplete) return head_state_;
+  if (!head_scanner_.started()) {
+    while (pending().starts_with("\r\n")) Consume(2);
+    if (pending() == "\r") return ScanState::kIncomplete;  // perhaps another empty line
+  }
+  head_state_ = head_scanner_.Scan(pending());
+  if (head_state_ == ScanState::kMalformed) {
+    head_problem_ = head_scanner_.problem();
+  } else if (head_state_ == ScanState::kComplete) {
+    Result<RequestFraming> framing = ParseFraming(pending().substr(0, head_scanner_.head_size()));
+    if (framing.ok()) {
+      framing_ = *framing;
+    } else {
+      head_state_ = ScanState::kMalformed;
+      head_problem_ = framing.status().message();
+    }
+  }
+  return head_state_;
 }
 
 bool ConnectionStream::is_readable() const {
@@ -118,16 +138,23 @@ bool ConnectionStream::is_readable() const {
 }
 
 bool ConnectionStream::is_writable() const {
-  if (!WaitFor(conn_.fd(), POLLOUT, write_timeout_)) return false;
-  // Like httplib's is_socket_alive: a readable socket whose peek finds the end of the stream
-  // belongs to a client that went away.
-  pollfd p{conn_.fd(), POLLIN, 0};
-  if (poll(&p, 1, 0) <= 0) return true;
-  char byte;
-  return recv(conn_.fd(), &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+  // One poll for both questions in the usual case (room to write, nothing to read): write()
+  // asks before every send, and a stream sends once per event.
+  pollfd p{conn_.fd(), POLLOUT | POLLIN, 0};
+  if (poll(&p, 1, 0) < 0) return false;
+  if ((p.revents & POLLIN) != 0) {
+    // Like httplib's is_socket_alive: a readable socket whose peek finds the end of the stream
+    // belongs to a client that went away.
+    char byte;
+    if (recv(conn_.fd(), &byte, 1, MSG_PEEK | MSG_DONTWAIT) <= 0) return false;
+  }
+  if ((p.revents & (POLLERR | POLLHUP)) != 0) return false;
+  return (p.revents & POLLOUT) != 0 || WaitFor(conn_.fd(), POLLOUT, write_timeout_);
 }
 
 ssize_t ConnectionStream::read(char* ptr, size_t size) {
+  size = static_cast<size_t>(std::min<uint64_t>(size, unread()));
+  if (size == 0) return 0;  // the request's end: what follows is the next request's
   if (conn_.pending().empty()) {
     if (!is_readable()) return -1;
     if (size >= kReadChunk) {
@@ -146,10 +173,17 @@ ssize_t ConnectionStream::read(char* ptr, size_t size) {
 }
 
 ssize_t ConnectionStream::write(const char* ptr, size_t size) {
+  // Before every write, as httplib's SocketStream: a client that left is noticed here, before
+  // another token is made for it (a send to a closed peer still succeeds once).
   if (!is_writable()) return -1;
   for (;;) {
-    const ssize_t n = send(conn_.fd(), ptr, size, MSG_NOSIGNAL);
-    if (n >= 0 || errno != EINTR) return n;
+    const ssize_t n = send(conn_.fd(), ptr, size, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) return n;
+    if (errno == EINTR) continue;
+    if ((errno != EAGAIN && errno != EWOULDBLOCK) ||
+        !WaitFor(conn_.fd(), POLLOUT, write_timeout_)) {
+      return -1;
+    }
   }
 }
 

@@ -2,8 +2,11 @@
 // bytes read from the socket but not yet consumed by a request, across requests: httplib 0.11
 // reads through a 4 KiB buffer that dies with each request, so the rest of a pipelined write
 // (several requests in one TCP segment) was lost and the connection then idled until the
-// keep-alive timeout. A Connection is owned by one thread at a time (the poller of
-// http/connection_pool.h or the worker serving it); ConnectionStream lives on that worker.
+// keep-alive timeout. It also finds where the next request's head ends and whether it is
+// well-formed (http/request_framing.h), and ConnectionStream holds httplib to one request's
+// bytes, so that what httplib leaves unread of a request is never parsed as the next one.
+// A Connection is owned by one thread at a time (the poller of http/connection_pool.h or the
+// worker serving it); ConnectionStream lives on that worker.
 #pragma once
 
 #include <sys/types.h>
@@ -17,6 +20,7 @@
 #include <httplib.h>
 
 #include "common/clock.h"
+#include "http/request_framing.h"
 
 namespace pdserve::http {
 
@@ -38,8 +42,15 @@ class Connection {
   // Appends what the socket holds now, at most `max_bytes`, never blocking. Returns the bytes
   // appended; 0 when none are there; -1 at the end of the stream or on an error.
   ssize_t ReadAvailable(size_t max_bytes);
-  // Whether pending() holds a whole request head (up to its blank line).
-  bool HasCompleteHead();
+  // ReadAvailable, waiting up to `timeout` for the first byte: 0 when none came in time.
+  ssize_t ReadWithin(Duration timeout);
+  // Whether pending() holds the whole head of the next request, and whether it is well-formed
+  // (checked as it arrives, so garbage is found in its first bytes). Empty lines before a
+  // request line are dropped (RFC 9112 2.2). Rescans nothing already scanned.
+  ScanState ExamineHead();
+  // After ExamineHead() gave kComplete: where the request ends. After kMalformed: why.
+  const RequestFraming& framing() const { return framing_; }
+  const std::string& head_problem() const { return head_problem_; }
 
   const std::string& remote_ip() const { return remote_ip_; }
   int remote_port() const { return remote_port_; }
@@ -56,20 +67,31 @@ class Connection {
   int fd_;
   std::atomic<size_t>* counter_ = nullptr;
   std::string buffer_;
-  size_t begin_ = 0;      // buffer_[begin_..] is pending
-  size_t head_scan_ = 0;  // offset in pending() from which no blank line can start earlier
+  size_t begin_ = 0;  // buffer_[begin_..] is pending
+  // The head at the start of pending(), as far as scanned; reset by Consume.
+  HeadScanner head_scanner_;
+  ScanState head_state_ = ScanState::kIncomplete;
+  RequestFraming framing_;
+  std::string head_problem_;
   std::string remote_ip_, local_ip_;
   int remote_port_ = -1, local_port_ = -1;
 };
 
-// The Stream httplib parses a request from and writes its answer to: reads come from the
-// connection's pending bytes first, then the socket (waiting up to the read timeout); writes
-// wait up to the write timeout and fail once the client has gone (as httplib's SocketStream,
-// so that a stream whose client left is cancelled).
+// The Stream httplib parses one request from and writes its answer to: reads come from the
+// connection's pending bytes first, then the socket (waiting up to the read timeout), and end
+// (read 0) at the request's last byte, so httplib never reads into the next request (a body
+// it does not expect, for instance); writes wait up to the write timeout and fail once the
+// client has gone (as httplib's SocketStream, so that a stream whose client left is
+// cancelled).
 class ConnectionStream final : public httplib::Stream {
  public:
-  ConnectionStream(Connection& conn, Duration read_timeout, Duration write_timeout)
-      : conn_(conn), read_timeout_(read_timeout), write_timeout_(write_timeout) {}
+  // `request_bytes`: the request's head and body, as sent.
+  ConnectionStream(Connection& conn, uint64_t request_bytes, Duration read_timeout,
+                   Duration write_timeout)
+      : conn_(conn),
+        request_bytes_(request_bytes),
+        read_timeout_(read_timeout),
+        write_timeout_(write_timeout) {}
 
   bool is_readable() const override;
   bool is_writable() const override;
@@ -80,11 +102,12 @@ class ConnectionStream final : public httplib::Stream {
   void get_local_ip_and_port(std::string& ip, int& port) const override;
   int socket() const override { return conn_.fd(); }
 
-  // Bytes this stream handed to httplib (the request's head and body).
-  uint64_t bytes_read() const { return bytes_read_; }
+  // Bytes of the request this stream did not hand to httplib.
+  uint64_t unread() const { return request_bytes_ - bytes_read_; }
 
  private:
   Connection& conn_;
+  const uint64_t request_bytes_;
   Duration read_timeout_, write_timeout_;
   uint64_t bytes_read_ = 0;
 };

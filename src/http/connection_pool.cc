@@ -12,7 +12,7 @@
 
 #include "common/check.h"
 #include "common/logging.h"
-#include "http/api_error.h"
+#include "http/request_id.h"
 
 namespace pdserve::http {
 namespace {
@@ -25,36 +25,52 @@ constexpr size_t kPollReadBytes = 64 * 1024;
 
 const char* ReasonPhrase(int status) {
   switch (status) {
+    case 400:
+      return "Bad Request";
     case 408:
       return "Request Timeout";
+    case 413:
+      return "Payload Too Large";
     case 431:
       return "Request Header Fields Too Large";
-    default:
+    case 503:
       return "Service Unavailable";
+    default:
+      return "Error";
   }
-}
-
-// Sends the refusal without waiting (it is small: the socket's buffer takes it whole) and ends
-// our side of the connection.
-void SendRefusal(const Connection& conn, int status) {
-  const std::string answer = RefusalResponse(status);
-  (void)send(conn.fd(), answer.data(), answer.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-  ::shutdown(conn.fd(), SHUT_WR);
 }
 
 }  // namespace
 
-std::string RefusalResponse(int status) {
-  const ApiError error = status == 408   ? ApiError::RequestTimeout()
-                         : status == 431 ? ApiError::HeaderTooLarge()
-                                         : ApiError::Overloaded("too many open connections");
+std::string RefusalResponse(const ApiError& error) {
   const std::string body = error.ToJson();
   std::string out =
       "HTTP/1.1 " + std::to_string(error.http_status) + " " + ReasonPhrase(error.http_status) +
       "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
-      "\r\nConnection: close\r\n";
+      "\r\n" + kRequestIdHeader + ": " + NewRequestId() + "\r\nConnection: close\r\n";
   if (error.retry_later()) out += "Retry-After: 1\r\n";
   return out + "\r\n" + body;
+}
+
+std::optional<ApiError> HeadRefusal(const Connection& conn, ScanState state,
+                                    size_t max_head_bytes) {
+  switch (state) {
+    case ScanState::kMalformed:
+      return ApiError::MalformedRequest(conn.head_problem());
+    case ScanState::kComplete:
+      if (conn.framing().head_size > max_head_bytes) return ApiError::HeaderTooLarge();
+      return std::nullopt;
+    case ScanState::kIncomplete:
+      if (conn.pending().size() >= max_head_bytes) return ApiError::HeaderTooLarge();
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+void SendRefusal(const Connection& conn, const ApiError& error) {
+  const std::string answer = RefusalResponse(error);
+  (void)send(conn.fd(), answer.data(), answer.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  ::shutdown(conn.fd(), SHUT_WR);
 }
 
 ConnectionPool::ConnectionPool(const ConnectionLimits& limits, ServeFn serve)
@@ -107,7 +123,7 @@ void ConnectionPool::Adopt(int fd) {
       PD_LOG_WARN("{} HTTP connections open (the cap): new connections get 503",
                   limits_.max_connections);
     }
-    SendRefusal(*conn, 503);
+    SendRefusal(*conn, ApiError::Overloaded("too many open connections"));
     // Lingering costs a socket each: past as many again, refused connections close at once.
     if (shedding_.load() >= limits_.max_connections) return;
     conn->CountIn(&shedding_);
@@ -175,7 +191,13 @@ void ConnectionPool::OnReadable(int fd) {
     if (n < 0) waiting_.erase(it);
     return;
   }
-  if (conn.HasCompleteHead()) return Dispatch(fd);
+  const ScanState head = conn.ExamineHead();
+  if (std::optional<ApiError> refusal = HeadRefusal(conn, head, limits_.max_head_bytes)) {
+    PD_LOG_DEBUG("request head from {}:{} refused: {}", conn.remote_ip(), conn.remote_port(),
+                 refusal->message);
+    return Refuse(conn, *refusal);
+  }
+  if (head == ScanState::kComplete) return Dispatch(fd);
   if (n < 0) {
     waiting_.erase(it);  // the client closed (or reset) before a whole head
     return;
@@ -185,7 +207,6 @@ void ConnectionPool::OnReadable(int fd) {
     conn.state = Connection::State::kHead;
     conn.deadline = Clock::now() + limits_.header_timeout;
   }
-  if (conn.pending().size() > limits_.max_head_bytes) Refuse(conn, 431);
 }
 
 void ConnectionPool::Dispatch(int fd) {
@@ -198,8 +219,12 @@ void ConnectionPool::Dispatch(int fd) {
   ready_cv_.NotifyOne();
 }
 
-void ConnectionPool::Refuse(Connection& conn, int status) {
-  SendRefusal(conn, status);
+void ConnectionPool::Refuse(Connection& conn, const ApiError& error) {
+  SendRefusal(conn, error);
+  StartLinger(conn);
+}
+
+void ConnectionPool::StartLinger(Connection& conn) {
   conn.Consume(conn.pending().size());
   conn.CountIn(&shedding_);  // no longer counts against the cap
   conn.state = Connection::State::kShedding;
@@ -220,7 +245,7 @@ TimePoint ConnectionPool::ExpireConnections() {
       // A head begun and not finished in time: 408, as nginx's client_header_timeout.
       PD_LOG_DEBUG("request head from {}:{} not complete in time: 408", conn.remote_ip(),
                    conn.remote_port());
-      Refuse(conn, 408);
+      Refuse(conn, ApiError::RequestTimeout());
       next = std::min(next, conn.deadline);
       ++it;
       continue;
@@ -235,20 +260,36 @@ void ConnectionPool::WorkerLoop() {
     std::unique_ptr<Connection> conn;
     {
       MutexLock lock(&mu_);
-      while (ready_.empty() && !stopping_.load()) ready_cv_.WaitFor(&mu_, std::chrono::seconds(1));
+      // Work and shutdown both notify; the bound is a backstop only. (At one second, the
+      // router's 256 idle workers woke together every second and stalled what was being
+      // served on a small machine.)
+      while (ready_.empty() && !stopping_.load()) {
+        ready_cv_.WaitFor(&mu_, std::chrono::seconds(60));
+      }
       // Heads already whole when the server stopped are still answered (as httplib's pool
       // runs the tasks queued before its shutdown).
       if (ready_.empty()) return;
       conn = std::move(ready_.front());
       ready_.pop_front();
     }
-    if (serve_(*conn)) GiveBack(std::move(conn));
+    switch (serve_(*conn)) {
+      case AfterServe::kKeepOpen:
+        GiveBack(std::move(conn), /*linger=*/false);
+        break;
+      case AfterServe::kLinger:
+        GiveBack(std::move(conn), /*linger=*/true);
+        break;
+      case AfterServe::kClose:
+        break;
+    }
   }
 }
 
-void ConnectionPool::GiveBack(std::unique_ptr<Connection> conn) {
+void ConnectionPool::GiveBack(std::unique_ptr<Connection> conn, bool linger) {
   if (stopping_.load()) return;  // closes it
-  if (conn->pending().empty()) {
+  if (linger) {
+    StartLinger(*conn);
+  } else if (conn->pending().empty()) {
     conn->state = Connection::State::kIdle;
     conn->deadline = Clock::now() + limits_.keep_alive_timeout;
   } else {

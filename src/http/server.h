@@ -2,8 +2,15 @@
 // one-thread-per-connection handling with http/connection_pool.h (a poller holds idle and
 // slowly arriving connections under deadlines, workers serve whole request heads, a cap
 // sheds excess connections with 503) and keeps each connection's unread bytes across requests,
-// so that pipelined requests are all answered, in order. Set up with ConfigureServer
-// (http/server_setup.h) before it listens; used from threads as httplib::Server is.
+// so that pipelined requests are all answered, in order.
+//
+// Each request is read whole (head and body, within the body limit) before httplib routes it,
+// where it ends decided strictly by http/request_framing.h, and handed over with its body in
+// `req.body` (the pre-routing handler sees it too). Whatever a route leaves unread is
+// dropped, so no answer, however early (401, a GET that ignores its body), leaves body bytes
+// to be parsed as the next request; a body declared over the limit is never read, and its
+// answer (413) closes the connection. Set up with ConfigureServer (http/server_setup.h) before
+// it listens; used from threads as httplib::Server is.
 #pragma once
 
 #include <cstddef>
@@ -27,8 +34,8 @@ class Server : public httplib::Server {
   // httplib's accept loop calls this (virtually) for each accepted socket, through the task
   // queue; it hands the socket to the pool.
   bool process_and_close_socket(socket_t sock) override;
-  // Serves the requests whose heads `conn` holds whole; true: keep it open.
-  bool Serve(Connection& conn);
+  // Serves the requests whose heads `conn` holds whole.
+  AfterServe Serve(Connection& conn);
 
   ConnectionLimits limits_;
   // The task queue of the running listen; set and used on the listening thread only.

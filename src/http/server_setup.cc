@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -18,6 +19,7 @@
 #include "common/logging.h"
 #include "common/sha256.h"
 #include "http/cluster_auth.h"
+#include "http/cluster_proof_cache.h"
 #include "http/lingering_close.h"
 #include "http/request_id.h"
 
@@ -81,29 +83,6 @@ bool HeadUnreadable(const httplib::Response& res) {
 // the answer).
 bool HeaderTooLarge(const httplib::Request& req) { return !req.path.empty(); }
 
-// Reads the request body through `read`, stopping once it exceeds `max_bytes`. A request
-// with neither Content-Length nor chunked framing has no body (RFC 9112 6.3); httplib would
-// read one until the client closes.
-enum class BodyRead { kComplete, kTooLarge, kBroken };
-BodyRead ReadBody(const httplib::Request& req, const httplib::ContentReader& read, size_t max_bytes,
-                  std::string* body) {
-  if (!req.has_header("Content-Length") &&
-      strcasecmp(req.get_header_value("Transfer-Encoding").c_str(), "chunked") != 0) {
-    return BodyRead::kComplete;
-  }
-  bool too_large = false;
-  const bool complete = read([&](const char* data, size_t size) {
-    if (size > max_bytes - body->size()) {
-      too_large = true;
-      return false;
-    }
-    body->append(data, size);
-    return true;
-  });
-  if (too_large) return BodyRead::kTooLarge;
-  return complete ? BodyRead::kComplete : BodyRead::kBroken;
-}
-
 // Runs last, on the answer's head. HTTP/1.0 knows no chunked framing: a stream goes out as it
 // is, ended by closing the connection. httplib closes after the answer unless the client sent
 // "Connection: Keep-Alive" (compared exactly, as httplib does); then the stream ends with the
@@ -121,6 +100,31 @@ void FinishHead(const httplib::Request& req, httplib::Response& res) {
     res.headers.erase("Keep-Alive");
     res.set_header("Connection", "close");
   }
+}
+
+// Why a route does not take `req`'s body (415), or "" if it does.
+std::string BodyRefusal(const httplib::Request& req) {
+  const std::string type = req.get_header_value("Content-Type");
+  if (!TakesJson(type)) {
+    return "Content-Type '" + type +
+           "' is not accepted: send the body as JSON (Content-Type: application/json)";
+  }
+  // httplib decoded compressed bodies as it read them; http::Server hands bodies over as sent.
+  const std::string encoding = req.get_header_value("Content-Encoding");
+  if (!encoding.empty() && strcasecmp(encoding.c_str(), "identity") != 0) {
+    return "Content-Encoding '" + encoding + "' is not accepted: send the body uncompressed";
+  }
+  return "";
+}
+
+// What an /internal/ request is answered when its proof is refused: `proof` failed, or
+// verified but was taken before (a replay).
+ApiError ProofRefusal(const Result<ClusterProofStamp>& proof) {
+  if (proof.ok()) return ApiError::ClusterProofRejected("cluster proof already used (a replay)");
+  if (proof.status().code() == StatusCode::kFailedPrecondition) {
+    return ApiError::InternalDisabled(proof.status().message());
+  }
+  return ApiError::ClusterProofRejected(proof.status().message());
 }
 
 }  // namespace
@@ -149,6 +153,17 @@ void SendErrorAndClose(const httplib::Request& req, httplib::Response& res, cons
                              }
                              return false;
                            });
+}
+
+bool TakesJson(std::string_view content_type) {
+  std::string media(content_type.substr(0, content_type.find(';')));
+  std::transform(media.begin(), media.end(), media.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  media.erase(0, media.find_first_not_of(" \t"));
+  media.erase(media.find_last_not_of(" \t") + 1);
+  return media.empty() || media == "application/json" ||
+         (media.starts_with("application/") && media.ends_with("+json")) ||
+         media == "application/x-www-form-urlencoded" || media == "text/plain";
 }
 
 bool HasApiKey(const httplib::Request& req, const std::string& api_key) {
@@ -182,25 +197,28 @@ void ConfigureServer(Server& server, const ServerConfig& config) {
   // wait for an ACK.
   server.set_tcp_nodelay(true);
 
+  // Proofs accepted by this server, each once (http/cluster_proof_cache.h).
+  auto spent_proofs = std::make_shared<ClusterProofReplayCache>();
   server.set_pre_routing_handler([api_key = config.api_key, cluster_key = config.cluster_key,
-                                  open_paths = config.open_paths, max_body = config.max_body_bytes](
-                                     const httplib::Request& req, httplib::Response& res) {
+                                  open_paths = config.open_paths, max_body = config.max_body_bytes,
+                                  spent_proofs](const httplib::Request& req,
+                                                httplib::Response& res) {
     res.set_header(kRequestIdHeader, ChooseRequestId(req.get_header_value(kRequestIdHeader)));
-    // Refused from the header, before any of the body is read: httplib itself would read and
-    // discard the declared length first, holding a thread until the read timeout.
+    // Refused from the header: http::Server left the body unread (it reads none over the
+    // limit), so the connection closes after the answer.
     if (std::optional<uint64_t> length = DeclaredLength(req); length && *length > max_body) {
       SendErrorAndClose(req, res, ApiError::PayloadTooLarge());
       return httplib::Server::HandlerResponse::Handled;
     }
-    // Cluster-internal endpoints answer only to the cluster's own processes, key or no key.
+    // Cluster-internal endpoints answer only to the cluster's own processes, key or no key,
+    // and each proof (which covers the body, read by now) only once.
     if (req.path.starts_with(kInternalPathPrefix)) {
-      const Status proof = VerifyClusterAuth(req, cluster_key);
-      if (proof.ok()) return httplib::Server::HandlerResponse::Unhandled;
-      // Closed after the answer: a refused POST's body is never read.
-      SendErrorAndClose(req, res,
-                        proof.code() == StatusCode::kFailedPrecondition
-                            ? ApiError::InternalDisabled(proof.message())
-                            : ApiError::ClusterProofRejected(proof.message()));
+      Result<ClusterProofStamp> proof = VerifyClusterAuth(req, cluster_key);
+      if (proof.ok() && spent_proofs->Admit(*proof)) {
+        return httplib::Server::HandlerResponse::Unhandled;
+      }
+      // Closed after the answer: whoever sends a bad proof has nothing more to say here.
+      SendErrorAndClose(req, res, ProofRefusal(proof));
       return httplib::Server::HandlerResponse::Handled;
     }
     const bool open = std::find(open_paths.begin(), open_paths.end(), req.path) != open_paths.end();
@@ -226,48 +244,45 @@ void ConfigureServer(Server& server, const ServerConfig& config) {
                                          : ApiError::ForHttpStatus(res.status));
         return httplib::Server::HandlerResponse::Handled;
       }));
-  server.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-        std::string what = "unknown exception";
-        try {
-          if (ep) std::rethrow_exception(ep);
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
-        }
-        PD_LOG_ERROR("HTTP handler exception: {}", what);
-        SendError(res, ApiError::Internal(what));
-      });
+  // An exception out of a route is a bug. Its text (a C++ type name, a library's wording) says
+  // nothing to a client and something to an attacker: it goes to the log under the request
+  // id, and the client gets the id to quote.
+  server.set_exception_handler([](const httplib::Request& req, httplib::Response& res,
+                                  std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    const std::string id = RequestIdOf(res);
+    PD_LOG_ERROR("request_id={} method={} path={}: exception: {}", id, req.method, req.path, what);
+    SendError(res, ApiError::Internal("internal error (request id " + id + ")"));
+  });
   server.set_post_routing_handler(FinishHead);
 }
 
-void AddPostRoutes(httplib::Server& server, size_t max_body_bytes, std::vector<PostRoute> routes) {
-  // Content-reader routes: httplib hands over the body unread, so its size is checked as it
-  // arrives.
-  auto with_body = [max_body_bytes](httplib::Server::Handler handler) {
-    return [max_body_bytes, handler = std::move(handler)](const httplib::Request& req,
-                                                          httplib::Response& res,
-                                                          const httplib::ContentReader& read) {
-      std::string body;
-      switch (ReadBody(req, read, max_body_bytes, &body)) {
-        case BodyRead::kTooLarge:
-          return SendErrorAndClose(req, res, ApiError::PayloadTooLarge());
-        case BodyRead::kBroken:
-          return SendErrorAndClose(req, res, ApiError::ForHttpStatus(400));
-        case BodyRead::kComplete:
-          break;
+void AddPostRoutes(Server& server, std::vector<PostRoute> routes) {
+  // Content-reader routes, so that httplib reads no body itself: http::Server has put it in
+  // req.body already.
+  auto route = [](httplib::Server::Handler handler, bool json) {
+    return [handler = std::move(handler), json](const httplib::Request& req, httplib::Response& res,
+                                                const httplib::ContentReader&) {
+      if (json && !req.body.empty()) {
+        if (std::string refusal = BodyRefusal(req); !refusal.empty()) {
+          return SendError(res, ApiError::UnsupportedMediaType(std::move(refusal)));
+        }
       }
-      // The body goes where httplib would have put it, so that the handler and the logger
-      // see the request as usual. httplib's Request is its own non-const object, handed out
-      // as const only: writing it is defined.
-      const_cast<httplib::Request&>(req).body = std::move(body);
       handler(req, res);
     };
   };
-  for (PostRoute& route : routes) server.Post(route.pattern, with_body(std::move(route.handler)));
-  server.Post(".*", with_body([](const httplib::Request& req, httplib::Response& res) {
-                SendError(res, ApiError::NotFound(req.method, req.path));
-              }));
+  for (PostRoute& r : routes) server.Post(r.pattern, route(std::move(r.handler), true));
+  server.Post(".*", route(
+                        [](const httplib::Request& req, httplib::Response& res) {
+                          SendError(res, ApiError::NotFound(req.method, req.path));
+                        },
+                        false));
 }
 
 Result<int> BindServer(httplib::Server& server, const std::string& host, int port,

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <httplib.h>
@@ -58,26 +59,32 @@ struct ServerConfig {
 };
 
 // Applies `config` to `server` and installs its pre-routing handler (request id, API key or
-// cluster proof for /internal/, 413
-// at once for a declared Content-Length over the limit), error handler (404/405/413/414/431/400
-// from httplib in the OpenAI shape), exception handler (500) and post-routing handler (HTTP/1.0
+// cluster proof for /internal/ — checked against the body, and each proof taken once — and
+// 413 at once for a declared Content-Length over the limit), error handler
+// (404/405/413/414/431/400 from httplib in the OpenAI shape), exception handler (500 with the
+// request id; the exception's text goes to the log only) and post-routing handler (HTTP/1.0
 // clients get streams without chunked framing, ended by closing the connection). Call before
 // adding routes' own handlers of those kinds (there are none elsewhere).
 void ConfigureServer(Server& server, const ServerConfig& config);
 
 // A POST route: its path pattern (a regex, as httplib::Server::Post takes) and its handler,
-// which sees the request with its body read whole.
+// which sees the request with its body read whole (http::Server reads it, under the body
+// limit, whatever its framing).
 struct PostRoute {
   std::string pattern;
   httplib::Server::Handler handler;
 };
 
-// Adds every POST route of `server`, each reading its body under `max_body_bytes` whatever its
-// framing (httplib 0.11 applies its payload limit to Content-Length bodies only and buffers a
-// chunked one whole), then a last route that reads any other POST's body under the same limit
-// and answers 404. Over the limit the client gets 413 and the connection closes without the
-// rest being read. Call once, after ConfigureServer, with all POST routes.
-void AddPostRoutes(httplib::Server& server, size_t max_body_bytes, std::vector<PostRoute> routes);
+// Adds every POST route of `server`, then a last route that answers any other POST 404. The
+// routes take JSON: a body of another media type (see TakesJson) gets 415 naming the type
+// taken. Call once, after ConfigureServer, with all POST routes.
+void AddPostRoutes(Server& server, std::vector<PostRoute> routes);
+
+// Whether a body sent as `content_type` is read as the JSON the routes take: none given,
+// application/json or application/*+json, and the types simple clients send JSON under
+// (curl -d: application/x-www-form-urlencoded; fetch with a string: text/plain). Parameters
+// (charset=...) and case do not matter; anything else (a form from curl -F, XML, bytes) is not.
+bool TakesJson(std::string_view content_type);
 
 // Binds host:port (port 0: any free port) and raises the listen backlog to
 // `config.listen_backlog`. Returns the bound port; Unavailable names the address on failure.
@@ -87,9 +94,9 @@ Result<int> BindServer(httplib::Server& server, const std::string& host, int por
 // Answers `res` with `error`: its status, JSON body and, for 429/503, Retry-After.
 void SendError(httplib::Response& res, const ApiError& error);
 
-// SendError, then closes the connection: for answers to `req` given before it was read whole
-// (its unread rest would otherwise be parsed as the next request). What the client still
-// sends is read and discarded for a bounded time first (see http/lingering_close.h).
+// SendError, then closes the connection: for answers to `req` whose body was not read (over
+// the limit), or after which the connection should not go on. What the client still sends is
+// read and discarded for a bounded time first (see http/lingering_close.h).
 void SendErrorAndClose(const httplib::Request& req, httplib::Response& res, const ApiError& error);
 
 // Whether `req` carries "Authorization: Bearer <api_key>" (compared in constant time); true

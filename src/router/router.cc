@@ -170,7 +170,7 @@ void Router::InstallRoutes() {
   posts.push_back(
       {"/internal/register",
        [this](const httplib::Request& req, httplib::Response& res) { HandleRegister(req, res); }});
-  http::AddPostRoutes(server_, options_.max_body_bytes, std::move(posts));
+  http::AddPostRoutes(server_, std::move(posts));
   server_.Get("/v1/models", forward);
   server_.Get("/v1/models/(.+)", forward);
   server_.Get("/health",
@@ -189,7 +189,11 @@ void Router::HandleForward(const httplib::Request& req, httplib::Response& res) 
     Finish(request_id, req, start, Outcome{"-", res.status, 0, res.body.size(), "shutdown"});
     return;
   }
-  UpstreamRequest upstream{req.method, req.target.empty() ? req.path : req.target, {}, req.body};
+  // Only POST routes take a body: a GET's (http::Server read it whole) goes no further.
+  UpstreamRequest upstream{req.method,
+                           req.target.empty() ? req.path : req.target,
+                           {},
+                           req.method == "POST" ? req.body : std::string()};
   for (const char* key : kForwardedHeaders) {
     if (req.has_header(key)) upstream.headers.emplace(key, req.get_header_value(key));
   }
@@ -302,6 +306,7 @@ void Router::StartRelay(std::shared_ptr<UpstreamExchange> exchange, const Upstre
     bool upstream_broken = false;
     bool shutdown = false;
     int client_fd = -1;  // found on the first idle poll (httplib hands handlers no socket)
+    std::string piece;   // what the node sent last (kept: its buffer is reused)
   };
   auto state = std::make_shared<RelayState>();
   auto provider = [this, exchange, state, local = req.local_port, remote = req.remote_port](
@@ -319,14 +324,20 @@ void Router::StartRelay(std::shared_ptr<UpstreamExchange> exchange, const Upstre
       exchange->Cancel();
       return end_with(ShuttingDown());
     }
-    std::string piece;
-    switch (exchange->Pop(&piece, Deadline::After(kRelayPollInterval))) {
+    std::string& piece = state->piece;
+    switch (exchange->Pop(&piece, Deadline::After(kRelayPollInterval), state->client_fd)) {
       case UpstreamExchange::Next::kData: {
-        state->pending += piece;
-        const size_t end = state->pending.rfind("\n\n");
-        if (end == std::string::npos) return true;
-        const std::string events = state->pending.substr(0, end + 2);
-        state->pending.erase(0, end + 2);
+        // Whole events only. The usual piece is one whole event (a chunk the node wrote): it
+        // goes out as it came, without a copy.
+        std::string_view events = piece;
+        if (!state->pending.empty() || !piece.ends_with("\n\n")) {
+          state->pending += piece;
+          const size_t end = state->pending.rfind("\n\n");
+          if (end == std::string::npos) return true;
+          piece.assign(state->pending, 0, end + 2);
+          state->pending.erase(0, end + 2);
+          events = piece;
+        }
         state->bytes += events.size();
         state->upstream_error = state->upstream_error || HasErrorEvent(events);
         state->saw_done = state->saw_done || events.find(http::kSseDone) != std::string::npos;
@@ -343,9 +354,13 @@ void Router::StartRelay(std::shared_ptr<UpstreamExchange> exchange, const Upstre
       case UpstreamExchange::Next::kTimeout:
         // httplib learns that a client left only when a write fails; while the node has
         // nothing to say (a long prompt in prefill) the node would work on for no one. The
-        // socket is this thread's own connection, open while this provider runs.
+        // socket is this thread's own connection, open while this provider runs; once found
+        // (on the first silence: finding it costs a scan of the descriptors), the waits for
+        // the node watch it too, and notice the client leave at once.
         if (state->client_fd < 0) state->client_fd = http::FindConnectedSocket(local, remote);
         return !ClientClosed(state->client_fd);
+      case UpstreamExchange::Next::kClientGone:
+        return false;
       case UpstreamExchange::Next::kError:
         if (abort_in_flight_.load()) {
           state->shutdown = true;

@@ -1,130 +1,322 @@
 #include "router/router_upstream.h"
 
-#include <algorithm>
-#include <utility>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
-#include "http/server_setup.h"
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string_view>
+#include <utility>
 
 namespace pdserve::router {
 namespace {
 
 // How often a long read looks at its abort flag.
 constexpr auto kAbortCheckInterval = std::chrono::milliseconds(200);
+// A node's response head is a status line and a few headers.
+constexpr size_t kMaxHeadBytes = 64 * 1024;
+constexpr size_t kReadBytes = 16 * 1024;
+
+int PollMs(Deadline deadline) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline.Remaining()).count();
+  return static_cast<int>(std::clamp<int64_t>(left, 0, 60'000));
+}
+
+// Waits for `events` on `fd` until `deadline`; true when they came.
+bool WaitFor(int fd, short events, Deadline deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const int n = poll(&p, 1, PollMs(deadline));
+    if (n > 0) return true;
+    if (n < 0 && errno != EINTR) return false;
+    if (deadline.Passed()) return false;
+  }
+}
+
+// Connects the non-blocking socket `fd` to `addr` within `deadline`; false with *error set.
+bool ConnectWithin(int fd, const addrinfo& addr, Deadline deadline, std::string* error) {
+  if (connect(fd, addr.ai_addr, addr.ai_addrlen) != 0 && errno != EINPROGRESS) {
+    *error = std::strerror(errno);
+    return false;
+  }
+  if (!WaitFor(fd, POLLOUT, deadline)) {
+    *error = "connection timed out";
+    return false;
+  }
+  int so_error = 0;
+  socklen_t len = sizeof(so_error);
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len) != 0) so_error = errno;
+  if (so_error != 0) *error = std::strerror(so_error);
+  return so_error == 0;
+}
+
+// A non-blocking TCP socket connected to the node within `deadline` (TCP_NODELAY: a relayed
+// request and the node's small events leave at once), or -1 with *error set.
+int Connect(const NodeAddress& node, Deadline deadline, std::string* error) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string port = std::to_string(node.port);
+  if (const int rc = getaddrinfo(node.host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    *error = std::string("cannot resolve ") + node.host + ": " + gai_strerror(rc);
+    return -1;
+  }
+  int fd = -1;
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      *error = std::strerror(errno);
+      continue;
+    }
+    const int on = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+    if (!ConnectWithin(fd, *a, deadline, error)) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(found);
+  return fd;
+}
+
+// Whether the header value has characters that would end a header line early.
+bool BreaksLine(std::string_view value) {
+  return value.find_first_of("\r\n") != std::string_view::npos;
+}
+
+std::string_view TrimWhitespace(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
 
 }  // namespace
 
-UpstreamExchange::UpstreamExchange(NodeAddress node, UpstreamTimeouts timeouts)
-    : node_(std::move(node)), timeouts_(timeouts), client_(node_.host, node_.port) {
-  http::SetTimeout(timeouts_.connect,
-                   [&](time_t s, time_t us) { client_.set_connection_timeout(s, us); });
-  http::SetTimeout(timeouts_.read, [&](time_t s, time_t us) { client_.set_read_timeout(s, us); });
-  http::SetTimeout(timeouts_.write, [&](time_t s, time_t us) { client_.set_write_timeout(s, us); });
-  // The router relays bytes as they are; decompressing would change what the client sees.
-  client_.set_decompress(false);
-  // A request leaves as head and body in two writes; with Nagle the body would wait for the
-  // node's delayed ACK (~40 ms on every relayed request).
-  client_.set_tcp_nodelay(true);
-}
-
-std::shared_ptr<UpstreamExchange> UpstreamExchange::Start(NodeAddress node, UpstreamRequest request,
+std::shared_ptr<UpstreamExchange> UpstreamExchange::Start(NodeAddress node,
+                                                          const UpstreamRequest& request,
                                                           UpstreamTimeouts timeouts) {
   std::shared_ptr<UpstreamExchange> exchange(new UpstreamExchange(std::move(node), timeouts));
-  // The thread uses `this` only; the destructor joins it, so it never outlives the object.
-  exchange->thread_ =
-      std::thread([e = exchange.get(), r = std::move(request)]() mutable { e->Run(std::move(r)); });
+  (void)exchange->Send(request);
   return exchange;
 }
 
 UpstreamExchange::~UpstreamExchange() {
-  Cancel();
-  if (thread_.joinable()) thread_.join();
+  if (fd_ >= 0) ::close(fd_);
 }
 
-void UpstreamExchange::Run(UpstreamRequest request) {
-  httplib::Request req;
-  req.method = std::move(request.method);
-  req.path = std::move(request.path);
-  req.headers = std::move(request.headers);
-  req.body = std::move(request.body);
-  req.response_handler = [this](const httplib::Response& r) { return OnHead(r); };
-  req.content_receiver = [this](const char* data, size_t size, uint64_t, uint64_t) {
-    return OnData(data, size);
-  };
-  httplib::Response res;
-  httplib::Error error = httplib::Error::Success;
-  client_.send(req, res, error);
-  Finish(error, res);
-}
-
-bool UpstreamExchange::OnHead(const httplib::Response& response) {
-  MutexLock lock(&mu_);
-  head_ = UpstreamHead{response.status, response.headers};
-  cv_.NotifyAll();
-  return !cancelled_;
-}
-
-bool UpstreamExchange::OnData(const char* data, size_t size) {
-  MutexLock lock(&mu_);
-  // Back-pressure: wait for the consumer rather than buffer a whole slow stream. No deadline of
-  // its own: the consumer pops or cancels (its reads have deadlines; the destructor cancels).
-  while (!cancelled_ && buffered_ > timeouts_.max_buffered_bytes) {
-    cv_.WaitFor(&mu_, std::chrono::milliseconds(100));
+void UpstreamExchange::Fail(std::string error) {
+  if (error_.empty()) error_ = std::move(error);
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
   }
-  if (cancelled_) return false;
-  pieces_.emplace_back(data, size);
-  buffered_ += size;
-  cv_.NotifyAll();
+}
+
+bool UpstreamExchange::Send(const UpstreamRequest& request) {
+  std::string error;
+  fd_ = Connect(node_, Deadline::After(timeouts_.connect), &error);
+  if (fd_ < 0) {
+    connect_failed_ = true;
+    Fail(node_.url + " unreachable: " + error);
+    return false;
+  }
+  // One write for head and body. "Connection: close": the node frees the connection as soon
+  // as it has answered, rather than keeping it for requests that will not come.
+  std::string out = request.method + " " + request.path + " HTTP/1.1\r\nHost: " + node_.host + ":" +
+                    std::to_string(node_.port) + "\r\n";
+  for (const auto& [name, value] : request.headers) {
+    if (!BreaksLine(name) && !BreaksLine(value))
+      out.append(name).append(": ").append(value) += "\r\n";
+  }
+  if (request.method != "GET" || !request.body.empty()) {
+    out += "Content-Length: " + std::to_string(request.body.size()) + "\r\n";
+  }
+  out += "Connection: close\r\n\r\n";
+  out += request.body;
+  const Deadline deadline = Deadline::After(timeouts_.write);
+  for (size_t sent = 0; sent < out.size();) {
+    const ssize_t n = send(fd_, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
+    if (n > 0) {
+      sent += static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) &&
+               WaitFor(fd_, POLLOUT, deadline)) {
+      continue;
+    } else {
+      Fail("sending the request failed: " +
+           std::string(n < 0 ? std::strerror(errno) : "connection closed"));
+      return false;
+    }
+  }
   return true;
 }
 
-void UpstreamExchange::Finish(httplib::Error error, const httplib::Response& response) {
-  MutexLock lock(&mu_);
-  done_ = true;
-  // httplib skips the response handler for bodiless answers (204); their head is in `response`.
-  if (error == httplib::Error::Success && !head_.has_value()) {
-    head_ = UpstreamHead{response.status, response.headers};
+ssize_t UpstreamExchange::Fill(Deadline deadline, int client_fd, bool* client_gone) {
+  *client_gone = false;
+  // Into a buffer of its own: growing in_ by the most a read may bring would zero that much
+  // memory per event.
+  char buf[kReadBytes];
+  for (;;) {
+    // What the node sent while the last piece went out (usual when the machine is busy) is
+    // taken without waiting; a wait comes only when nothing is there.
+    const ssize_t got = recv(fd_, buf, sizeof(buf), MSG_DONTWAIT);
+    if (got > 0) {
+      in_.append(buf, static_cast<size_t>(got));
+      return got;
+    }
+    if (got == 0) return -1;  // the node closed the connection
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
+    // The client's side is watched for its close only (POLLRDHUP), so that a client sending
+    // more (a pipelined request) does not wake this loop.
+    pollfd fds[2] = {{fd_, POLLIN, 0}, {client_fd, POLLRDHUP, 0}};
+    const int n = poll(fds, client_fd >= 0 ? 2 : 1, PollMs(deadline));
+    if (n < 0 && errno != EINTR) return -1;
+    if (n > 0 && client_fd >= 0 && fds[1].revents != 0) {
+      *client_gone = true;
+      return 0;
+    }
+    if (n == 0 && deadline.Passed()) return 0;
   }
-  if (cancelled_) {
-    // What arrived before a cancel is not the whole answer: readers must not take it for one.
-    error_ = "cancelled";
-  } else if (error != httplib::Error::Success) {
-    error_ = httplib::to_string(error);
-    connect_failed_ = !head_.has_value() && (error == httplib::Error::Connection ||
-                                             error == httplib::Error::ConnectionTimeout);
+}
+
+bool UpstreamExchange::ParseHead(size_t head_size) {
+  const std::string_view head(in_.data(), head_size);
+  size_t line_end = head.find("\r\n");
+  const std::string_view status_line = head.substr(0, line_end);
+  int status = 0;
+  if (status_line.starts_with("HTTP/1.") && status_line.size() >= 12 && status_line[8] == ' ') {
+    status = std::atoi(std::string(status_line.substr(9, 3)).c_str());
   }
-  cv_.NotifyAll();
+  if (status < 100 || status > 999) {
+    Fail("malformed response status line");
+    return false;
+  }
+  UpstreamHead parsed;
+  parsed.status = status;
+  for (size_t start = line_end + 2; start < head.size(); start = line_end + 2) {
+    line_end = head.find("\r\n", start);
+    const std::string_view line = head.substr(start, line_end - start);
+    if (line.empty()) break;
+    const size_t colon = line.find(':');
+    if (colon == std::string_view::npos || colon == 0) {
+      Fail("malformed response header line");
+      return false;
+    }
+    parsed.headers.emplace(std::string(line.substr(0, colon)),
+                           std::string(TrimWhitespace(line.substr(colon + 1))));
+  }
+  in_.erase(0, head_size);
+  if (status < 200) return true;  // an interim answer: the real head follows
+  auto header = [&](const char* name) {
+    auto it = parsed.headers.find(name);
+    return it == parsed.headers.end() ? std::string() : it->second;
+  };
+  if (status == 204 || status == 304) {
+    body_ = Body::kNone;
+    done_ = true;
+  } else if (strcasecmp(header("Transfer-Encoding").c_str(), "chunked") == 0) {
+    body_ = Body::kChunked;
+    // What the node streams is bounded by the read deadline, not by size.
+    chunks_.emplace(std::numeric_limits<uint64_t>::max());
+  } else if (const std::string length = header("Content-Length"); !length.empty()) {
+    body_ = Body::kLength;
+    body_left_ = std::strtoull(length.c_str(), nullptr, 10);
+    done_ = body_left_ == 0;
+  } else {
+    body_ = Body::kUntilClose;
+  }
+  head_ = std::move(parsed);
+  return true;
 }
 
 Result<UpstreamHead> UpstreamExchange::WaitHead(Deadline deadline) {
-  MutexLock lock(&mu_);
-  while (!head_.has_value() && !done_) {
-    if (cv_.WaitUntil(&mu_, deadline.at()) == std::cv_status::timeout) break;
+  while (!head_.has_value()) {
+    if (!error_.empty()) return Status::Unavailable(node_.url + ": " + error_);
+    if (const size_t end = in_.find("\r\n\r\n"); end != std::string::npos) {
+      (void)ParseHead(end + 4);
+      continue;
+    }
+    if (in_.size() > kMaxHeadBytes) {
+      Fail("response head too large");
+      continue;
+    }
+    bool client_gone = false;
+    const ssize_t n = Fill(deadline, -1, &client_gone);
+    if (n == 0)
+      return Status::DeadlineExceeded(node_.url + ": no response head before the deadline");
+    if (n < 0) Fail("connection closed before a response");
   }
-  if (head_.has_value()) return *head_;
-  if (done_) {
-    return Status::Unavailable(node_.url + ": " + (error_.empty() ? "no response" : error_));
-  }
-  return Status::DeadlineExceeded(node_.url + ": no response head before the deadline");
+  return *head_;
 }
 
-UpstreamExchange::Next UpstreamExchange::Pop(std::string* data, Deadline deadline) {
-  MutexLock lock(&mu_);
-  while (pieces_.empty() && !done_) {
-    if (cv_.WaitUntil(&mu_, deadline.at()) == std::cv_status::timeout) break;
+bool UpstreamExchange::TakeBody(std::string* data) {
+  switch (body_) {
+    case Body::kNone:
+      return true;
+    case Body::kLength: {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(body_left_, in_.size()));
+      data->append(in_, 0, n);
+      in_.erase(0, n);
+      body_left_ -= n;
+      return body_left_ == 0;
+    }
+    case Body::kChunked: {
+      const uint64_t before = chunks_->encoded_size();
+      const http::ChunkedBodyScanner::State state = chunks_->Scan(in_, data);
+      in_.erase(0, static_cast<size_t>(chunks_->encoded_size() - before));
+      if (state == http::ChunkedBodyScanner::State::kMalformed ||
+          state == http::ChunkedBodyScanner::State::kTooLarge) {
+        Fail(std::string("malformed response body: ") + chunks_->problem());
+      }
+      return state == http::ChunkedBodyScanner::State::kComplete;
+    }
+    case Body::kUntilClose:
+      data->append(in_);
+      in_.clear();
+      return false;
   }
-  if (!pieces_.empty()) {
-    *data = std::move(pieces_.front());
-    pieces_.pop_front();
-    buffered_ -= data->size();
-    cv_.NotifyAll();  // wakes a producer held back by back-pressure
-    return Next::kData;
+  return false;
+}
+
+UpstreamExchange::Next UpstreamExchange::Pop(std::string* data, Deadline deadline, int client_fd) {
+  data->clear();
+  for (;;) {
+    if (!error_.empty()) {
+      *data = error_;
+      return Next::kError;
+    }
+    if (!done_ && !in_.empty()) done_ = TakeBody(data);
+    if (!error_.empty()) continue;
+    if (!data->empty()) return Next::kData;
+    if (done_) {
+      // The whole answer is here: the connection has nothing more to carry.
+      if (fd_ >= 0) ::close(fd_);
+      fd_ = -1;
+      return Next::kEnd;
+    }
+    bool client_gone = false;
+    const ssize_t n = Fill(deadline, client_fd, &client_gone);
+    if (client_gone) return Next::kClientGone;
+    if (n == 0) return Next::kTimeout;
+    if (n < 0) {
+      if (body_ == Body::kUntilClose) {
+        done_ = true;
+      } else {
+        Fail("connection closed before the end of the response");
+      }
+    }
   }
-  if (!done_) return Next::kTimeout;
-  if (!error_.empty()) {
-    *data = error_;
-    return Next::kError;
-  }
-  return Next::kEnd;
 }
 
 Result<std::string> UpstreamExchange::ReadAll(Deadline deadline, size_t limit,
@@ -144,6 +336,7 @@ Result<std::string> UpstreamExchange::ReadAll(Deadline deadline, size_t limit,
       case Next::kEnd:
         return body;
       case Next::kTimeout:
+      case Next::kClientGone:
         if (abort != nullptr && abort->load()) {
           Cancel();
           return Status::Cancelled(node_.url + ": abandoned (router stopping)");
@@ -158,20 +351,8 @@ Result<std::string> UpstreamExchange::ReadAll(Deadline deadline, size_t limit,
 }
 
 void UpstreamExchange::Cancel() {
-  {
-    MutexLock lock(&mu_);
-    if (done_ || cancelled_) return;
-    cancelled_ = true;
-    cv_.NotifyAll();
-  }
-  // Unblocks a read waiting on the node; the receiver then returns false and the connection
-  // closes, which the node sees as a client disconnect.
-  client_.stop();
-}
-
-bool UpstreamExchange::connect_failed() const {
-  MutexLock lock(&mu_);
-  return connect_failed_;
+  // What arrived before a cancel is not the whole answer: readers must not take it for one.
+  if (!done_) Fail("cancelled");
 }
 
 }  // namespace pdserve::router

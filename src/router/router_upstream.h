@@ -1,29 +1,31 @@
-// One HTTP exchange between the router and a node, run on its own thread so that the client's
-// handler can relay the node's response while it is still arriving. The node thread pushes the
-// response head and each body piece into a bounded queue as soon as they arrive; the handler
-// pops them. Cancel() closes the node connection (the node then cancels its request).
-// Thread-safe: Start on any thread; WaitHead/Pop from one consumer thread; Cancel from any.
+// One HTTP/1.1 exchange between the router and a node, run by the thread that serves the
+// client's request: it connects and sends the request, reads the response head, then reads
+// the body piece by piece as the node sends it (chunked, sized or until the node closes), so
+// that a relayed event goes from the node's socket to the client's without passing between
+// threads. (It had a thread of its own, started per request, that pushed each piece into a
+// queue for the handler: two thread switches per event, a thread per request, and on a loaded
+// machine most of the relay's cost.) Cancel, or destruction, closes the node connection, which
+// the node takes for its client leaving. Thread-compatible: used by one thread at a time.
 #pragma once
 
 #include <atomic>
-#include <deque>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 
 #include <httplib.h>
 
 #include "common/clock.h"
-#include "common/mutex.h"
 #include "common/status.h"
+#include "http/request_framing.h"
 #include "router/router_nodes.h"
 
 namespace pdserve::router {
 
 struct UpstreamRequest {
   std::string method;  // "GET" or "POST"
-  std::string path;
+  std::string path;    // with its query, as the client sent it
   httplib::Headers headers;
   std::string body;
 };
@@ -32,7 +34,6 @@ struct UpstreamTimeouts {
   Duration connect = std::chrono::seconds(2);
   Duration read = std::chrono::seconds(600);  // longest silence from the node
   Duration write = std::chrono::seconds(30);
-  size_t max_buffered_bytes = 1 << 20;  // back-pressure when the client reads slowly
 };
 
 struct UpstreamHead {
@@ -42,54 +43,65 @@ struct UpstreamHead {
 
 class UpstreamExchange {
  public:
-  // Starts the exchange on a new thread.
-  static std::shared_ptr<UpstreamExchange> Start(NodeAddress node, UpstreamRequest request,
+  // Connects to `node` and sends `request` (within the connect and write timeouts); a failure
+  // is reported by WaitHead.
+  static std::shared_ptr<UpstreamExchange> Start(NodeAddress node, const UpstreamRequest& request,
                                                  UpstreamTimeouts timeouts);
-  ~UpstreamExchange();  // cancels if still running, then joins the thread
+  ~UpstreamExchange();  // closes the node connection
   UpstreamExchange(const UpstreamExchange&) = delete;
   UpstreamExchange& operator=(const UpstreamExchange&) = delete;
 
   // The response head. Unavailable if the node could not be reached or failed before sending
   // a head (the request never started there, so it may be retried elsewhere);
-  // DeadlineExceeded past `deadline`.
-  Result<UpstreamHead> WaitHead(Deadline deadline) EXCLUDES(mu_);
+  // DeadlineExceeded past `deadline` (call again to wait on).
+  Result<UpstreamHead> WaitHead(Deadline deadline);
 
-  enum class Next { kData, kEnd, kTimeout, kError };
-  // The next body piece into *data (kData), the end of the body (kEnd), nothing before
-  // `deadline` (kTimeout), or a broken exchange (kError, message in *data).
-  Next Pop(std::string* data, Deadline deadline) EXCLUDES(mu_);
+  enum class Next { kData, kEnd, kTimeout, kError, kClientGone };
+  // After WaitHead: the next body piece into *data (kData), the end of the body (kEnd),
+  // nothing before `deadline` (kTimeout), or a broken exchange (kError, message in *data).
+  // With `client_fd` (the connection of the client the body is relayed to), kClientGone as
+  // soon as that client closes its side.
+  Next Pop(std::string* data, Deadline deadline, int client_fd = -1);
 
   // The whole remaining body, for non-streamed responses. Errors if the exchange breaks or
   // the body exceeds `limit`; Cancelled (and the exchange cancelled) once `*abort` is set
   // (checked a few times a second; null: never).
   Result<std::string> ReadAll(Deadline deadline, size_t limit,
-                              const std::atomic<bool>* abort = nullptr) EXCLUDES(mu_);
+                              const std::atomic<bool>* abort = nullptr);
 
-  void Cancel() EXCLUDES(mu_);
-  bool connect_failed() const EXCLUDES(mu_);
+  // Closes the node connection; the exchange then reports "cancelled" as its error.
+  void Cancel();
+  bool connect_failed() const { return connect_failed_; }
   const NodeAddress& node() const { return node_; }
 
  private:
-  UpstreamExchange(NodeAddress node, UpstreamTimeouts timeouts);
-  void Run(UpstreamRequest request);
-  bool OnHead(const httplib::Response& response) EXCLUDES(mu_);
-  bool OnData(const char* data, size_t size) EXCLUDES(mu_);
-  void Finish(httplib::Error error, const httplib::Response& response) EXCLUDES(mu_);
+  enum class Body { kNone, kLength, kChunked, kUntilClose };
+
+  UpstreamExchange(NodeAddress node, UpstreamTimeouts timeouts)
+      : node_(std::move(node)), timeouts_(timeouts) {}
+  // Connects and sends; false (and error_ set) on failure.
+  bool Send(const UpstreamRequest& request);
+  // Parses the head at the start of in_ (whole); false (error_ set) if it is malformed.
+  bool ParseHead(size_t head_size);
+  // Appends what the node sends to in_, waiting for it until `deadline`: bytes read, 0 at the
+  // deadline (or, with `client_fd`, once that client closed: *client_gone), -1 when the node
+  // closed the connection or it failed.
+  ssize_t Fill(Deadline deadline, int client_fd, bool* client_gone);
+  // Takes the body bytes in in_ into *data; true once the body is complete.
+  bool TakeBody(std::string* data);
+  void Fail(std::string error);
 
   const NodeAddress node_;
   const UpstreamTimeouts timeouts_;
-  httplib::Client client_;  // stop() is the one call made from other threads
-  std::thread thread_;
-
-  mutable Mutex mu_;
-  CondVar cv_;
-  std::optional<UpstreamHead> head_ GUARDED_BY(mu_);
-  std::deque<std::string> pieces_ GUARDED_BY(mu_);
-  size_t buffered_ GUARDED_BY(mu_) = 0;
-  bool done_ GUARDED_BY(mu_) = false;
-  bool cancelled_ GUARDED_BY(mu_) = false;
-  bool connect_failed_ GUARDED_BY(mu_) = false;
-  std::string error_ GUARDED_BY(mu_);  // set if the exchange broke
+  int fd_ = -1;
+  std::string in_;  // read from the node, not yet taken
+  std::optional<UpstreamHead> head_;
+  Body body_ = Body::kNone;
+  uint64_t body_left_ = 0;  // kLength
+  std::optional<http::ChunkedBodyScanner> chunks_;
+  bool done_ = false;  // the body is complete
+  bool connect_failed_ = false;
+  std::string error_;  // set once the exchange broke
 };
 
 }  // namespace pdserve::router

@@ -35,7 +35,7 @@ Status NodeRegistration::RegisterOnce() {
   client.set_read_timeout(2, 0);
   client.set_write_timeout(2, 0);
   const std::string body = nlohmann::json{{"url", node_url_}}.dump();
-  auto res = client.Post(path_, http::ClusterAuthHeaders(cluster_key_, "POST", path_), body,
+  auto res = client.Post(path_, http::ClusterAuthHeaders(cluster_key_, "POST", path_, body), body,
                          "application/json");
   if (!res) return Status::Unavailable(httplib::to_string(res.error()));
   if (res->status < 200 || res->status >= 300) {

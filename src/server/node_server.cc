@@ -463,7 +463,7 @@ NodeServer::NodeServer(NodeServerOptions options)
   posts.push_back({"/detokenize", [impl](const httplib::Request& req, httplib::Response& res) {
                      impl->HandleDetokenize(req, res);
                    }});
-  http::AddPostRoutes(*http_, impl->http_config.max_body_bytes, std::move(posts));
+  http::AddPostRoutes(*http_, std::move(posts));
   http_->Get("/v1/models",
              [impl](const httplib::Request&, httplib::Response& res) { impl->HandleModels(res); });
   // Model ids may contain '/' (e.g. "Qwen/Qwen2.5-0.5B-Instruct").

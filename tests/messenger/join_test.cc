@@ -27,8 +27,9 @@ TEST(MessengerJoinTest, PrefillNodeJoinsARunningDecodeNode) {
   auto unsigned_join = client.Post(kPath, body, "application/json");
   ASSERT_TRUE(unsigned_join);
   EXPECT_EQ(unsigned_join->status, 401) << unsigned_join->body;
-  auto bad_url = client.Post(kPath, http::ClusterAuthHeaders(kClusterKey, "POST", kPath),
-                             R"({"url": "not a node"})", "application/json");
+  const std::string bad_body = R"({"url": "not a node"})";
+  auto bad_url = client.Post(kPath, http::ClusterAuthHeaders(kClusterKey, "POST", kPath, bad_body),
+                             bad_body, "application/json");
   ASSERT_TRUE(bad_url);
   EXPECT_EQ(bad_url->status, 400) << bad_url->body;
   EXPECT_NE(bad_url->body.find("invalid_registration"), std::string::npos) << bad_url->body;

@@ -33,11 +33,18 @@ std::unique_ptr<Router> StartRouter(RouterOptions options) {
   return std::move(*router);
 }
 
+std::string RegistrationBody(const std::string& node_url) { return json{{"url", node_url}}.dump(); }
+
+// A proof under `secret` for registering `node_url`.
+httplib::Headers ProofFor(const std::string& secret, const std::string& node_url) {
+  return http::ClusterAuthHeaders(secret, "POST", kRegister, RegistrationBody(node_url));
+}
+
 httplib::Result Register(int router_port, const httplib::Headers& headers,
                          const std::string& node_url) {
   httplib::Client client("127.0.0.1", router_port);
   client.set_read_timeout(10, 0);
-  return client.Post(kRegister, headers, json{{"url", node_url}}.dump(), "application/json");
+  return client.Post(kRegister, headers, RegistrationBody(node_url), "application/json");
 }
 
 std::string ErrorCode(const httplib::Result& r) {
@@ -61,7 +68,7 @@ TEST(ClusterAuthTest, RegistrationNeedsTheClusterSecret) {
   EXPECT_EQ(r->status, 401);
   EXPECT_EQ(ErrorCode(r), "invalid_cluster_proof");
 
-  r = Register(port, http::ClusterAuthHeaders("wrong-secret", "POST", kRegister), fake);
+  r = Register(port, ProofFor("wrong-secret", fake), fake);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 401) << "a proof under another secret was accepted";
 
@@ -71,19 +78,56 @@ TEST(ClusterAuthTest, RegistrationNeedsTheClusterSecret) {
   EXPECT_EQ(r->status, 401);
 
   // A proof for another path, or an old one, does not carry over.
-  r = Register(port, http::ClusterAuthHeaders("the-secret", "POST", "/internal/other"), fake);
+  r = Register(
+      port,
+      http::ClusterAuthHeaders("the-secret", "POST", "/internal/other", RegistrationBody(fake)),
+      fake);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 401) << "a proof made for another path was accepted";
   const int64_t stale = http::UnixNow() - 3 * http::kClusterProofWindow.count();
-  r = Register(port, http::ClusterAuthHeaders("the-secret", "POST", kRegister, stale), fake);
+  r = Register(
+      port,
+      http::ClusterAuthHeaders("the-secret", "POST", kRegister, RegistrationBody(fake), stale),
+      fake);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 401) << "a stale proof was accepted";
   EXPECT_EQ(router->nodes().Size(), 0) << "a refused registration added a node";
 
-  r = Register(port, http::ClusterAuthHeaders("the-secret", "POST", kRegister), fake);
+  r = Register(port, ProofFor("the-secret", fake), fake);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(router->nodes().Size(), 1);
+}
+
+// A proof seen on the wire (internal traffic is plain HTTP) is good for nothing else: not for
+// another body (a thief's URL), nor for the same request again. Fresh proofs keep working,
+// several within one second.
+TEST(ClusterAuthTest, ProofsCoverTheBodyAndAreSingleUse) {
+  RouterOptions options;
+  options.cluster_key = "the-secret";
+  auto router = StartRouter(options);
+  ASSERT_TRUE(router);
+  const int port = router->port();
+  const std::string node = "http://127.0.0.1:9";
+  const httplib::Headers seen = ProofFor("the-secret", node);
+  auto r = Register(port, seen, node);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  r = Register(port, seen, "http://127.0.0.1:10");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401) << "a proof was taken for another body";
+  EXPECT_EQ(ErrorCode(r), "invalid_cluster_proof");
+  r = Register(port, seen, node);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401) << "a proof was accepted twice";
+  EXPECT_EQ(router->nodes().Size(), 1);
+  for (int i = 0; i < 3; ++i) {
+    const std::string url = "http://127.0.0.1:" + std::to_string(20 + i);
+    r = Register(port, ProofFor("the-secret", url), url);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+  }
+  EXPECT_EQ(router->nodes().Size(), 4);
 }
 
 TEST(ClusterAuthTest, RouterWithoutASecretRefusesRegistration) {
@@ -93,8 +137,7 @@ TEST(ClusterAuthTest, RouterWithoutASecretRefusesRegistration) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 403);
   EXPECT_EQ(ErrorCode(r), "internal_disabled");
-  r = Register(router->port(), http::ClusterAuthHeaders("", "POST", kRegister),
-               "http://127.0.0.1:9");
+  r = Register(router->port(), ProofFor("", "http://127.0.0.1:9"), "http://127.0.0.1:9");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 403) << "a proof under the empty secret was accepted";
   EXPECT_EQ(router->nodes().Size(), 0);

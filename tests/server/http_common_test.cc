@@ -158,10 +158,9 @@ class ServerSetupTest : public ::testing::Test {
     config.max_body_bytes = 1024;
     config.api_key = "sekret";
     ConfigureServer(server_, config);
-    AddPostRoutes(server_, config.max_body_bytes,
-                  {{"/echo", [](const httplib::Request& req, httplib::Response& res) {
-                      res.set_content(req.body, "text/plain");
-                    }}});
+    AddPostRoutes(server_, {{"/echo", [](const httplib::Request& req, httplib::Response& res) {
+                               res.set_content(req.body, "text/plain");
+                             }}});
     // Three SSE events, as a generation streams them.
     server_.Get("/stream", [](const httplib::Request&, httplib::Response& res) {
       auto sent = std::make_shared<int>(0);
@@ -242,6 +241,40 @@ TEST_F(ServerSetupTest, HttplibErrorsGetTheOpenAiShape) {
   auto busy = client.Get("/busy", auth_);
   ExpectError(busy, 503, "server_overloaded");
   EXPECT_EQ(busy->get_header_value("Retry-After"), "1");
+}
+
+// An exception in a handler is a bug: its text is for the log, the client gets a generic 500
+// that names the request id (before, the message was the exception's what(): "boom").
+TEST_F(ServerSetupTest, HandlerExceptionsGetAGeneric500WithTheRequestId) {
+  httplib::Headers headers = auth_;
+  headers.emplace("X-Request-Id", "trace-36");
+  auto r = Client().Get("/throw", headers);
+  ExpectError(r, 500, "internal_error");
+  EXPECT_EQ(r->body.find("boom"), std::string::npos) << r->body;
+  EXPECT_NE(r->body.find("trace-36"), std::string::npos) << r->body;
+}
+
+// Routes take JSON; a form (curl -F) or another media type gets 415 naming what is taken,
+// before the body is parsed (httplib's multipart reader threw into the route: 500).
+TEST_F(ServerSetupTest, BodiesOfOtherMediaTypesGet415) {
+  auto client = Client();
+  for (const std::string type : {"multipart/form-data; boundary=b", "application/xml"}) {
+    auto r = client.Post("/echo", auth_, "--b\r\n\r\nx\r\n--b--\r\n", type);
+    ExpectError(r, 415, "unsupported_media_type");
+    EXPECT_NE(r->body.find("application/json"), std::string::npos) << r->body;
+  }
+  for (const std::string type : {"application/json", "Application/JSON; charset=utf-8",
+                                 "application/vnd.api+json", "text/plain"}) {
+    auto r = client.Post("/echo", auth_, "{}", type);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << type << ": " << r->body;
+  }
+  // Bodies reach routes as sent: a compressed one is refused, not taken for JSON.
+  httplib::Headers gzip = auth_;
+  gzip.emplace("Content-Encoding", "gzip");
+  ExpectError(client.Post("/echo", gzip, "{}", "application/json"), 415, "unsupported_media_type");
+  // Unknown paths are still 404, whatever the body.
+  ExpectError(client.Post("/nothing", auth_, "x", "application/xml"), 404, "not_found");
 }
 
 TEST_F(ServerSetupTest, RequestIdIsKeptWhenSafeElseMade) {

@@ -32,10 +32,9 @@ class TestServer {
  public:
   explicit TestServer(const ServerConfig& config) {
     ConfigureServer(server_, config);
-    AddPostRoutes(server_, config.max_body_bytes,
-                  {{"/echo", [](const httplib::Request& req, httplib::Response& res) {
-                      res.set_content("echo:" + req.body, "text/plain");
-                    }}});
+    AddPostRoutes(server_, {{"/echo", [](const httplib::Request& req, httplib::Response& res) {
+                               res.set_content("echo:" + req.body, "text/plain");
+                             }}});
     server_.Get("/health", [](const httplib::Request&, httplib::Response& res) {
       res.set_content("ok", "text/plain");
     });
@@ -207,6 +206,128 @@ TEST(HttpConnectionTest, ConnectionsOverTheCapGet503) {
     if (status != 200) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_EQ(status, 200) << "a freed connection slot was not reused";
+}
+
+// Heads a recipient must not guess at (RFC 9112: bare CR or LF line ends, whitespace before a
+// colon, folded lines, control bytes) and framing a proxy could read otherwise (Content-Length
+// and Transfer-Encoding together, two lengths, a coding other than chunked) get 400 and a
+// close at once. Before, httplib skipped or half-read such lines: a bare-LF head waited for
+// the header deadline; "Content-Length : 5" was no length at all, so its body became a request.
+TEST(HttpConnectionTest, MalformedHeadsGet400AndACloseAtOnce) {
+  ServerConfig config;
+  config.threads = 2;
+  TestServer server(config);
+  const std::string echo = "POST /echo HTTP/1.1\r\nHost: x\r\n";
+  const std::vector<std::string> heads = {
+      "GET /health HTTP/1.1\nHost: x\n\n",
+      "GET /health HTTP/1.1\r\nHost: x\n\r\n",
+      "GET /health HTTP/1.1\rHost: x\r\n\r\n",
+      "GET /health HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n",
+      "GET /health HTTP/1.1\r\nHost x\r\n\r\n",
+      "GET /health HTTP/1.1\r\nHost : x\r\n\r\n",
+      std::string("GET /health HTTP/1.1\r\nHost: x\0y\r\n\r\n", 35),
+      "GET /health HTTP/1.1\r\n: x\r\n\r\n",
+      "GET  /health HTTP/1.1\r\n\r\n",
+      "GET /health HTTP/2.0\r\n\r\n",
+      "G\xc3\xa9T /health HTTP/1.1\r\n\r\n",
+      echo + "Content-Length : 5\r\n\r\nhello",
+      echo + "Content-Length: +5\r\n\r\nhello",
+      echo + "Content-Length: 5, 5\r\n\r\nhello",
+      echo + "Content-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
+      echo + "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+      echo + "Transfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+      echo + "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+      "POST /echo HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+      echo + "Transfer-Encoding: chunked\r\n\r\n5\r\nhelloXX\r\n0\r\n\r\n",
+      echo + "Transfer-Encoding: chunked\r\n\r\n0x5\r\nhello\r\n0\r\n\r\n",
+      echo + "Transfer-Encoding: chunked\r\n\r\n0\r\nX-Trailer: 1\r\n\r\n",
+  };
+  for (const std::string& head : heads) {
+    RawHttpClient raw(server.port());
+    ASSERT_TRUE(raw.ok());
+    ASSERT_TRUE(raw.Send(head));
+    const TimePoint sent = Clock::now();
+    bool closed = false;
+    const std::string answer = raw.ReadUntilClose(Deadline::AfterMs(8000), &closed);
+    EXPECT_EQ(StatusOf(answer), 400) << testing::PrintableText(head) << "\n" << answer;
+    EXPECT_NE(answer.find("Connection: close"), std::string::npos) << answer;
+    EXPECT_TRUE(closed) << testing::PrintableText(head);
+    EXPECT_LT(SecondsSince(sent), 1.0) << testing::PrintableText(head);
+  }
+}
+
+// Garbage after a request that was answered is refused at once too, not at the deadline.
+TEST(HttpConnectionTest, GarbageAfterAPipelinedRequestGets400AtOnce) {
+  ServerConfig config;
+  config.threads = 2;
+  TestServer server(config);
+  RawHttpClient raw(server.port());
+  ASSERT_TRUE(raw.ok());
+  ASSERT_TRUE(raw.Send(EchoRequest("first", false) + "\x16\x03\x01\x02\x00garbage"));
+  const TimePoint sent = Clock::now();
+  bool closed = false;
+  const std::string answer = raw.ReadUntilClose(Deadline::AfterMs(8000), &closed);
+  const std::vector<testing::RawResponse> r = testing::ParseResponses(answer);
+  ASSERT_EQ(r.size(), 2u) << answer;
+  EXPECT_EQ(r[0].body, "echo:first");
+  EXPECT_EQ(r[1].status, 400);
+  EXPECT_TRUE(closed);
+  EXPECT_LT(SecondsSince(sent), 1.0);
+}
+
+// RFC 9112 2.2: empty lines before a request line are ignored (some clients end a body with
+// an extra CRLF).
+TEST(HttpConnectionTest, EmptyLinesBeforeARequestAreSkipped) {
+  ServerConfig config;
+  config.threads = 2;
+  TestServer server(config);
+  RawHttpClient raw(server.port());
+  ASSERT_TRUE(raw.ok());
+  ASSERT_TRUE(raw.Send(EchoRequest("first", false) + "\r\n\r\n" + EchoRequest("second", true)));
+  bool closed = false;
+  const std::string answer = raw.ReadUntilClose(Deadline::AfterMs(8000), &closed);
+  const std::vector<testing::RawResponse> r = testing::ParseResponses(answer);
+  ASSERT_EQ(r.size(), 2u) << answer;
+  EXPECT_EQ(r[0].body, "echo:first");
+  EXPECT_EQ(r[1].body, "echo:second");
+}
+
+// A client that waits for "100 Continue" before its body gets exactly one, and then its answer.
+TEST(HttpConnectionTest, ExpectContinueGetsOneInterimAnswer) {
+  ServerConfig config;
+  config.threads = 2;
+  TestServer server(config);
+  RawHttpClient raw(server.port());
+  ASSERT_TRUE(raw.ok());
+  ASSERT_TRUE(raw.Send(
+      "POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n"));
+  const std::string interim = raw.ReadAtLeast(25, Deadline::AfterMs(5000));
+  EXPECT_EQ(interim, "HTTP/1.1 100 Continue\r\n\r\n");
+  ASSERT_TRUE(raw.Send("hello"));
+  bool closed = false;
+  const std::vector<testing::RawResponse> r =
+      raw.ReadResponses(1, Deadline::AfterMs(5000), &closed);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].body, "echo:hello");
+  // Nothing more: no second interim answer, no second response.
+  EXPECT_TRUE(raw.ReadResponses(1, Deadline::AfterMs(300), &closed).empty());
+}
+
+// Chunked bodies in their full grammar are read: extensions, upper-case sizes, many chunks.
+TEST(HttpConnectionTest, ChunkedBodiesAreRead) {
+  ServerConfig config;
+  config.threads = 2;
+  TestServer server(config);
+  RawHttpClient raw(server.port());
+  ASSERT_TRUE(raw.ok());
+  ASSERT_TRUE(raw.Send(
+      "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked\r\nConnection: close\r\n\r\n"
+      "3;ext=1\r\nabc\r\nA\r\n0123456789\r\n000\r\n\r\n"));
+  bool closed = false;
+  const std::string answer = raw.ReadUntilClose(Deadline::AfterMs(5000), &closed);
+  const std::vector<testing::RawResponse> r = testing::ParseResponses(answer);
+  ASSERT_EQ(r.size(), 1u) << answer;
+  EXPECT_EQ(r[0].body, "echo:abc0123456789");
 }
 
 // Connections idle between requests hold no thread either: more keep-alive clients than

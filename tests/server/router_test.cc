@@ -443,16 +443,19 @@ TEST(RouterTest, RegistrationAddsANode) {
   EXPECT_EQ(json::parse(r->body)["error"]["code"], "no_healthy_node");
   EXPECT_EQ(client.Get("/health")->status, 503);
 
-  const httplib::Headers proof =
-      http::ClusterAuthHeaders(options.cluster_key, "POST", "/internal/register");
-  r = client.Post("/internal/register", proof, json{{"url", a.url()}}.dump(), "application/json");
+  // A proof covers one request, body included.
+  auto proof = [&](const std::string& body) {
+    return http::ClusterAuthHeaders(options.cluster_key, "POST", "/internal/register", body);
+  };
+  const std::string registration = json{{"url", a.url()}}.dump();
+  r = client.Post("/internal/register", proof(registration), registration, "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;
   ASSERT_TRUE(WaitHealthyNodes(*router, 1));
   EXPECT_EQ(client.Get("/health")->status, 200);
   EXPECT_EQ(NodeOf(client.Post("/v1/completions", "{}", "application/json")), "a");
   for (const char* bad : {"", "[]", "{\"url\": 5}", "{\"url\": \"ftp:x\"}", "{\"uri\": \"a:1\"}"}) {
-    r = client.Post("/internal/register", proof, bad, "application/json");
+    r = client.Post("/internal/register", proof(bad), bad, "application/json");
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 400) << bad;
     EXPECT_TRUE(json::parse(r->body, nullptr, false).contains("error")) << r->body;
