@@ -118,8 +118,8 @@ void PageAttention(std::span<const AttentionQuery> queries, const KvCache& cache
       v_pages.resize(pages);
       for (int64_t p = 0; p < pages; ++p) {
         const PageId page = queries[first].pages[p];
-        k_pages[p] = cache.Block(layer, page, false) + kv_head * head_offset;
-        v_pages[p] = cache.Block(layer, page, true) + kv_head * head_offset;
+        k_pages[p] = cache.Block(layer, page, KvComponent::kK) + kv_head * head_offset;
+        v_pages[p] = cache.Block(layer, page, KvComponent::kV) + kv_head * head_offset;
       }
       const size_t score_floats =
           (last - first) * group * static_cast<size_t>((ctx + 15) / 16 * 16);
@@ -285,22 +285,30 @@ void PagedAttention(std::span<const AttentionQuery> queries, const KvCache& cach
   PageAttention(queries, cache, layer, num_heads, scale);
 }
 
-void StoreKv(KvCache& cache, int layer, PageId page, int slot, const float* k, const float* v) {
+namespace {
+
+// Writes one token's rows of component `c` ([kv_heads][head_dim] floats) into `slot` of `page`.
+void StoreComponent(KvCache& cache, int layer, PageId page, int slot, KvComponent c,
+                    const float* src) {
   const KvLayout& layout = cache.layout();
   const int hd = layout.head_dim;
-  for (int is_v = 0; is_v < 2; ++is_v) {
-    const float* src = is_v ? v : k;
-    uint8_t* block = cache.Block(layer, page, is_v != 0);
-    for (int h = 0; h < layout.num_kv_heads; ++h) {
-      const size_t elem = (static_cast<size_t>(h) * layout.page_tokens + slot) * hd;
-      const float* s = src + static_cast<size_t>(h) * hd;
-      if (layout.dtype == DType::kF32) {
-        std::copy(s, s + hd, reinterpret_cast<float*>(block) + elem);
-      } else {
-        ToBF16(s, reinterpret_cast<uint16_t*>(block) + elem, hd);
-      }
+  uint8_t* block = cache.Block(layer, page, c);
+  for (int h = 0; h < layout.num_kv_heads; ++h) {
+    const size_t elem = (static_cast<size_t>(h) * layout.page_tokens + slot) * hd;
+    const float* s = src + static_cast<size_t>(h) * hd;
+    if (layout.dtype == DType::kF32) {
+      std::copy(s, s + hd, reinterpret_cast<float*>(block) + elem);
+    } else {
+      ToBF16(s, reinterpret_cast<uint16_t*>(block) + elem, hd);
     }
   }
+}
+
+}  // namespace
+
+void StoreKv(KvCache& cache, int layer, PageId page, int slot, const float* k, const float* v) {
+  StoreComponent(cache, layer, page, slot, KvComponent::kK, k);
+  StoreComponent(cache, layer, page, slot, KvComponent::kV, v);
 }
 
 }  // namespace pdserve::kernels

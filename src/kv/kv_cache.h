@@ -34,12 +34,19 @@ class KvCache {
   size_t size_bytes() const { return size_; }
   int fd() const { return fd_; }  // memfd; owned by this object
 
-  // Start of one page's K (or V) block for a layer: [kv_heads][page_tokens][head_dim].
+  // Start of component `c` of one page of a layer: [kv_heads][page_tokens][head_dim].
+  uint8_t* Block(int layer, PageId page, KvComponent c) {
+    return base_ + layout_.ComponentOffset(layer, page, c);
+  }
+  const uint8_t* Block(int layer, PageId page, KvComponent c) const {
+    return base_ + layout_.ComponentOffset(layer, page, c);
+  }
+  // The same for a GQA cache's K (is_v false) or V: shorthand for tests that walk both.
   uint8_t* Block(int layer, PageId page, bool is_v) {
-    return base_ + layout_.BlockOffset(layer, page) + (is_v ? layout_.half_block_bytes() : 0);
+    return Block(layer, page, is_v ? KvComponent::kV : KvComponent::kK);
   }
   const uint8_t* Block(int layer, PageId page, bool is_v) const {
-    return base_ + layout_.BlockOffset(layer, page) + (is_v ? layout_.half_block_bytes() : 0);
+    return Block(layer, page, is_v ? KvComponent::kV : KvComponent::kK);
   }
 
  private:

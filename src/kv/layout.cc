@@ -26,7 +26,7 @@ Status KvLayout::Validate() const {
   // The running product is checked before each multiplication, so it never overflows.
   uint64_t bytes = elem_size();
   for (uint64_t factor : {uint64_t(head_dim), uint64_t(page_tokens), uint64_t(num_kv_heads),
-                          uint64_t{2}, uint64_t(num_pages), uint64_t(num_layers)}) {
+                          uint64_t(num_components()), uint64_t(num_pages), uint64_t(num_layers)}) {
     if (factor != 0 && bytes > kMaxTotalBytes / factor) {
       return Status::InvalidArgument("KV layout larger than 2^50 bytes: " + ToString());
     }

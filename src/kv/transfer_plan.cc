@@ -142,12 +142,12 @@ Status TransferPlan::AppendLayerWrites(std::span<const PagePair> pages, int laye
                                        std::vector<KvWrite>* out) const {
   PD_RETURN_IF_ERROR(CheckPages(pages, layer));
   const std::vector<Route> routes = Routes(seed);
-  out->reserve(out->size() + 2 * routes.size() * pages.size());
+  out->reserve(out->size() + source_.ranks[0].num_components() * routes.size() * pages.size());
   for (const PagePair& p : pages) {
     for (const Route& r : routes) {
       const KvLayout& s = source_.ranks[r.src_rank];
       const KvLayout& d = destination_.ranks[r.dst_rank];
-      if (r.writes_per_page() == 1) {
+      if (r.whole_blocks) {
         out->push_back(KvWrite{.src_rank = r.src_rank,
                                .src_offset = s.BlockOffset(layer, p.src),
                                .dst_rank = r.dst_rank,
@@ -155,11 +155,11 @@ Status TransferPlan::AppendLayerWrites(std::span<const PagePair> pages, int laye
                                .length = s.block_bytes()});
         continue;
       }
-      for (bool is_v : {false, true}) {
+      for (KvComponent c : s.components()) {
         out->push_back(KvWrite{.src_rank = r.src_rank,
-                               .src_offset = s.ElementOffset(layer, p.src, is_v, r.src_head, 0),
+                               .src_offset = s.ElementOffset(layer, p.src, c, r.src_head, 0),
                                .dst_rank = r.dst_rank,
-                               .dst_offset = d.ElementOffset(layer, p.dst, is_v, r.dst_head, 0),
+                               .dst_offset = d.ElementOffset(layer, p.dst, c, r.dst_head, 0),
                                .length = s.head_bytes() * static_cast<uint64_t>(r.num_heads)});
       }
     }
@@ -177,7 +177,8 @@ Result<std::vector<KvWrite>> TransferPlan::LayerWrites(std::span<const PagePair>
 std::vector<uint64_t> TransferPlan::ExpectedWritesPerRank(size_t num_pages, uint64_t seed) const {
   std::vector<uint64_t> per_rank(destination_.shards.tp_size(), 0);
   for (const Route& r : Routes(seed)) {
-    per_rank[r.dst_rank] += uint64_t(r.writes_per_page()) * num_pages * num_layers();
+    const int components = source_.ranks[r.src_rank].num_components();
+    per_rank[r.dst_rank] += uint64_t(r.writes_per_page(components)) * num_pages * num_layers();
   }
   return per_rank;
 }
@@ -186,10 +187,10 @@ uint64_t TransferPlan::ExpectedBytes(size_t num_pages, uint64_t seed) const {
   uint64_t per_page_layer = 0;
   for (const Route& r : Routes(seed)) {
     const KvLayout& s = source_.ranks[r.src_rank];
-    // As AppendLayerWrites: one whole block, or K and V of the heads' range.
-    per_page_layer += r.writes_per_page() == 1
-                          ? s.block_bytes()
-                          : 2 * s.head_bytes() * static_cast<uint64_t>(r.num_heads);
+    // As AppendLayerWrites: one whole block, or each component of the heads' range.
+    per_page_layer +=
+        r.whole_blocks ? s.block_bytes()
+                       : s.num_components() * s.head_bytes() * static_cast<uint64_t>(r.num_heads);
   }
   return per_page_layer * num_pages * static_cast<uint64_t>(num_layers());
 }

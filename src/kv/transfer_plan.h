@@ -4,10 +4,11 @@
 // writes and the decode side's expected count come from the same code and cannot disagree.
 //
 // A write moves one contiguous byte range: the overlap of a source rank's heads and a
-// destination rank's heads, for K and for V of one page (HND keeps a head range of one page
-// contiguous). When both ranks hold exactly the overlap, K and V are adjacent on both sides
-// and move as one write. When a side has replica groups, the request's seed picks which
-// source replica serves each destination replica (see TransferPlan::Create).
+// destination rank's heads, for each component (KvLayout::components(): K and V) of one page
+// (HND keeps a head range of one component contiguous). When both ranks hold exactly the
+// overlap, the components are adjacent on both sides and move as one write. When a side has
+// replica groups, the request's seed picks which source replica serves each destination replica
+// (see TransferPlan::Create).
 //
 // Immutable after Create: every method is const and safe from any thread.
 #pragma once
@@ -85,9 +86,10 @@ class TransferPlan {
     int src_head = 0;
     int dst_head = 0;
     int num_heads = 0;
-    bool whole_blocks = false;  // both ranks hold exactly these heads: K and V in one write
-    // What AppendLayerWrites emits per page and ExpectedWritesPerRank counts.
-    int writes_per_page() const { return whole_blocks ? 1 : 2; }
+    bool whole_blocks = false;  // both ranks hold exactly these heads: one write per page
+    // What AppendLayerWrites emits per page and ExpectedWritesPerRank counts, for a layout of
+    // `components` components: one whole block, or one write per component.
+    int writes_per_page(int components) const { return whole_blocks ? 1 : components; }
   };
 
   TransferPlan(KvSideLayout source, KvSideLayout destination);

@@ -2,7 +2,10 @@
 //
 // One call runs a batch of sequence chunks (prefill chunks and decode steps mixed): it writes
 // each token's K/V into the cache pages of its sequence and returns logits for the chunks that
-// ask for them. Not thread-safe: the engine's loop thread owns it (kernels use OpenMP inside).
+// ask for them. The model is the embedding, then per layer an attention block and a feed-forward
+// block (model/block.h, each kind a class of its own, chosen per layer from the config), then the
+// final norm and lm_head (model/embedding_head.h). Not thread-safe: the engine's loop thread owns
+// it (kernels use OpenMP inside).
 #pragma once
 
 #include <cstdint>
@@ -16,20 +19,17 @@
 #include "common/status.h"
 #include "kv/kv_cache.h"
 #include "kv/layout.h"
+#include "model/block.h"
 #include "model/config.h"
+#include "model/embedding_head.h"
+#include "model/forward_pass.h"
+#include "model/rope.h"
 #include "model/tp_group.h"
+#include "model/tp_linear.h"
+#include "model/tp_slices.h"
 #include "model/weights.h"
 
 namespace pdserve {
-
-// Tokens [start, start + tokens.size()) of one sequence. `pages` must already cover positions
-// [0, start + tokens.size()); positions before `start` must already be in the cache.
-struct SequenceChunk {
-  std::span<const int32_t> tokens;
-  int64_t start = 0;
-  std::span<const PageId> pages;
-  bool want_logits = false;  // logits of the chunk's last token
-};
 
 // Told after each layer's attention output projection (DESIGN.md §3: the layer-progress hook
 // that the KV messenger watches). Called on the forward thread.
@@ -57,26 +57,6 @@ struct TransformerOptions {
   int tp_size = 1;
 };
 
-// [begin, end) of a dimension: a rank's heads or output columns.
-struct DimRange {
-  int begin = 0;
-  int end = 0;
-  int size() const { return end - begin; }
-};
-
-// One rank's share of a model under tensor parallelism (the whole model when size is 1).
-struct TpSlices {
-  int rank = 0;
-  int size = 1;
-  DimRange q_heads, kv_heads;  // attention heads of this rank
-  DimRange hidden;             // output columns of o_proj and down_proj
-  DimRange intermediate;       // output columns of gate_proj and up_proj
-  DimRange vocab;              // output columns of the lm_head
-  // Errors: rank outside [0, size), a query-head group that the replicas of a KV head cannot
-  // split evenly (kv_heads < size).
-  static Result<TpSlices> Create(const ModelConfig& config, int rank, int size);
-};
-
 class Transformer {
  public:
   static Result<std::unique_ptr<Transformer>> Create(ModelConfig config, ModelWeights weights,
@@ -89,7 +69,7 @@ class Transformer {
   DType kv_dtype() const { return kv_dtype_; }
   const TpSlices& tp() const { return tp_; }
   // The group this rank gathers with; required before Forward when tp().size > 1. Not owned.
-  void SetTpGroup(TpGroup* group) { group_ = group; }
+  void SetTpGroup(TpGroup* group) { linear_.set_group(group); }
   // The KV layout of this rank's cache of `num_pages` pages (its KV heads only).
   KvLayout MakeKvLayout(int num_pages, int page_tokens) const;
   // Bytes of weights read per decode step (every matrix once).
@@ -114,56 +94,33 @@ class Transformer {
   Status Validate(std::span<const SequenceChunk> chunks, const KvCache& cache) const;
 
  private:
-  // A weight matrix [n][k] as the kernels take it: BF16 packed by kernels::PackBF16 (inside
-  // packed_arena_), or F32 row-major.
-  struct Matrix {
-    const uint16_t* bf16 = nullptr;
-    Tensor f32;
-    int n = 0;
-    int k = 0;
+  // A decoder layer: its attention block, then its feed-forward block.
+  struct Layer {
+    std::unique_ptr<LayerBlock> attention;
+    std::unique_ptr<LayerBlock> feed_forward;
   };
-  struct LayerMatrices;
-  // Packs a BF16 matrix at *cursor in the arena (and advances it), or keeps an F32 one.
-  static Matrix ToMatrix(Tensor w, uint16_t** cursor);
-  static size_t MatrixBytes(const Matrix& m);  // bytes a product reads
   Transformer(ModelConfig config, ModelWeights weights, DType kv_dtype, int threads, TpSlices tp);
-  // y[m][n] = x[m][k] * w^T, in the weight's dtype.
-  void Linear(const float* x, int m, const Matrix& w, float* y);
-  // y[m][width] = x * W^T where this rank holds W's rows `cols` (as w): computes its columns
-  // and gathers the others' (with one rank, a plain Linear into y).
-  Status ColumnParallelLinear(const float* x, int m, const Matrix& w, DimRange cols, int width,
-                              float* y);
-  // The embedding of `token` as floats (from the output matrix when the two are tied).
-  void EmbedRow(int32_t token, float* out) const;
-  Status AttentionBlock(int layer, std::span<const SequenceChunk> chunks, KvCache& cache);
-  Status MlpBlock(int layer);
+  // The blocks of layer `layer`, chosen from the config; their matrices go to `packer`.
+  Layer MakeLayer(int layer, MatrixPacker& packer);
 
   ModelConfig config_;
-  ModelWeights weights_;
-  // Every packed BF16 matrix, back to back in the order a forward pass reads them, in one
-  // allocation of whole 2 MB pages. With separate allocations the small matrices (q|k|v,
-  // o_proj) read several times slower after the large ones streamed past, most likely from 4 KB
-  // pages (a TLB miss each, a nested page walk in a VM; measured: docs/kernels.md, "BF16
-  // products").
+  ModelWeights weights_;  // what the blocks keep of it: the norms (the matrices are packed)
+  std::vector<Layer> layers_;
+  std::unique_ptr<EmbeddingHead> head_;
+  // Every packed BF16 matrix, in the order a forward pass reads them (MatrixPacker).
   Tensor packed_arena_;
-  std::vector<LayerMatrices> layers_;
-  Matrix lm_head_;
   DType kv_dtype_;                // F32 or BF16
   std::string_view kernel_path_;  // a name with static storage (kernels::ActivePath)
   int threads_;                   // 0: the runtime's default
   TpSlices tp_;
-  TpGroup* group_ = nullptr;      // with tp_.size > 1
-  std::vector<double> inv_freq_;  // RoPE inverse frequencies (with rope scaling applied)
+  TpLinear linear_;  // this rank's products; holds the TP group
 
-  // Workspace, reused across calls (sized for the largest batch seen).
-  std::vector<float> x_, h_, qkv_, attn_, tmp_, gate_up_, act_, cos_, sin_, slice_;
-  std::vector<uint16_t> x_bf16_;
+  // The state of a pass, reused across calls (sized for the largest batch seen).
+  RopeAngles rope_;
+  Workspace workspace_;
+  std::vector<float> x_;  // the residual stream
   std::vector<int64_t> positions_;
-  std::vector<int> token_chunk_;
+  std::vector<int> row_chunk_;
 };
-
-// RoPE inverse frequencies for a config (rotate_half pairs i and i + head_dim/2), with
-// Llama-3 or linear rope scaling applied.
-std::vector<double> RopeInverseFrequencies(const ModelConfig& config);
 
 }  // namespace pdserve

@@ -83,7 +83,7 @@ TEST(KvLayoutTest, HndOffsetsKeepHeadsContiguous) {
   EXPECT_EQ(l.ElementOffset(1, 2, false, 1, 0) - l.ElementOffset(1, 2, false, 0, 0),
             l.head_bytes());
   EXPECT_EQ(l.ElementOffset(1, 2, true, 0, 0) - l.ElementOffset(1, 2, false, 0, 0),
-            l.half_block_bytes());
+            l.component_bytes());
   EXPECT_EQ(l.BlockOffset(1, 3) - l.BlockOffset(1, 2), l.block_bytes());
   EXPECT_EQ(l.BlockOffset(2, 0) - l.BlockOffset(1, 0), l.layer_bytes());
   EXPECT_EQ(l.ElementOffset(0, 0, false, 0, 3), 3u * 8 * 2);
@@ -103,7 +103,7 @@ TEST(KvCacheTest, StorageIsZeroedAndSharedThroughTheFd) {
   EXPECT_EQ(c.size_bytes(), l.total_bytes());
   EXPECT_TRUE(std::all_of(c.base(), c.base() + c.size_bytes(), [](uint8_t b) { return b == 0; }));
   c.Block(1, 2, true)[0] = 7;
-  EXPECT_EQ(c.base()[l.BlockOffset(1, 2) + l.half_block_bytes()], 7);
+  EXPECT_EQ(c.base()[l.BlockOffset(1, 2) + l.component_bytes()], 7);
   EXPECT_GE(c.fd(), 0);
 }
 

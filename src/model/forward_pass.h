@@ -1,0 +1,66 @@
+// ForwardPass: one forward pass as the blocks of each layer see it (model/block.h): the chunks
+// of the batch, one token row per chunk token, the residual stream the blocks update, and this
+// rank's products and scratch. Transformer::Forward builds it and hands it to each block in
+// turn, on the forward thread.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kv/kv_cache.h"
+#include "kv/layout.h"
+#include "model/rope.h"
+#include "model/tp_linear.h"
+
+namespace pdserve {
+
+// Tokens [start, start + tokens.size()) of one sequence. `pages` must already cover positions
+// [0, start + tokens.size()); positions before `start` must already be in the cache.
+struct SequenceChunk {
+  std::span<const int32_t> tokens;
+  int64_t start = 0;
+  std::span<const PageId> pages;
+  bool want_logits = false;  // logits of the chunk's last token
+};
+
+// Float buffers that the blocks of a pass share for their intermediates: a block may use any of
+// them, only inside its Run (the next block overwrites them). They only grow, so they end up
+// sized for the largest batch seen and a step of another size costs no allocation or fill.
+class Workspace {
+ public:
+  static constexpr int kBuffers = 4;
+  // Buffer `i` (< kBuffers) with room for at least `count` floats; its contents are unspecified.
+  float* Floats(int i, size_t count) {
+    std::vector<float>& b = buffers_[i];
+    if (b.size() < count) b.resize(count);
+    return b.data();
+  }
+
+ private:
+  std::array<std::vector<float>, kBuffers> buffers_;
+};
+
+struct ForwardPass {
+  std::span<const SequenceChunk> chunks;
+  KvCache& cache;
+  int rows = 0;                        // token rows: the chunks' tokens, chunk after chunk
+  int hidden = 0;                      // the model's hidden size
+  std::span<const int64_t> positions;  // [rows]: each row's position in its sequence
+  std::span<const int> row_chunk;      // [rows]: the chunk each row belongs to
+  const RopeAngles& rope;              // the angles of each row's position
+  float* x;                            // [rows][hidden]: the residual stream
+  TpLinear& linear;                    // this rank's products and gathers
+  Workspace& workspace;
+
+  const SequenceChunk& chunk_of(int row) const { return chunks[row_chunk[row]]; }
+  // x += y, y being [rows][hidden]: how a block adds its output to the residual stream.
+  void AddToResidual(const float* y) {
+    const size_t n = static_cast<size_t>(rows) * hidden;
+    for (size_t i = 0; i < n; ++i) x[i] += y[i];
+  }
+};
+
+}  // namespace pdserve

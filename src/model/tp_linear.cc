@@ -1,0 +1,42 @@
+#include "model/tp_linear.h"
+
+#include <cstring>
+
+#include "kernels/kernels.h"
+
+namespace pdserve {
+
+void TpLinear::Linear(const float* x, int m, const Matrix& w, float* y) {
+  if (w.bf16 == nullptr) {
+    kernels::MatMulF32(x, w.f32.as<float>(), y, m, w.n, w.k);
+    return;
+  }
+  const size_t count = static_cast<size_t>(m) * w.k;
+  if (x_bf16_.size() < count) x_bf16_.resize(count);
+  kernels::ToBF16(x, x_bf16_.data(), count);
+  kernels::MatMulBF16(x_bf16_.data(), w.bf16, y, m, w.n, w.k);
+}
+
+Status TpLinear::ColumnParallelLinear(const float* x, int m, const Matrix& w, DimRange cols,
+                                      int width, float* y) {
+  if (tp_size_ == 1) {
+    Linear(x, m, w, y);
+    return Status::Ok();
+  }
+  if (cols.size() > 0) {
+    slice_.resize(static_cast<size_t>(m) * cols.size());
+    Linear(x, m, w, slice_.data());
+    for (int r = 0; r < m; ++r) {
+      std::memcpy(y + static_cast<size_t>(r) * width + cols.begin,
+                  &slice_[static_cast<size_t>(r) * cols.size()], cols.size() * sizeof(float));
+    }
+  }
+  return GatherColumns(y, m, width, cols);
+}
+
+Status TpLinear::GatherColumns(float* data, int rows, int width, DimRange cols) {
+  if (tp_size_ == 1) return Status::Ok();
+  return group_->AllGatherColumns(data, rows, width, cols.begin, cols.end);
+}
+
+}  // namespace pdserve

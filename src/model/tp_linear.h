@@ -1,0 +1,45 @@
+// TpLinear: the matrix products of one tensor-parallel rank and the gathers that join the ranks'
+// column slices (model/tp_group.h). A rank computes its columns of a product and gathers the
+// others', so every output element is reduced in the one-rank order (DESIGN.md §6). Keeps the
+// scratch the products need between calls. Not thread-safe: the forward thread owns it (the
+// kernels use OpenMP inside).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "model/matrix.h"
+#include "model/tp_group.h"
+#include "model/tp_slices.h"
+
+namespace pdserve {
+
+class TpLinear {
+ public:
+  explicit TpLinear(int tp_size) : tp_size_(tp_size) {}
+  TpLinear(const TpLinear&) = delete;
+  TpLinear& operator=(const TpLinear&) = delete;
+
+  // The group this rank gathers with; required before a product when tp_size > 1. Not owned.
+  void set_group(TpGroup* group) { group_ = group; }
+  TpGroup* group() const { return group_; }
+
+  // y[m][n] = x[m][k] * w^T, in the weight's dtype.
+  void Linear(const float* x, int m, const Matrix& w, float* y);
+  // y[m][width] = x * W^T where this rank holds W's rows `cols` (as w): computes its columns
+  // and gathers the others' (with one rank, a plain Linear into y).
+  Status ColumnParallelLinear(const float* x, int m, const Matrix& w, DimRange cols, int width,
+                              float* y);
+  // data is [rows][width] of which this rank has computed columns `cols`: with more than one
+  // rank, gathers the others' columns (TpGroup::AllGatherColumns); with one, nothing to do.
+  Status GatherColumns(float* data, int rows, int width, DimRange cols);
+
+ private:
+  int tp_size_;
+  TpGroup* group_ = nullptr;
+  std::vector<float> slice_;      // this rank's columns of a product, before the gather
+  std::vector<uint16_t> x_bf16_;  // the input of a BF16 product
+};
+
+}  // namespace pdserve
