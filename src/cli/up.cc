@@ -259,8 +259,8 @@ Status WaitUntilReady(router::Router& front, int serving, const std::vector<Node
 }
 
 // The ready line, one line per node (scripts and tests read its port and pid), the curl line.
-void PrintReady(const UpFlags& f, int port, const std::vector<NodeSpec>& specs,
-                const std::vector<pid_t>& pids) {
+void PrintReady(const UpFlags& f, const std::string& model, int port,
+                const std::vector<NodeSpec>& specs, const std::vector<pid_t>& pids) {
   const std::string url = "http://" + f.host + ":" + std::to_string(port);
   std::string auth;
   if (!f.api_key.empty()) {
@@ -275,6 +275,14 @@ void PrintReady(const UpFlags& f, int port, const std::vector<NodeSpec>& specs,
   } else {
     std::printf("pdserve up: ready at %s (%zu node%s)\n", url.c_str(), nodes,
                 nodes == 1 ? "" : "s");
+  }
+  if (f.model.empty()) {
+    // A first-time user should not mistake the synthetic model's answers for a broken server.
+    std::printf(
+        "  model: the embedded synthetic 'tiny' model (random weights: it answers noise; serve a "
+        "real one with --model DIR, a Hugging Face directory)\n");
+  } else {
+    std::printf("  model: %s\n", model.c_str());
   }
   for (size_t i = 0; i < nodes; ++i) {
     std::printf("  %s node http://127.0.0.1:%d pid %d cpus %s\n", specs[i].role.c_str(),
@@ -330,7 +338,7 @@ int RunUp(UpFlags f) {
                      Deadline::After(std::chrono::seconds(f.startup_timeout_s)));
   int exit_code = 0;
   if (ready.ok()) {
-    PrintReady(f, front->port(), specs, pids);
+    PrintReady(f, model, front->port(), specs, pids);
     while (signals.WaitFor(std::chrono::milliseconds(500)) == 0) {
       for (const std::string& exited : children.ReapExited()) {
         PD_LOG_WARN("up: node {}; the router sends its traffic elsewhere", exited);

@@ -22,3 +22,5 @@ bool SetLogLevel(std::string_view level);
 #define PD_LOG_INFO(...) SPDLOG_INFO(__VA_ARGS__)
 #define PD_LOG_WARN(...) SPDLOG_WARN(__VA_ARGS__)
 #define PD_LOG_ERROR(...) SPDLOG_ERROR(__VA_ARGS__)
+// At a level chosen at run time (spdlog::level::...).
+#define PD_LOG_AT(level, ...) SPDLOG_LOGGER_CALL(spdlog::default_logger_raw(), level, __VA_ARGS__)

@@ -489,9 +489,13 @@ NodeServer::NodeServer(NodeServerOptions options)
              });
   http_->set_logger([impl](const httplib::Request& req, const httplib::Response& res) {
     if (res.status >= 400) impl->metrics.RequestFailed(res.status);
-    PD_LOG_INFO("request_id={} method={} path={} status={} remote={} bytes_in={}",
-                http::RequestIdOf(res), req.method, req.path, res.status, req.remote_addr,
-                req.body.size());
+    // Health checks and scrapes come every second from routers and monitors: debug, so that
+    // the info log shows requests (PDSERVE_LOG_LEVEL=debug shows them too).
+    const bool poll = req.path == "/health" || req.path == "/ready" || req.path == "/metrics";
+    const auto level = poll ? spdlog::level::debug : spdlog::level::info;
+    PD_LOG_AT(level, "request_id={} method={} path={} status={} remote={} bytes_in={}",
+              http::RequestIdOf(res), req.method, req.path, res.status, req.remote_addr,
+              req.body.size());
   });
 }
 
