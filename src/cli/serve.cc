@@ -12,8 +12,6 @@
 #include <memory>
 #include <string>
 
-#include <fmt/format.h>
-
 #include "cli/commands.h"
 #include "cli/http_flags.h"
 #include "cli/model_flags.h"
@@ -113,11 +111,10 @@ int RunServe(const ServeFlags& f) {
                                                         served.tokenizer.get(), engine_options));
   std::string fingerprint;
   if (role != server::NodeRole::kColocated) {
-    PD_ASSIGN_OR_RETURN_CLI(std::string files, ModelFingerprint(dir.path, dir.config));
-    // Fields, so that a refused handshake says what differs (messenger/node_info.h); the
-    // weights' dtype changes the forward pass, hence the KV bits.
-    fingerprint = fmt::format("config={:016x};files={};weights={}", dir.config.Fingerprint(), files,
-                              f.model.dtype);
+    // The handshake compares it field by field and names what differs (messenger/node_info.h).
+    PD_ASSIGN_OR_RETURN_CLI(ModelIdentity identity,
+                            IdentifyModel(dir.path, dir.config, f.model.dtype));
+    fingerprint = identity.Serialize();
   }
   // Its messenger is destroyed with the served model: after node.Stop() stopped the engine,
   // before the engine.
