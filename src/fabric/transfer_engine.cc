@@ -218,12 +218,6 @@ TransferEngine::~TransferEngine() {
   for (auto& f : fired) f.Run();
 }
 
-std::vector<std::string> TransferEngine::DomainNics() const {
-  std::vector<std::string> nics;
-  for (const auto& d : domains_) nics.push_back(d->nic_name());
-  return nics;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Memory
 
