@@ -66,7 +66,7 @@ FUZZ_SOURCES := tests/server/fuzz_request_parser.cc src/server/openai_request.cc
   src/http/api_error.cc src/engine/sampling_params.cc src/common/status.cc
 PROTOCOL_FUZZ_BIN := $(BUILD)/fuzz/fuzz_protocol
 PROTOCOL_FUZZ_SOURCES := tests/messenger/fuzz_protocol.cc src/messenger/protocol.cc \
-  src/messenger/wire.cc src/kv/shard_layout.cc src/kv/layout.cc src/common/status.cc \
+  src/common/byte_codec.cc src/kv/shard_layout.cc src/kv/layout.cc src/common/status.cc \
   src/common/dtype.cc
 
 fuzz: fuzz-request fuzz-protocol

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "common/dtype.h"
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "fabric/config.h"
@@ -44,24 +45,27 @@ struct Nodes {
 };
 
 Result<std::unique_ptr<Engine>> LoadEngine(const DisaggBenchOptions& o, int threads,
-                                           std::string* fingerprint, ModelConfig* config) {
+                                           ModelIdentity* identity, ModelConfig* config) {
   ModelDirOptions load = o.load;
   load.transformer.threads = threads;
   load.load_tokenizer = false;  // token ids only
   PD_ASSIGN_OR_RETURN(ModelDir dir, LoadModelDir(o.model_dir, load));
-  PD_ASSIGN_OR_RETURN(*fingerprint, ModelFingerprint(dir.path, dir.config));
+  // The weight dtype as `pdserve serve` names it (its --dtype), so both handshakes read alike.
+  const std::string weights =
+      o.load.weight_dtype ? std::string(DTypeFlagName(*o.load.weight_dtype)) : "auto";
+  PD_ASSIGN_OR_RETURN(*identity, IdentifyModel(dir.path, dir.config, weights));
   *config = dir.config;
   return Engine::Create(std::move(dir.transformer), nullptr, o.engine);
 }
 
 Result<std::unique_ptr<Nodes>> StartNodes(const DisaggBenchOptions& o) {
   auto nodes = std::make_unique<Nodes>();
-  std::string fingerprint;
+  ModelIdentity identity;
   ModelConfig config;
   PD_ASSIGN_OR_RETURN(nodes->prefill_engine,
-                      LoadEngine(o, o.load.transformer.threads, &fingerprint, &config));
+                      LoadEngine(o, o.load.transformer.threads, &identity, &config));
   // D only runs the prompt's last token: one thread leaves the cores to P.
-  PD_ASSIGN_OR_RETURN(nodes->decode_engine, LoadEngine(o, 1, &fingerprint, &config));
+  PD_ASSIGN_OR_RETURN(nodes->decode_engine, LoadEngine(o, 1, &identity, &config));
   nodes->num_layers = nodes->prefill_engine->kv_layout().num_layers;
   nodes->vocab = config.vocab_size;
   nodes->max_context = config.MaxContext();
@@ -71,7 +75,7 @@ Result<std::unique_ptr<Nodes>> StartNodes(const DisaggBenchOptions& o) {
   if (m.fabric.provider == fabric::Provider::kTcp) m.fabric.node = "127.0.0.1";
   m.fabric.pin_progress_threads = false;  // as `pdserve serve` does
   m.cluster_key = "pdserve-bench-disagg";
-  m.model_fingerprint = fingerprint;
+  m.model_fingerprint = identity.Serialize();
   m.kernel_path = kernels::ArithmeticIdentity();
   m.prefill_timeout = std::chrono::seconds(o.timeout_s);
   // Long prefills on a loaded machine must not look like a dead peer.

@@ -316,7 +316,7 @@ void PrintTable(const FabricBenchOptions& flags, const std::vector<Row>& rows) {
 
 Status RunFabricBench(const FabricBenchOptions& flags) {
   const fabric::Provider provider = flags.provider;
-  std::vector<size_t> sizes = flags.page_sizes;
+  std::vector<size_t> sizes = flags.page_bytes;
   if (sizes.empty()) sizes = {4096, 16384, 65536, 262144, 1u << 20};
   for (size_t size : sizes) {
     if (size < 4096 || size > (1u << 20)) {

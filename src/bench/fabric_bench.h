@@ -17,7 +17,7 @@ namespace pdserve::bench {
 
 struct FabricBenchOptions {
   fabric::Provider provider = fabric::Provider::kShm;
-  std::vector<size_t> page_sizes;  // each in [4 KiB, 1 MiB]; empty: 4K 16K 64K 256K 1M
+  std::vector<size_t> page_bytes;  // each in [4 KiB, 1 MiB]; empty: 4K 16K 64K 256K 1M
   uint32_t pages = 64;             // pages per paged write, in [1, 4096]
   uint64_t mib_per_size = 256;     // MiB moved per page size
   // The receiving process: this command line plus "--provider NAME --bytes N" must run

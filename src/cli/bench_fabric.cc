@@ -14,7 +14,7 @@ namespace {
 
 struct BenchFlags {
   std::string provider = "shm";
-  std::string page_size;  // empty: the standard sweep
+  std::string page_bytes;  // empty: the standard sweep
   uint32_t pages = 64;
   uint64_t mib_per_size = 256;
 };
@@ -26,7 +26,7 @@ Result<size_t> ParseSize(const std::string& text) {
   try {
     value = std::stoull(text, &used);
   } catch (const std::exception&) {
-    return Status::InvalidArgument(fmt::format("--page-size '{}' is not a size", text));
+    return Status::InvalidArgument(fmt::format("--page-bytes '{}' is not a size", text));
   }
   std::string unit = text.substr(used);
   if (unit == "K" || unit == "k" || unit == "KiB") {
@@ -34,10 +34,10 @@ Result<size_t> ParseSize(const std::string& text) {
   } else if (unit == "M" || unit == "m" || unit == "MiB") {
     value <<= 20;
   } else if (!unit.empty()) {
-    return Status::InvalidArgument(fmt::format("--page-size '{}' has an unknown unit", text));
+    return Status::InvalidArgument(fmt::format("--page-bytes '{}' has an unknown unit", text));
   }
   if (value < 4096 || value > (1u << 20)) {
-    return Status::InvalidArgument(fmt::format("--page-size {} is outside 4K..1M", text));
+    return Status::InvalidArgument(fmt::format("--page-bytes {} is outside 4K..1M", text));
   }
   return static_cast<size_t>(value);
 }
@@ -45,9 +45,9 @@ Result<size_t> ParseSize(const std::string& text) {
 Status RunBench(const BenchFlags& flags) {
   bench::FabricBenchOptions options;
   PD_ASSIGN_OR_RETURN(options.provider, fabric::ParseProvider(flags.provider));
-  if (!flags.page_size.empty()) {
-    PD_ASSIGN_OR_RETURN(size_t size, ParseSize(flags.page_size));
-    options.page_sizes = {size};
+  if (!flags.page_bytes.empty()) {
+    PD_ASSIGN_OR_RETURN(size_t bytes, ParseSize(flags.page_bytes));
+    options.page_bytes = {bytes};
   }
   if (flags.pages < 1 || flags.pages > 4096) {
     return Status::InvalidArgument("--pages must be in [1, 4096]");
@@ -66,8 +66,9 @@ void AddBenchFabricCommand(CLI::App& bench, int* exit_code) {
       "fabric", "Paged RMA writes through the transfer engine vs raw fi_writedata and memcpy");
   cmd->add_option("--provider", flags->provider, "Fabric provider: shm or tcp (loopback)")
       ->check(CLI::IsMember({"shm", "tcp", "verbs", "efa"}));
-  cmd->add_option("--page-size", flags->page_size,
-                  "One page size (4K..1M, e.g. 16K); default: 4K 16K 64K 256K 1M");
+  // Bytes, not tokens: --page-size is every other command's page in tokens.
+  cmd->add_option("--page-bytes", flags->page_bytes,
+                  "One page size in bytes (4K..1M, e.g. 16K); default: 4K 16K 64K 256K 1M");
   cmd->add_option("--pages", flags->pages, "Pages per paged write (default 64)");
   cmd->add_option("--mib-per-size", flags->mib_per_size, "MiB moved per page size (default 256)");
   cmd->callback([flags, exit_code] {

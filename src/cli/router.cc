@@ -8,6 +8,7 @@
 #include "cli/http_flags.h"
 #include "cli/model_flags.h"
 #include "cli/router_process.h"
+#include "cli/termination_signals.h"
 #include "common/logging.h"
 #include "http/cluster_auth.h"
 #include "router/router.h"

@@ -1,7 +1,6 @@
 // `pdserve serve`: one node of the serving cluster behind the OpenAI-compatible HTTP API of
 // server/node_server.h. --role colocated: prefill and decode in one engine. --role prefill /
 // decode: disaggregated, joined by the KV messenger (cli/serve_messenger.h, docs/messenger.md).
-#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -12,13 +11,12 @@
 #include <memory>
 #include <string>
 
-#include <fmt/format.h>
-
 #include "cli/commands.h"
 #include "cli/http_flags.h"
 #include "cli/model_flags.h"
 #include "cli/router_process.h"
 #include "cli/serve_messenger.h"
+#include "cli/termination_signals.h"
 #include "common/logging.h"
 #include "http/cluster_auth.h"
 #include "http/node_url.h"
@@ -78,13 +76,9 @@ int RunServe(const ServeFlags& f) {
   options.max_body_bytes = f.http.max_body_bytes();
   options.request_timeout_s = f.request_timeout_s;
 
-  // SIGINT/SIGTERM are taken synchronously by this thread (sigwait below); every thread
-  // started from here inherits the mask. A gone client must not kill the process.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // SIGINT/SIGTERM are taken synchronously by this thread (Wait below); every thread started
+  // from here inherits the mask. A gone client must not kill the process.
+  TerminationSignals signals;
   signal(SIGPIPE, SIG_IGN);
 
   // A tensor-parallel rank that dies leaves the node unable to compute: it stops, with exit
@@ -113,11 +107,10 @@ int RunServe(const ServeFlags& f) {
                                                         served.tokenizer.get(), engine_options));
   std::string fingerprint;
   if (role != server::NodeRole::kColocated) {
-    PD_ASSIGN_OR_RETURN_CLI(std::string files, ModelFingerprint(dir.path, dir.config));
-    // Fields, so that a refused handshake says what differs (messenger/node_info.h); the
-    // weights' dtype changes the forward pass, hence the KV bits.
-    fingerprint = fmt::format("config={:016x};files={};weights={}", dir.config.Fingerprint(), files,
-                              f.model.dtype);
+    // The handshake compares it field by field and names what differs (messenger/node_info.h).
+    PD_ASSIGN_OR_RETURN_CLI(ModelIdentity identity,
+                            IdentifyModel(dir.path, dir.config, f.model.dtype));
+    fingerprint = identity.Serialize();
   }
   // Its messenger is destroyed with the served model: after node.Stop() stopped the engine,
   // before the engine.
@@ -139,9 +132,7 @@ int RunServe(const ServeFlags& f) {
     registrations.push_back(std::make_unique<server::NodeRegistration>(
         url, own_url, options.cluster_key, std::chrono::seconds(5), "/internal/messenger/join"));
   }
-  int sig = 0;
-  sigwait(&signals, &sig);
-  PD_LOG_INFO("signal {}: stopping", sig);
+  PD_LOG_INFO("signal {}: stopping", signals.Wait());
   registrations.clear();
   // Nothing can finish once a rank is gone: no grace.
   node.Drain(rank_failed.load() ? std::chrono::seconds(0)

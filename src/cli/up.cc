@@ -24,6 +24,7 @@
 #include "cli/http_flags.h"
 #include "cli/model_flags.h"
 #include "cli/router_process.h"
+#include "cli/termination_signals.h"
 #include "cli/up_processes.h"
 #include "common/logging.h"
 #include "common/random_bytes.h"

@@ -84,8 +84,6 @@ class Subprocess {
   pid_t pid() const { return pid_; }
   // True until the child has been reaped by TryWait/WaitFor/Kill.
   bool running() const { return pid_ > 0 && !reaped_; }
-  // The status once reaped (ExitStatus{} before).
-  const ExitStatus& exit_status() const { return exit_status_; }
 
   // Sends `sig` to the child, or to its process group when `group` (needs new_process_group).
   // Does nothing once the child has been reaped (its pid may belong to another process).

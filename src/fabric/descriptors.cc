@@ -1,8 +1,8 @@
 #include "fabric/descriptors.h"
 
-#include <cstring>
-
 #include <fmt/format.h>
+
+#include "common/byte_codec.h"
 
 namespace pdserve::fabric {
 namespace {
@@ -13,55 +13,13 @@ constexpr uint16_t kFormatVersion = 1;
 constexpr size_t kMaxDomains = 64;
 constexpr size_t kMaxEndpointBytes = 1024;
 
-class Writer {
- public:
-  void U16(uint16_t v) { Raw(&v, sizeof v); }
-  void U32(uint32_t v) { Raw(&v, sizeof v); }
-  void U64(uint64_t v) { Raw(&v, sizeof v); }
-  void Bytes(std::string_view b) {
-    U32(static_cast<uint32_t>(b.size()));
-    out_.append(b);
-  }
-  std::string Take() { return std::move(out_); }
-
- private:
-  // Little-endian hosts only (x86-64, aarch64), which is all pdserve builds for.
-  void Raw(const void* p, size_t n) { out_.append(static_cast<const char*>(p), n); }
-  std::string out_;
-};
-
-class Reader {
- public:
-  explicit Reader(std::string_view in) : in_(in) {}
-  bool U16(uint16_t* v) { return Raw(v, sizeof *v); }
-  bool U32(uint32_t* v) { return Raw(v, sizeof *v); }
-  bool U64(uint64_t* v) { return Raw(v, sizeof *v); }
-  bool Bytes(std::string* b, size_t max) {
-    uint32_t n = 0;
-    if (!U32(&n) || n > max || n > in_.size()) return false;
-    b->assign(in_.substr(0, n));
-    in_.remove_prefix(n);
-    return true;
-  }
-  bool AtEnd() const { return in_.empty(); }
-
- private:
-  bool Raw(void* p, size_t n) {
-    if (in_.size() < n) return false;
-    std::memcpy(p, in_.data(), n);
-    in_.remove_prefix(n);
-    return true;
-  }
-  std::string_view in_;
-};
-
-Status CheckHeader(Reader& r, uint32_t magic, std::string_view what) {
+Status CheckHeader(ByteReader& r, uint32_t magic, std::string_view what) {
   uint32_t got_magic = 0;
   uint16_t version = 0;
-  if (!r.U32(&got_magic) || got_magic != magic) {
+  if (!r.U32("magic", &got_magic).ok() || got_magic != magic) {
     return Status::InvalidArgument(fmt::format("not a serialised {} (bad magic)", what));
   }
-  if (!r.U16(&version) || version != kFormatVersion) {
+  if (!r.U16("version", &version).ok() || version != kFormatVersion) {
     return Status::InvalidArgument(fmt::format(
         "{} format version {} is not supported (expected {})", what, version, kFormatVersion));
   }
@@ -71,7 +29,7 @@ Status CheckHeader(Reader& r, uint32_t magic, std::string_view what) {
 }  // namespace
 
 std::string MemoryDescriptor::Serialize() const {
-  Writer w;
+  ByteWriter w;
   w.U32(kDescriptorMagic);
   w.U16(kFormatVersion);
   w.U64(length);
@@ -84,11 +42,11 @@ std::string MemoryDescriptor::Serialize() const {
 }
 
 Result<MemoryDescriptor> MemoryDescriptor::Parse(std::string_view bytes) {
-  Reader r(bytes);
+  ByteReader r(bytes);
   PD_RETURN_IF_ERROR(CheckHeader(r, kDescriptorMagic, "memory descriptor"));
   MemoryDescriptor d;
   uint16_t n = 0;
-  if (!r.U64(&d.length) || !r.U16(&n)) {
+  if (!r.U64("length", &d.length).ok() || !r.U16("domains", &n).ok()) {
     return Status::DataLoss("memory descriptor is truncated");
   }
   if (n == 0 || n > kMaxDomains) {
@@ -96,7 +54,7 @@ Result<MemoryDescriptor> MemoryDescriptor::Parse(std::string_view bytes) {
   }
   d.domains.resize(n);
   for (RemoteKey& k : d.domains) {
-    if (!r.U64(&k.base) || !r.U64(&k.key)) {
+    if (!r.U64("base", &k.base).ok() || !r.U64("key", &k.key).ok()) {
       return Status::DataLoss("memory descriptor is truncated");
     }
   }
@@ -106,7 +64,7 @@ Result<MemoryDescriptor> MemoryDescriptor::Parse(std::string_view bytes) {
 }
 
 std::string TransferEngineAddress::Serialize() const {
-  Writer w;
+  ByteWriter w;
   w.U32(kAddressMagic);
   w.U16(kFormatVersion);
   w.U16(static_cast<uint16_t>(provider));
@@ -117,12 +75,13 @@ std::string TransferEngineAddress::Serialize() const {
 }
 
 Result<TransferEngineAddress> TransferEngineAddress::Parse(std::string_view bytes) {
-  Reader r(bytes);
+  ByteReader r(bytes);
   PD_RETURN_IF_ERROR(CheckHeader(r, kAddressMagic, "engine address"));
   TransferEngineAddress a;
   uint16_t provider = 0;
   uint16_t n = 0;
-  if (!r.U16(&provider) || !r.U64(&a.instance) || !r.U16(&n)) {
+  if (!r.U16("provider", &provider).ok() || !r.U64("instance", &a.instance).ok() ||
+      !r.U16("endpoints", &n).ok()) {
     return Status::DataLoss("engine address is truncated");
   }
   if (provider > static_cast<uint16_t>(Provider::kEfa)) {
@@ -134,7 +93,7 @@ Result<TransferEngineAddress> TransferEngineAddress::Parse(std::string_view byte
   }
   a.endpoints.resize(n);
   for (std::string& e : a.endpoints) {
-    if (!r.Bytes(&e, kMaxEndpointBytes) || e.empty()) {
+    if (!r.Bytes("endpoint", kMaxEndpointBytes, &e).ok() || e.empty()) {
       return Status::DataLoss("engine address has a truncated or empty endpoint name");
     }
   }

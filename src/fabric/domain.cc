@@ -102,7 +102,6 @@ Status Domain::OpenHandles(const fi_info* info) {
   mr_local_ = (mr_mode & FI_MR_LOCAL) != 0;
   mr_endpoint_ = (mr_mode & FI_MR_ENDPOINT) != 0;
   has_source_ = (info->caps & FI_SOURCE) != 0;
-  nic_name_ = info->domain_attr->name != nullptr ? info->domain_attr->name : "";
 
   fid_fabric* fabric = nullptr;
   long rc = fi_fabric(info->fabric_attr, &fabric, nullptr);

@@ -104,7 +104,6 @@ class Domain {
   Status Start(const Topology* topology, std::vector<int> cpus);
   int index() const { return index_; }
   const std::string& endpoint_name() const { return endpoint_name_; }
-  const std::string& nic_name() const { return nic_name_; }
 
   void Submit(BatchRequest request);
   // Runs `task` on the progress thread and waits for it (inline if called from it).
@@ -157,7 +156,6 @@ class Domain {
   const FabricConfig config_;
   DomainEvents* const events_;
   std::string endpoint_name_;
-  std::string nic_name_;
   bool virt_addr_ = false;
   bool prov_key_ = false;
   bool mr_local_ = false;

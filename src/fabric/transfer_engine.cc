@@ -1,13 +1,16 @@
 #include "fabric/transfer_engine.h"
 
 #include <algorithm>
-#include <cstring>
 #include <limits>
 #include <random>
+#include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <rdma/fabric.h>
 
+#include "common/byte_codec.h"
+#include "common/check.h"
 #include "common/logging.h"
 #include "fabric/domain.h"
 #include "fabric/fi_handles.h"
@@ -20,13 +23,33 @@ constexpr uint16_t kMessageVersion = 1;
 // Waits on progress threads for setup work (registration, AV updates, peer removal).
 constexpr auto kControlTimeout = std::chrono::seconds(10);
 
+// The internal::kMessageHeaderBytes in front of every control message: magic (u32), version
+// (u16), reserved (u16, 0), the sender's instance (u64).
 struct MessageHeader {
-  uint32_t magic;
-  uint16_t version;
-  uint16_t reserved;
-  uint64_t instance;
+  uint32_t magic = 0;
+  uint16_t version = 0;
+  uint64_t instance = 0;
 };
-static_assert(sizeof(MessageHeader) == internal::kMessageHeaderBytes);
+
+// The header for a message from `instance`, then `payload`.
+std::string EncodeMessage(uint64_t instance, std::span<const std::byte> payload) {
+  ByteWriter w;
+  w.U32(kMessageMagic);
+  w.U16(kMessageVersion);
+  w.U16(0);
+  w.U64(instance);
+  PD_CHECK(w.size() == internal::kMessageHeaderBytes);
+  w.Raw(std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()));
+  return w.Take();
+}
+
+// The header in front of `bytes`; false if they are too short to hold one.
+bool DecodeMessageHeader(std::span<const std::byte> bytes, MessageHeader* header) {
+  ByteReader r(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+  uint16_t reserved = 0;
+  return r.U32("magic", &header->magic).ok() && r.U16("version", &header->version).ok() &&
+         r.U16("reserved", &reserved).ok() && r.U64("instance", &header->instance).ok();
+}
 
 uint64_t RandomInstance() {
   std::random_device rd;
@@ -193,12 +216,6 @@ TransferEngine::~TransferEngine() {
   std::vector<ImmediateCounters::Fired> fired;
   counters_.CancelAll(Status::Cancelled("fabric engine is shutting down"), &fired);
   for (auto& f : fired) f.Run();
-}
-
-std::vector<std::string> TransferEngine::DomainNics() const {
-  std::vector<std::string> nics;
-  for (const auto& d : domains_) nics.push_back(d->nic_name());
-  return nics;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -502,13 +519,8 @@ Status TransferEngine::Send(PeerId peer_id, std::span<const std::byte> payload,
                                                payload.size(), config_.max_message_bytes));
   }
   PD_ASSIGN_OR_RETURN(Deadline at, TransferDeadline(deadline));
-  MessageHeader header{kMessageMagic, kMessageVersion, 0, address_.instance};
   internal::BatchRequest request;
-  request.message.resize(sizeof header + payload.size());
-  std::memcpy(request.message.data(), &header, sizeof header);
-  if (!payload.empty()) {
-    std::memcpy(request.message.data() + sizeof header, payload.data(), payload.size());
-  }
+  request.message = EncodeMessage(address_.instance, payload);
   ReaderMutexLock lock(&peers_mu_);
   PD_RETURN_IF_ERROR(LivePeer(peer_id).status());
   request.transfer = std::make_shared<internal::TransferState>(std::move(completion), peer_id, 1);
@@ -562,12 +574,11 @@ void TransferEngine::HandleImmediate(PeerId from, uint32_t imm, bool from_remove
 }
 
 void TransferEngine::HandleMessage(std::span<const std::byte> bytes) {
-  MessageHeader header{};
-  if (bytes.size() < sizeof header) {
+  MessageHeader header;
+  if (!DecodeMessageHeader(bytes, &header)) {
     messages_dropped_.fetch_add(1);
     return;
   }
-  std::memcpy(&header, bytes.data(), sizeof header);
   if (header.magic != kMessageMagic || header.version != kMessageVersion) {
     PD_LOG_WARN("fabric: dropped a control message with bad magic/version");
     messages_dropped_.fetch_add(1);
@@ -583,7 +594,7 @@ void TransferEngine::HandleMessage(std::span<const std::byte> bytes) {
     }
   }
   if (handlers_.on_message)
-    handlers_.on_message(from, header.instance, bytes.subspan(sizeof header));
+    handlers_.on_message(from, header.instance, bytes.subspan(internal::kMessageHeaderBytes));
 }
 
 void TransferEngine::HandlePeerError(PeerId id, const Status& error) {

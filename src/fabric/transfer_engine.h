@@ -70,8 +70,6 @@ class TransferEngine {
   const TransferEngineAddress& address() const { return address_; }
   int num_domains() const { return static_cast<int>(domains_.size()); }
   const FabricConfig& config() const { return config_; }
-  // The NIC (libfabric domain name) each domain runs on.
-  std::vector<std::string> DomainNics() const;
 
   // Registers [base, base + length) with every domain. The memory must stay valid until
   // DeregisterMemory (or engine destruction) and until no transfer uses it.

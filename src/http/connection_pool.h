@@ -64,8 +64,6 @@ class ConnectionPool final : public httplib::TaskQueue {
   // Takes the accepted socket `fd`.
   void Adopt(int fd);
 
-  size_t open_connections() const { return open_.load(); }
-
  private:
   void PollLoop();
   void WorkerLoop();

@@ -28,7 +28,6 @@ class Server : public httplib::Server {
   // Takes effect at the next listen. Keep-alive timeout and count, read and write timeouts
   // are httplib's own settings.
   void SetConnectionLimits(const ConnectionLimits& limits) { limits_ = limits; }
-  const ConnectionLimits& connection_limits() const { return limits_; }
 
  private:
   // httplib's accept loop calls this (virtually) for each accepted socket, through the task

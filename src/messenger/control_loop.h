@@ -32,7 +32,6 @@ class ControlLoop {
   bool Post(std::function<void()> fn);
   // Runs nothing more; joins the thread. Idempotent; not from the loop thread.
   void Stop();
-  bool OnLoopThread() const { return std::this_thread::get_id() == thread_.get_id(); }
 
  private:
   void Run() EXCLUDES(mu_);

@@ -14,8 +14,8 @@ struct MessengerOptions {
   fabric::FabricConfig fabric;
   // The cluster secret both sides prove in the handshake. Required (non-empty).
   std::string cluster_key;
-  // Digest of the model's config and weights (model/fingerprint.h) plus anything else that
-  // changes the KV bits (weight dtype). Compared byte for byte.
+  // The served model's ModelIdentity::Serialize() (common/model_identity.h; built by
+  // model/fingerprint.h's IdentifyModel). The handshake compares it field by field.
   std::string model_fingerprint;
   // The kernels' ISA path (kernels::ActivePath()); both sides must compute the same bits.
   std::string kernel_path;

@@ -1,13 +1,12 @@
 #include "messenger/node_info.h"
 
-#include <algorithm>
 #include <random>
-#include <string_view>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "common/model_identity.h"
 #include "kv/shard_layout.h"
 #include "kv/transfer_plan.h"
 
@@ -41,56 +40,20 @@ Result<NodeInfo> MakeLocalNodeInfo(int total_kv_heads, std::span<const KvLayout>
 
 namespace {
 
-// "a=1;b=2" -> {{a,1},{b,2}}; a part without '=' is a field named "fingerprint".
-std::vector<std::pair<std::string, std::string>> FingerprintFields(std::string_view fingerprint) {
-  std::vector<std::pair<std::string, std::string>> fields;
-  while (!fingerprint.empty()) {
-    const size_t end = std::min(fingerprint.find(';'), fingerprint.size());
-    const std::string_view part = fingerprint.substr(0, end);
-    const size_t eq = part.find('=');
-    if (eq == std::string_view::npos) {
-      fields.emplace_back("fingerprint", std::string(part));
-    } else {
-      fields.emplace_back(std::string(part.substr(0, eq)), std::string(part.substr(eq + 1)));
-    }
-    fingerprint.remove_prefix(std::min(end + 1, fingerprint.size()));
-  }
-  return fields;
-}
-
-std::string FieldValue(const std::vector<std::pair<std::string, std::string>>& fields,
-                       const std::string& key) {
-  for (const auto& [k, v] : fields) {
-    if (k == key) return v;
-  }
-  return "(none)";
-}
-
-// What a differing fingerprint field means to an operator.
-std::string FieldMeaning(const std::string& key) {
-  if (key == "config") return "model config differs (another architecture or shape)";
-  if (key == "files") return "model weights differ (another checkpoint)";
-  if (key == "weights") return "weight dtype differs";
-  return "model " + key + " differs";
-}
-
 void AddModelDifferences(const std::string& prefill, const std::string& decode,
                          std::vector<std::string>* problems) {
   if (prefill == decode) return;
-  const auto p = FingerprintFields(prefill), d = FingerprintFields(decode);
-  const bool config_differs = FieldValue(p, "config") != FieldValue(d, "config");
-  const size_t before = problems->size();
-  for (const auto& [key, value] : p) {
-    const std::string other = FieldValue(d, key);
-    // The files digest covers the config too: with another config it says nothing more.
-    if (other == value || (key == "files" && config_differs)) continue;
-    problems->push_back(
-        fmt::format("{}: prefill {}={}, decode {}={}", FieldMeaning(key), key, value, key, other));
+  Result<ModelIdentity> p = ModelIdentity::Parse(prefill);
+  Result<ModelIdentity> d = ModelIdentity::Parse(decode);
+  if (p.ok() && d.ok()) {
+    for (std::string& difference : ModelIdentity::Compare(*p, "prefill", *d, "decode")) {
+      problems->push_back(std::move(difference));
+    }
+    return;
   }
-  if (problems->size() == before) {  // fields only the decode side has
-    problems->push_back(
-        fmt::format("model differs: prefill fingerprint '{}', decode '{}'", prefill, decode));
-  }
+  // Not both identities (a peer of another build or another kind of fingerprint): whole.
+  problems->push_back(
+      fmt::format("model differs: prefill fingerprint '{}', decode '{}'", prefill, decode));
 }
 
 }  // namespace

@@ -26,10 +26,10 @@ Result<NodeInfo> MakeLocalNodeInfo(int total_kv_heads, std::span<const KvLayout>
                                    std::vector<std::string> rank_memory,
                                    std::string model_fingerprint, std::string kernel_path);
 
-// Ok, or FailedPrecondition whose message names every difference with both values. A model
-// fingerprint made of `key=value` fields separated by ';' (`pdserve serve` sends
-// "config=…;files=…;weights=…") is compared field by field, so the message says whether the
-// config (architecture, shape) differs or only the weights (another checkpoint, same config).
+// Ok, or FailedPrecondition whose message names every difference with both values. Model
+// fingerprints that are both ModelIdentity strings (common/model_identity.h) are compared field
+// by field, so the message says whether the config (architecture, shape) differs or only the
+// weights (another checkpoint, same config); any other differing strings are named whole.
 // `prefill` and `decode` are the two sides of the pair, whichever one is local.
 Status CheckPeerCompatible(const NodeInfo& prefill, const NodeInfo& decode);
 

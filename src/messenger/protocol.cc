@@ -4,8 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "common/byte_codec.h"
 #include "messenger/immediate.h"
-#include "messenger/wire.h"
 
 namespace pdserve::messenger {
 namespace {
@@ -122,7 +122,7 @@ Status CheckMessage(const Message& m) {
 
 // --- Bodies: writers.
 
-void WriteFixed(WireWriter& w, std::span<const uint8_t> bytes) {
+void WriteFixed(ByteWriter& w, std::span<const uint8_t> bytes) {
   w.Raw(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
@@ -130,7 +130,7 @@ void WriteFixed(WireWriter& w, std::span<const uint8_t> bytes) {
 // element types have one: EncodeMessage validates the layout before writing it.
 constexpr uint8_t kWireF32 = 0, kWireBF16 = 1;
 
-void WriteLayout(WireWriter& w, const KvLayout& l) {
+void WriteLayout(ByteWriter& w, const KvLayout& l) {
   w.U32(static_cast<uint32_t>(l.num_layers));
   w.U32(static_cast<uint32_t>(l.num_kv_heads));
   w.U32(static_cast<uint32_t>(l.head_dim));
@@ -139,7 +139,7 @@ void WriteLayout(WireWriter& w, const KvLayout& l) {
   w.U32(static_cast<uint32_t>(l.num_pages));
 }
 
-void WriteNodeInfo(WireWriter& w, const NodeInfo& n) {
+void WriteNodeInfo(ByteWriter& w, const NodeInfo& n) {
   w.Bytes(n.kernel_path);
   w.Bytes(n.model_fingerprint);
   w.U32(static_cast<uint32_t>(n.kv.shards.total_kv_heads()));
@@ -152,7 +152,7 @@ void WriteNodeInfo(WireWriter& w, const NodeInfo& n) {
   }
 }
 
-void WriteBody(WireWriter& w, const Message& m) {
+void WriteBody(ByteWriter& w, const Message& m) {
   std::visit(Overloaded{[&](const Hello& h) {
                           w.U64(h.incarnation);
                           WriteFixed(w, h.nonce);
@@ -194,14 +194,14 @@ void WriteBody(WireWriter& w, const Message& m) {
 // --- Bodies: readers. Structure and allocation bounds only; CheckMessage does the rest.
 
 template <size_t N>
-Status ReadFixed(WireReader& r, const char* field, std::array<uint8_t, N>* out) {
+Status ReadFixed(ByteReader& r, const char* field, std::array<uint8_t, N>* out) {
   std::string_view bytes;
   PD_RETURN_IF_ERROR(r.Raw(field, N, &bytes));
   for (size_t i = 0; i < N; ++i) (*out)[i] = static_cast<uint8_t>(bytes[i]);
   return Status::Ok();
 }
 
-Status ReadLayout(WireReader& r, KvLayout* l) {
+Status ReadLayout(ByteReader& r, KvLayout* l) {
   PD_RETURN_IF_ERROR(r.NonNegativeI32("num_layers", &l->num_layers));
   PD_RETURN_IF_ERROR(r.NonNegativeI32("num_kv_heads", &l->num_kv_heads));
   PD_RETURN_IF_ERROR(r.NonNegativeI32("head_dim", &l->head_dim));
@@ -215,7 +215,7 @@ Status ReadLayout(WireReader& r, KvLayout* l) {
   return r.NonNegativeI32("num_pages", &l->num_pages);
 }
 
-Status ReadNodeInfo(WireReader& r, NodeInfo* n) {
+Status ReadNodeInfo(ByteReader& r, NodeInfo* n) {
   PD_RETURN_IF_ERROR(r.Bytes("kernel path", kMaxTextBytes, &n->kernel_path));
   PD_RETURN_IF_ERROR(r.Bytes("model fingerprint", kMaxTextBytes, &n->model_fingerprint));
   int32_t total_heads = 0;
@@ -235,7 +235,7 @@ Status ReadNodeInfo(WireReader& r, NodeInfo* n) {
   return Status::Ok();
 }
 
-Status ReadPrefillRequest(WireReader& r, PrefillRequest* p) {
+Status ReadPrefillRequest(ByteReader& r, PrefillRequest* p) {
   uint32_t count = 0;
   PD_RETURN_IF_ERROR(r.Count("token count", kMaxPromptTokens, 4, &count));
   p->token_ids.resize(count);
@@ -261,7 +261,7 @@ Status ReadPrefillRequest(WireReader& r, PrefillRequest* p) {
   return Status::Ok();
 }
 
-Result<Message> ReadBody(WireReader& r, MessageType type, uint64_t transfer_id) {
+Result<Message> ReadBody(ByteReader& r, MessageType type, uint64_t transfer_id) {
   switch (type) {
     case MessageType::kHello: {
       Hello h;
@@ -371,7 +371,7 @@ Result<std::string> EncodeMessage(const Message& message) {
   const MessageType type = TypeOf(message);
   PD_RETURN_IF_ERROR(
       CheckMessage(message).WithContext(fmt::format("cannot encode {}", MessageTypeName(type))));
-  WireWriter w;
+  ByteWriter w;
   w.U32(kMagic);
   w.U16(kProtocolVersion);
   w.U16(static_cast<uint16_t>(type));
@@ -387,7 +387,7 @@ Result<std::string> EncodeMessage(const Message& message) {
 }
 
 Result<Message> DecodeMessage(std::string_view bytes) {
-  WireReader r(bytes);
+  ByteReader r(bytes);
   uint32_t magic = 0;
   uint16_t version = 0;
   PD_RETURN_IF_ERROR(r.U32("magic", &magic));

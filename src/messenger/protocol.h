@@ -60,7 +60,7 @@ std::string_view MessageTypeName(MessageType type);
 // What a node tells its peer about itself in the handshake.
 struct NodeInfo {
   std::string kernel_path;        // e.g. "avx2"; both sides must compute the same bits
-  std::string model_fingerprint;  // digest of config and weights
+  std::string model_fingerprint;  // ModelIdentity::Serialize() (common/model_identity.h)
   KvSideLayout kv;                // its shards and each rank's cache layout
   // Opaque memory descriptor of each rank's cache region (fabric::MemoryDescriptor bytes),
   // one per rank, in rank order.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -53,6 +54,14 @@ Result<std::string> ModelFingerprint(const std::string& model_dir, const ModelCo
   std::string hex;
   for (size_t i = 0; i < 16; ++i) hex += fmt::format("{:02x}", digest[i]);
   return hex;
+}
+
+Result<ModelIdentity> IdentifyModel(const std::string& model_dir, const ModelConfig& config,
+                                    std::string weight_dtype) {
+  PD_ASSIGN_OR_RETURN(std::string files, ModelFingerprint(model_dir, config));
+  return ModelIdentity{.config = config.Fingerprint(),
+                       .files = std::move(files),
+                       .weights = std::move(weight_dtype)};
 }
 
 }  // namespace pdserve

@@ -5,11 +5,14 @@
 // size of every *.safetensors file in the directory and 16 samples of 4 KiB spread evenly
 // over each file — not every byte: a multi-GB model is fingerprinted in milliseconds. So it
 // catches another model, another size, another seed of a synthetic model or a partial copy,
-// but not a change confined to unsampled bytes. Pure (reads files); safe from any thread.
+// but not a change confined to unsampled bytes. IdentifyModel adds it to the config's digest and
+// the weight dtype: the ModelIdentity nodes compare in the handshake. Pure (reads files); safe
+// from any thread.
 #pragma once
 
 #include <string>
 
+#include "common/model_identity.h"
 #include "common/status.h"
 #include "model/config.h"
 
@@ -17,5 +20,10 @@ namespace pdserve {
 
 // 32 lower-case hex characters. IoError naming the file that cannot be read.
 Result<std::string> ModelFingerprint(const std::string& model_dir, const ModelConfig& config);
+
+// The identity of the model in `model_dir` (whose config is `config`) computed in
+// `weight_dtype` as asked for (`--dtype`: auto, bf16, f32). Errors as ModelFingerprint.
+Result<ModelIdentity> IdentifyModel(const std::string& model_dir, const ModelConfig& config,
+                                    std::string weight_dtype);
 
 }  // namespace pdserve

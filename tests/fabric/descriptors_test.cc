@@ -1,5 +1,7 @@
 #include "fabric/descriptors.h"
 
+#include <string>
+
 #include <gtest/gtest.h>
 
 namespace pdserve::fabric {
@@ -20,6 +22,20 @@ TEST(DescriptorsTest, TransferEngineAddressRoundTripsThroughHex) {
   auto parsed = TransferEngineAddress::Parse(*bytes);
   ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
   EXPECT_EQ(*parsed, a);
+}
+
+// The bytes another process parses: explicit little-endian (common/byte_codec.h), pinned here
+// so that a change of codec cannot change them unnoticed.
+TEST(DescriptorsTest, EncodingIsPinnedLittleEndian) {
+  using namespace std::string_literals;
+  const MemoryDescriptor d{4096, {{0x1122334455667788, 0x0102030405060708}}};
+  EXPECT_EQ(d.Serialize(), "FPDM"s + "\x01\x00"s + "\x00\x10\x00\x00\x00\x00\x00\x00"s +
+                               "\x01\x00"s + "\x88\x77\x66\x55\x44\x33\x22\x11"s +
+                               "\x08\x07\x06\x05\x04\x03\x02\x01"s);
+  const TransferEngineAddress a{Provider::kTcp, 0x0102030405060708, {"ep"}};
+  EXPECT_EQ(a.Serialize(), "FPDA"s + "\x01\x00"s + "\x01\x00"s +
+                               "\x08\x07\x06\x05\x04\x03\x02\x01"s + "\x01\x00"s +
+                               "\x02\x00\x00\x00"s + "ep");
 }
 
 TEST(DescriptorsTest, RejectsTruncatedCorruptAndForeignBytes) {

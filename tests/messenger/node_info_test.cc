@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/model_identity.h"
 #include "kv/transfer_plan.h"
 
 namespace pdserve::messenger {
@@ -109,6 +110,40 @@ TEST(MessengerNodeInfoTest, NodesOfDifferentTpAreCompatibleWhenTheModelIsTheSame
   const Status s = CheckPeerCompatible(*p, *d);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("KV layout differs"), std::string::npos) << s.message();
+}
+
+// Model identities (common/model_identity.h) are compared field by field and the refusal says
+// which; fingerprints of any other form are named whole.
+TEST(MessengerNodeInfoTest, ModelDifferencesAreNamedByField) {
+  const ModelIdentity tiny{
+      .config = 0xabc, .files = "0123456789abcdef0123456789abcdef", .weights = "auto"};
+  auto refusal = [](const ModelIdentity& p_model, const std::string& d_fingerprint) {
+    auto p = MakeLocalNodeInfo(8, RankLayouts(8, 1), Descriptors(1), p_model.Serialize(), "avx2");
+    auto d = MakeLocalNodeInfo(8, RankLayouts(8, 1), Descriptors(1), d_fingerprint, "avx2");
+    EXPECT_TRUE(p.ok() && d.ok());
+    const Status s = CheckPeerCompatible(*p, *d);
+    EXPECT_EQ(s.code(), s.ok() ? StatusCode::kOk : StatusCode::kFailedPrecondition);
+    return s.message();
+  };
+  EXPECT_EQ(refusal(tiny, tiny.Serialize()), "");  // compatible
+
+  ModelIdentity other_checkpoint = tiny;
+  other_checkpoint.files = "fedcba9876543210fedcba9876543210";
+  EXPECT_EQ(
+      refusal(other_checkpoint, tiny.Serialize()),
+      "model weights differ (another checkpoint): prefill "
+      "files=fedcba9876543210fedcba9876543210, decode files=0123456789abcdef0123456789abcdef");
+
+  ModelIdentity other_shape = other_checkpoint;
+  other_shape.config = 0xdef;
+  other_shape.weights = "f32";
+  EXPECT_EQ(refusal(other_shape, tiny.Serialize()),
+            "model config differs (another architecture or shape): prefill "
+            "config=0000000000000def, decode config=0000000000000abc; weight dtype differs: "
+            "prefill weights=f32, decode weights=auto");
+
+  EXPECT_EQ(refusal(tiny, "sha256:00"),
+            "model differs: prefill fingerprint '" + tiny.Serialize() + "', decode 'sha256:00'");
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
-// Little-endian wire encoding for the messenger's control messages: fixed-size integers
-// written byte by byte (never a memcpy of a struct, so the bytes do not depend on the host's
-// padding or byte order) and length-prefixed byte strings. WireReader never reads past its
-// input and never trusts a length: counts are capped by the caller and checked against the
-// bytes left before anything is allocated.
+// The one byte codec for what pdserve sends to another process: fixed-width unsigned integers
+// in little-endian order, written and read byte by byte (never a memcpy of an integer or a
+// struct, so the bytes depend on neither the host's byte order nor its padding), and byte
+// strings behind a u32 length. ByteReader never reads past its input and never trusts a
+// length: counts are capped by the caller and checked against the bytes left before anything
+// is allocated; a short or out-of-range input is a ProtocolError naming the field.
+// Used by the fabric's descriptors and message header and by the messenger's protocol.
 // Thread-compatible value types.
 #pragma once
 
@@ -10,21 +12,23 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "common/status.h"
 
-namespace pdserve::messenger {
+namespace pdserve {
 
-class WireWriter {
+class ByteWriter {
  public:
   void U8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
   void U16(uint16_t v) { Little(v, 2); }
   void U32(uint32_t v) { Little(v, 4); }
   void U64(uint64_t v) { Little(v, 8); }
   void Raw(std::string_view bytes) { out_.append(bytes); }
-  // u32 length, then the bytes.
+  // u32 length, then the bytes. Precondition: at most 4 GiB - 1 bytes.
   void Bytes(std::string_view bytes);
   // Overwrites 4 bytes at `offset` (a length known only after the body is written).
+  // Precondition: offset + 4 <= size().
   void PatchU32(size_t offset, uint32_t v);
 
   size_t size() const { return out_.size(); }
@@ -35,10 +39,11 @@ class WireWriter {
   std::string out_;
 };
 
-// Each read names the field it reads, so a truncated message says where it ended.
-class WireReader {
+// Each read names the field it reads, so a truncated input says where it ended. After a failed
+// read the reader's position is unspecified: give up on the input.
+class ByteReader {
  public:
-  explicit WireReader(std::string_view in) : in_(in) {}
+  explicit ByteReader(std::string_view in) : in_(in) {}
 
   Status U8(const char* field, uint8_t* v);
   Status U16(const char* field, uint16_t* v);
@@ -54,6 +59,7 @@ class WireReader {
   Status Count(const char* field, uint32_t max, size_t min_element_bytes, uint32_t* count);
 
   size_t remaining() const { return in_.size(); }
+  bool AtEnd() const { return in_.empty(); }
   size_t position() const { return position_; }
 
  private:
@@ -64,4 +70,4 @@ class WireReader {
   size_t position_ = 0;
 };
 
-}  // namespace pdserve::messenger
+}  // namespace pdserve

@@ -1,4 +1,4 @@
-#include "messenger/wire.h"
+#include "common/byte_codec.h"
 
 #include <limits>
 
@@ -6,29 +6,29 @@
 
 #include "common/check.h"
 
-namespace pdserve::messenger {
+namespace pdserve {
 
-void WireWriter::Little(uint64_t v, int bytes) {
+void ByteWriter::Little(uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 
-void WireWriter::Bytes(std::string_view bytes) {
+void ByteWriter::Bytes(std::string_view bytes) {
   PD_CHECK(bytes.size() <= std::numeric_limits<uint32_t>::max());
   U32(static_cast<uint32_t>(bytes.size()));
   out_.append(bytes);
 }
 
-void WireWriter::PatchU32(size_t offset, uint32_t v) {
+void ByteWriter::PatchU32(size_t offset, uint32_t v) {
   PD_CHECK(offset + 4 <= out_.size());
   for (int i = 0; i < 4; ++i) out_[offset + i] = static_cast<char>((v >> (8 * i)) & 0xff);
 }
 
-Status WireReader::Truncated(const char* field, size_t need) const {
+Status ByteReader::Truncated(const char* field, size_t need) const {
   return Status::ProtocolError(fmt::format("message truncated at {} (byte {}: needs {}, {} left)",
                                            field, position_, need, in_.size()));
 }
 
-Status WireReader::Little(const char* field, int bytes, uint64_t* v) {
+Status ByteReader::Little(const char* field, int bytes, uint64_t* v) {
   if (in_.size() < static_cast<size_t>(bytes)) return Truncated(field, bytes);
   uint64_t x = 0;
   for (int i = 0; i < bytes; ++i) x |= uint64_t{static_cast<uint8_t>(in_[i])} << (8 * i);
@@ -38,30 +38,30 @@ Status WireReader::Little(const char* field, int bytes, uint64_t* v) {
   return Status::Ok();
 }
 
-Status WireReader::U8(const char* field, uint8_t* v) {
+Status ByteReader::U8(const char* field, uint8_t* v) {
   uint64_t x = 0;
   PD_RETURN_IF_ERROR(Little(field, 1, &x));
   *v = static_cast<uint8_t>(x);
   return Status::Ok();
 }
 
-Status WireReader::U16(const char* field, uint16_t* v) {
+Status ByteReader::U16(const char* field, uint16_t* v) {
   uint64_t x = 0;
   PD_RETURN_IF_ERROR(Little(field, 2, &x));
   *v = static_cast<uint16_t>(x);
   return Status::Ok();
 }
 
-Status WireReader::U32(const char* field, uint32_t* v) {
+Status ByteReader::U32(const char* field, uint32_t* v) {
   uint64_t x = 0;
   PD_RETURN_IF_ERROR(Little(field, 4, &x));
   *v = static_cast<uint32_t>(x);
   return Status::Ok();
 }
 
-Status WireReader::U64(const char* field, uint64_t* v) { return Little(field, 8, v); }
+Status ByteReader::U64(const char* field, uint64_t* v) { return Little(field, 8, v); }
 
-Status WireReader::NonNegativeI32(const char* field, int32_t* v) {
+Status ByteReader::NonNegativeI32(const char* field, int32_t* v) {
   uint32_t x = 0;
   PD_RETURN_IF_ERROR(U32(field, &x));
   if (x > static_cast<uint32_t>(std::numeric_limits<int32_t>::max())) {
@@ -71,7 +71,7 @@ Status WireReader::NonNegativeI32(const char* field, int32_t* v) {
   return Status::Ok();
 }
 
-Status WireReader::Raw(const char* field, size_t n, std::string_view* bytes) {
+Status ByteReader::Raw(const char* field, size_t n, std::string_view* bytes) {
   if (in_.size() < n) return Truncated(field, n);
   *bytes = in_.substr(0, n);
   in_.remove_prefix(n);
@@ -79,7 +79,7 @@ Status WireReader::Raw(const char* field, size_t n, std::string_view* bytes) {
   return Status::Ok();
 }
 
-Status WireReader::Bytes(const char* field, size_t max, std::string* bytes) {
+Status ByteReader::Bytes(const char* field, size_t max, std::string* bytes) {
   uint32_t n = 0;
   PD_RETURN_IF_ERROR(U32(field, &n));
   if (n > max) {
@@ -91,7 +91,7 @@ Status WireReader::Bytes(const char* field, size_t max, std::string* bytes) {
   return Status::Ok();
 }
 
-Status WireReader::Count(const char* field, uint32_t max, size_t min_element_bytes,
+Status ByteReader::Count(const char* field, uint32_t max, size_t min_element_bytes,
                          uint32_t* count) {
   uint32_t n = 0;
   PD_RETURN_IF_ERROR(U32(field, &n));
@@ -105,4 +105,4 @@ Status WireReader::Count(const char* field, uint32_t max, size_t min_element_byt
   return Status::Ok();
 }
 
-}  // namespace pdserve::messenger
+}  // namespace pdserve
