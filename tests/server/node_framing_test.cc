@@ -44,47 +44,31 @@ TEST_F(NodeFramingTest, BodiesOfEarlyAnswersAreNeverParsedAsRequests) {
       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
   const std::vector<std::string> problems = SmugglingProblems(
       node_->port(),
-      {
-          {"wrong key", WithLength(post + "Authorization: Bearer wrong\r\n", kSmuggled), 401},
-          {"missing key", WithLength(post, kSmuggled), 401},
-          {"wrong key, chunked body", WithChunks(post + "Authorization: Bearer no\r\n", kSmuggled),
-           401},
-          {"missing key, Expect: 100-continue",
-           WithLength(post + "Expect: 100-continue\r\n", kSmuggled), 401},
-          {"chat, missing key",
-           WithLength("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n", kSmuggled), 401},
-          {"internal route without a cluster secret",
-           WithLength("POST /internal/messenger/join HTTP/1.1\r\nHost: x\r\n", kSmuggled), 403},
-          {"GET with a body",
-           WithLength("GET /v1/models HTTP/1.1\r\nHost: x\r\n" + kAuth, kSmuggled), 200},
-          {"open GET with a chunked body",
-           WithChunks("GET /health HTTP/1.1\r\nHost: x\r\n", kSmuggled), 200},
-          {"OPTIONS with a body",
-           WithLength("OPTIONS /v1/models HTTP/1.1\r\nHost: x\r\n" + kAuth, kSmuggled), 0},
-          {"DELETE with a body",
-           WithLength("DELETE /v1/models HTTP/1.1\r\nHost: x\r\n" + kAuth, kSmuggled), 0},
-          {"unknown POST route",
-           WithLength("POST /nowhere HTTP/1.1\r\nHost: x\r\n" + kAuth, kSmuggled), 404},
-          {"form post",
-           WithLength("POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + kAuth +
-                          "Content-Type: multipart/form-data; boundary=b\r\n",
-                      kSmuggled),
-           415},
-          {"declared length over the limit",
-           post + kAuth + "Content-Length: 100000000\r\n\r\n" + kSmuggled, 413, true},
-          {"malformed chunk", post + kAuth + "Transfer-Encoding: chunked\r\n\r\nzz\r\n" + kSmuggled,
-           400, true},
-          {"Transfer-Encoding other than chunked",
-           post + kAuth + "Transfer-Encoding: identity\r\n\r\n" + kSmuggled, 400, true},
-          {"Content-Length and Transfer-Encoding",
-           post + kAuth + "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n" +
-               ChunkedBody(kSmuggled),
-           400, true},
-          {"two Content-Lengths",
-           post + kAuth + "Content-Length: 0\r\nContent-Length: " +
-               std::to_string(kSmuggled.size()) + "\r\n\r\n" + kSmuggled,
-           400, true},
-      },
+      [&] {
+        std::vector<EarlyAnswer> cases = CommonEarlyAnswers(kAuth, kSmuggled);
+        cases.insert(
+            cases.end(),
+            {
+                {"chat, missing key",
+                 WithLength("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n", kSmuggled), 401},
+                {"internal route without a cluster secret",
+                 WithLength("POST /internal/messenger/join HTTP/1.1\r\nHost: x\r\n", kSmuggled),
+                 403},
+                {"GET with a body",
+                 WithLength("GET /v1/models HTTP/1.1\r\nHost: x\r\n" + kAuth, kSmuggled), 200},
+                {"open GET with a chunked body",
+                 WithChunks("GET /health HTTP/1.1\r\nHost: x\r\n", kSmuggled), 200},
+                {"OPTIONS with a body",
+                 WithLength("OPTIONS /v1/models HTTP/1.1\r\nHost: x\r\n" + kAuth, kSmuggled), 0},
+                {"DELETE with a body",
+                 WithLength("DELETE /v1/models HTTP/1.1\r\nHost: x\r\n" + kAuth, kSmuggled), 0},
+                {"two Content-Lengths",
+                 post + kAuth + "Content-Length: 0\r\nContent-Length: " +
+                     std::to_string(kSmuggled.size()) + "\r\n\r\n" + kSmuggled,
+                 400, true},
+            });
+        return cases;
+      }(),
       kFollowUp, "/smuggled-request", "/follow-up-request");
   for (const std::string& p : problems) ADD_FAILURE() << p;
 }

@@ -269,4 +269,33 @@ std::string Chunk(size_t size) {
   return head + std::string(size, 'x') + "\r\n";
 }
 
+std::vector<EarlyAnswer> CommonEarlyAnswers(const std::string& auth, const std::string& smuggled) {
+  const std::string post =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
+  return {
+      {"wrong key", WithLength(post + "Authorization: Bearer wrong\r\n", smuggled), 401},
+      {"missing key", WithLength(post, smuggled), 401},
+      {"wrong key, chunked body", WithChunks(post + "Authorization: Bearer no\r\n", smuggled), 401},
+      {"missing key, Expect: 100-continue", WithLength(post + "Expect: 100-continue\r\n", smuggled),
+       401},
+      {"unknown POST route", WithLength("POST /nowhere HTTP/1.1\r\nHost: x\r\n" + auth, smuggled),
+       404},
+      {"form post",
+       WithLength("POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth +
+                      "Content-Type: multipart/form-data; boundary=b\r\n",
+                  smuggled),
+       415},
+      {"declared length over the limit",
+       post + auth + "Content-Length: 100000000\r\n\r\n" + smuggled, 413, true},
+      {"malformed chunk", post + auth + "Transfer-Encoding: chunked\r\n\r\nzz\r\n" + smuggled, 400,
+       true},
+      {"Transfer-Encoding other than chunked",
+       post + auth + "Transfer-Encoding: identity\r\n\r\n" + smuggled, 400, true},
+      {"Content-Length and Transfer-Encoding",
+       post + auth + "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n" +
+           ChunkedBody(smuggled),
+       400, true},
+  };
+}
+
 }  // namespace pdserve::testing

@@ -89,6 +89,12 @@ struct EarlyAnswer {
   int status = 0;           // of the first answer; 0: any
   bool must_close = false;  // its framing is ambiguous or broken: the server must close
 };
+// The early answers every OpenAI front (node and router) gives to POST /v1/completions, each
+// with `smuggled` as its body: a wrong or missing key (Content-Length, chunked, Expect:
+// 100-continue), an unknown route, a form post, and framing that must close the connection
+// (a length over the limit, a malformed chunk, another transfer coding, both framings).
+// `auth` is the valid "Authorization: ...\r\n" line.
+std::vector<EarlyAnswer> CommonEarlyAnswers(const std::string& auth, const std::string& smuggled);
 // Probes each case (ProbeSmuggling) with `follow_up` and returns "NAME: what is wrong" for
 // each that fails: the first answer must have the case's status; no answer may contain
 // `smuggled_marker` (a text only an answer to the smuggled request holds); then either the
