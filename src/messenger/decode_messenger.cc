@@ -300,6 +300,11 @@ void DecodeMessenger::Dispatch(Request& req) {
   best->own_tokens += static_cast<int64_t>(req.prefix.size());
   const auto remaining =
       std::chrono::duration_cast<std::chrono::milliseconds>(req.deadline.Remaining()).count();
+  // Stamped before it leaves: P may start on it before Send returns (seen on a loaded host),
+  // and "sent" must not come after P's first step.
+  req.prefill_sent = Clock::now();
+  core_->events().Record(EventKind::kPrefillSent, 0, -1, req.transfer_id,
+                         static_cast<int64_t>(req.prefix.size()));
   peers_->Send(*best,
                PrefillRequest{.transfer_id = req.transfer_id,
                               .token_ids = req.prefix,
@@ -309,9 +314,6 @@ void DecodeMessenger::Dispatch(Request& req) {
                               .deadline_ms = static_cast<uint32_t>(std::max<int64_t>(1, remaining)),
                               .replica_seed = seed,
                               .context_buffer = std::nullopt});
-  req.prefill_sent = Clock::now();
-  core_->events().Record(EventKind::kPrefillSent, 0, -1, req.transfer_id,
-                         static_cast<int64_t>(req.prefix.size()));
   PublishStats();
 }
 
