@@ -30,7 +30,7 @@ std::string_view ActivePath();
 
 // The revision of the kernels' arithmetic: raised whenever a path computes other bits for the
 // same inputs, so that nodes built before and after (whose tokens would differ) refuse to pair.
-// 2 (session 11): attention over a BF16 cache takes BF16 dot products (kernel_table.h).
+// Revision 2: attention over a BF16 cache takes BF16 dot products (kernel_table.h).
 inline constexpr int kArithmeticRevision = 2;
 // What two nodes that exchange KV compare: the active path and the revision, "avx512 r2".
 std::string ArithmeticIdentity();
