@@ -25,6 +25,7 @@ constexpr ArchInfo kArchitectures[] = {
     {Architecture::kQwen2, "Qwen2ForCausalLM", "qwen2"},
     {Architecture::kQwen3, "Qwen3ForCausalLM", "qwen3"},
     {Architecture::kMistral, "MistralForCausalLM", "mistral"},
+    {Architecture::kQwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe"},
 };
 
 // Upper bounds that no real model reaches; they keep shape products far from overflow.
@@ -253,7 +254,7 @@ Status ParseOptionalFields(const json& j, ModelConfig* c) {
   PD_RETURN_IF_ERROR(ReadBool(j, "tie_word_embeddings", &tie));
   c->tie_word_embeddings = tie.value_or(false);
   c->qkv_bias = c->arch == Architecture::kQwen2;
-  c->qk_norm = c->arch == Architecture::kQwen3;
+  c->qk_norm = c->arch == Architecture::kQwen3 || c->arch == Architecture::kQwen3Moe;
 
   std::optional<int> window;
   PD_RETURN_IF_ERROR(ReadInt(j, "sliding_window", &window));
@@ -276,6 +277,33 @@ Status ParseOptionalFields(const json& j, ModelConfig* c) {
     if (dt != j.end() && dt->is_string()) {
       c->torch_dtype = dt->get<std::string>();
       break;
+    }
+  }
+  return Status::Ok();
+}
+
+// Qwen3MoeConfig's expert fields (its defaults where absent, as Hugging Face's config class).
+Status ParseMoe(const json& j, ModelConfig* c) {
+  if (c->arch != Architecture::kQwen3Moe) return Status::Ok();
+  MoeConfig& m = c->moe;
+  PD_RETURN_IF_ERROR(RequireInt(j, "num_experts", &m.num_experts));
+  if (m.num_experts == 0) return Status::Ok();  // HF allows it: every layer dense
+  PD_RETURN_IF_ERROR(RequireInt(j, "num_experts_per_tok", &m.experts_per_token));
+  PD_RETURN_IF_ERROR(RequireInt(j, "moe_intermediate_size", &m.expert_intermediate));
+  std::optional<int> step;
+  std::optional<bool> norm;
+  PD_RETURN_IF_ERROR(ReadInt(j, "decoder_sparse_step", &step));
+  PD_RETURN_IF_ERROR(ReadBool(j, "norm_topk_prob", &norm));
+  m.sparse_step = step.value_or(1);
+  m.norm_topk_prob = norm.value_or(false);
+  auto it = j.find("mlp_only_layers");
+  if (it != j.end() && !it->is_null()) {
+    if (!it->is_array()) return FieldError("mlp_only_layers", "a list of layer indices", *it);
+    for (const json& e : *it) {
+      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= kMaxLayers) {
+        return FieldError("mlp_only_layers", "a list of layer indices", *it);
+      }
+      m.dense_layers.push_back(e.get<int>());
     }
   }
   return Status::Ok();
@@ -360,7 +388,36 @@ Status ModelConfig::Validate() const {
   for (int id : eos_token_ids) {
     if (id < 0) return Status::InvalidArgument("config: eos_token_id must not be negative");
   }
+  return ValidateMoe();
+}
+
+Status ModelConfig::ValidateMoe() const {
+  if (moe.num_experts == 0) return Status::Ok();
+  if (arch != Architecture::kQwen3Moe) {
+    return Status::InvalidArgument("config: experts are only implemented for Qwen3MoeForCausalLM");
+  }
+  PD_RETURN_IF_ERROR(Positive("num_experts", moe.num_experts));
+  PD_RETURN_IF_ERROR(AtMost("num_experts", moe.num_experts, 4096));
+  PD_RETURN_IF_ERROR(Positive("num_experts_per_tok", moe.experts_per_token));
+  PD_RETURN_IF_ERROR(AtMost("num_experts_per_tok", moe.experts_per_token, moe.num_experts));
+  PD_RETURN_IF_ERROR(Positive("moe_intermediate_size", moe.expert_intermediate));
+  PD_RETURN_IF_ERROR(AtMost("moe_intermediate_size", moe.expert_intermediate, kMaxDim));
+  PD_RETURN_IF_ERROR(Positive("decoder_sparse_step", moe.sparse_step));
+  for (int layer : moe.dense_layers) {
+    if (layer < 0 || layer >= num_layers) {
+      return Status::InvalidArgument("config: mlp_only_layers names layer " +
+                                     std::to_string(layer) + " of a model with " +
+                                     std::to_string(num_layers) + " layers");
+    }
+  }
   return Status::Ok();
+}
+
+bool ModelConfig::IsMoeLayer(int layer) const {
+  // Qwen3MoeDecoderLayer: experts unless listed in mlp_only_layers, every sparse_step-th layer.
+  return moe.num_experts > 0 && (layer + 1) % moe.sparse_step == 0 &&
+         std::find(moe.dense_layers.begin(), moe.dense_layers.end(), layer) ==
+             moe.dense_layers.end();
 }
 
 Result<ModelConfig> ModelConfig::FromJson(const std::string& json_text) {
@@ -372,6 +429,7 @@ Result<ModelConfig> ModelConfig::FromJson(const std::string& json_text) {
   PD_RETURN_IF_ERROR(RejectUnsupportedFeatures(j, c));
   PD_RETURN_IF_ERROR(ParseSizes(j, &c));
   PD_RETURN_IF_ERROR(ParseOptionalFields(j, &c));
+  PD_RETURN_IF_ERROR(ParseMoe(j, &c));
   PD_RETURN_IF_ERROR(c.Validate());
   return c;
 }
@@ -455,6 +513,14 @@ std::string ModelConfig::ToJson() const {
     j["eos_token_id"] = eos_token_ids;
   }
   j["torch_dtype"] = torch_dtype.empty() ? "bfloat16" : torch_dtype;
+  if (arch == Architecture::kQwen3Moe) {
+    j["num_experts"] = moe.num_experts;
+    j["num_experts_per_tok"] = moe.experts_per_token;
+    j["moe_intermediate_size"] = moe.expert_intermediate;
+    j["norm_topk_prob"] = moe.norm_topk_prob;
+    j["decoder_sparse_step"] = moe.sparse_step;
+    j["mlp_only_layers"] = moe.dense_layers;
+  }
   return j.dump(2) + "\n";
 }
 
@@ -470,8 +536,16 @@ uint64_t ModelConfig::Fingerprint() const {
                 rope_scaling.low_freq_factor, rope_scaling.high_freq_factor,
                 rope_scaling.original_max_position_embeddings, tie_word_embeddings ? 1 : 0,
                 qkv_bias ? 1 : 0, qk_norm ? 1 : 0, sliding_window.value_or(0));
+  std::string text = buf;
+  if (moe.num_experts > 0) {  // appended only for MoE models: dense fingerprints stay as they were
+    text += " moe=" + std::to_string(moe.num_experts) + "/" +
+            std::to_string(moe.experts_per_token) + "/" + std::to_string(moe.expert_intermediate) +
+            "/" + std::to_string(moe.norm_topk_prob ? 1 : 0) + "/" +
+            std::to_string(moe.sparse_step) + "/";
+    for (int layer : moe.dense_layers) text += std::to_string(layer) + ",";
+  }
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a offset basis
-  for (const char* p = buf; *p != '\0'; ++p) {
+  for (const char* p = text.c_str(); *p != '\0'; ++p) {
     h ^= static_cast<unsigned char>(*p);
     h *= 0x100000001b3ull;  // FNV prime
   }

@@ -12,7 +12,7 @@
 
 namespace pdserve {
 
-enum class Architecture : uint8_t { kLlama, kQwen2, kQwen3, kMistral };
+enum class Architecture : uint8_t { kLlama, kQwen2, kQwen3, kMistral, kQwen3Moe };
 
 // rope_scaling from config.json. "llama3" rescales the low frequencies (Llama 3.1+); "linear"
 // divides every position by `factor`; "default"/absent is none. Other types are rejected.
@@ -22,6 +22,19 @@ struct RopeScaling {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int original_max_position_embeddings = 8192;
+};
+
+// The mixture-of-experts feed-forward of Qwen3-MoE: in an MoE layer the MLP is `num_experts`
+// SwiGLU experts of `expert_intermediate` columns each; a router (softmax over the experts'
+// logits) picks the `experts_per_token` most likely for each token and sums their outputs
+// weighted by those probabilities (renormalised to sum 1 when norm_topk_prob).
+struct MoeConfig {
+  int num_experts = 0;          // num_experts; 0: every layer is dense
+  int experts_per_token = 0;    // num_experts_per_tok
+  int expert_intermediate = 0;  // moe_intermediate_size
+  bool norm_topk_prob = false;
+  int sparse_step = 1;            // decoder_sparse_step: layer i is MoE if (i + 1) % step == 0
+  std::vector<int> dense_layers;  // mlp_only_layers: dense whatever the step
 };
 
 struct ModelConfig {
@@ -47,6 +60,11 @@ struct ModelConfig {
   std::optional<int> bos_token_id;
   std::vector<int> eos_token_ids;  // int or list in config.json / generation_config.json
   std::string torch_dtype;         // informational
+  MoeConfig moe;                   // Qwen3-MoE; num_experts 0 elsewhere
+
+  // Whether layer `layer`'s feed-forward is the experts (else the dense MLP of
+  // intermediate_size).
+  bool IsMoeLayer(int layer) const;
 
   // Parses config.json text. Unsupported architectures and missing or inconsistent fields
   // are InvalidArgument errors that name the field. Absent optional fields take the
@@ -62,6 +80,7 @@ struct ModelConfig {
   // Checks the invariants FromJson guarantees (positive sizes, heads % kv_heads == 0, even
   // head_dim, ...), for configs built in code. InvalidArgument naming the field.
   Status Validate() const;
+  Status ValidateMoe() const;  // the expert fields (part of Validate)
 
   // A stable 64-bit hash (FNV-1a) of every field that changes the forward pass (for
   // handshakes). Independent of the weights' values: two seeds of a preset hash the same.

@@ -31,7 +31,7 @@ struct SequenceChunk {
 // sized for the largest batch seen and a step of another size costs no allocation or fill.
 class Workspace {
  public:
-  static constexpr int kBuffers = 4;
+  static constexpr int kBuffers = 8;
   // Buffer `i` (< kBuffers) with room for at least `count` floats; its contents are unspecified.
   float* Floats(int i, size_t count) {
     std::vector<float>& b = buffers_[i];
@@ -41,6 +41,19 @@ class Workspace {
 
  private:
   std::array<std::vector<float>, kBuffers> buffers_;
+};
+
+// What the MoE layers of a pass chose (Transformer::set_routing_trace), for the tests that
+// compare routing with a reference and for the benchmarks that count the experts a step reads.
+struct RoutingTrace {
+  struct Layer {
+    int layer = 0;
+    int rows = 0;
+    int experts_per_token = 0;
+    std::vector<int32_t> experts;  // [rows][experts_per_token], in the router's order
+    std::vector<float> weights;    // [rows][experts_per_token]: each choice's weight in the sum
+  };
+  std::vector<Layer> layers;  // one per MoE layer, in layer order
 };
 
 struct ForwardPass {
@@ -54,6 +67,7 @@ struct ForwardPass {
   float* x;                            // [rows][hidden]: the residual stream
   TpLinear& linear;                    // this rank's products and gathers
   Workspace& workspace;
+  RoutingTrace* routing = nullptr;  // when set, the MoE layers append their choices
 
   const SequenceChunk& chunk_of(int row) const { return chunks[row_chunk[row]]; }
   // x += y, y being [rows][hidden]: how a block adds its output to the residual stream.

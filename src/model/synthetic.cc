@@ -32,7 +32,7 @@ ModelConfig BaseConfig(Architecture arch, const char* name, int hidden, int laye
   c.vocab_size = vocab;
   c.tie_word_embeddings = tied;
   c.qkv_bias = arch == Architecture::kQwen2;
-  c.qk_norm = arch == Architecture::kQwen3;
+  c.qk_norm = arch == Architecture::kQwen3 || arch == Architecture::kQwen3Moe;
   c.max_position_embeddings = 4096;
   c.rms_norm_eps = 1e-5;
   return c;
@@ -84,6 +84,21 @@ std::vector<SyntheticPreset> MakePresets() {
     p.push_back({"tiny-llama3", "Llama 3 rope scaling, 1 KV head, untied lm_head", c});
   }
   {
+    // Every Qwen3-MoE feature: a dense layer among the MoE ones (mlp_only_layers), renormalised
+    // top-k, an untied lm_head; 128 expert columns split in whole 64-column blocks under TP 2.
+    ModelConfig c = BaseConfig(Architecture::kQwen3Moe, "Qwen3MoeForCausalLM", 128, 4, 4, 2, 48,
+                               256, 1024, false);
+    c.rope_theta = 1e6;
+    c.rms_norm_eps = 1e-6;
+    c.moe = {.num_experts = 8,
+             .experts_per_token = 2,
+             .expert_intermediate = 128,
+             .norm_topk_prob = true,
+             .sparse_step = 1,
+             .dense_layers = {2}};
+    p.push_back({"qwen3-moe-tiny", "Qwen3-MoE, 8 experts top 2, layer 2 dense, untied lm_head", c});
+  }
+  {
     ModelConfig c = BaseConfig(kQwen2, "Qwen2ForCausalLM", 896, 24, 14, 2, 64, 4864, 151936, true);
     c.rope_theta = 1e6;
     c.rms_norm_eps = 1e-6;
@@ -96,6 +111,23 @@ std::vector<SyntheticPreset> MakePresets() {
     c.rope_scaling = Llama3Scaling(32.0);
     c.max_position_embeddings = 131072;
     p.push_back({"llama-3.2-1b", "Llama-3.2-1B shape (1.24B params)", c});
+  }
+  {
+    // Qwen3-30B-A3B's layers with all 128 experts, 4 of its 48 layers: 1.21 GB of experts a
+    // layer in BF16; a decode token reads 8 of them (75 MB a layer).
+    ModelConfig c = BaseConfig(Architecture::kQwen3Moe, "Qwen3MoeForCausalLM", 2048, 4, 32, 4, 128,
+                               6144, 151936, false);
+    c.rope_theta = 1e6;
+    c.rms_norm_eps = 1e-6;
+    c.max_position_embeddings = 40960;
+    c.moe = {.num_experts = 128,
+             .experts_per_token = 8,
+             .expert_intermediate = 768,
+             .norm_topk_prob = true,
+             .sparse_step = 1,
+             .dense_layers = {}};
+    p.push_back({"qwen3-30b-a3b-4l",
+                 "Qwen3-30B-A3B's layer shapes, 128 experts, 4 of 48 layers (3.1B params)", c});
   }
   return p;
 }
@@ -144,6 +176,17 @@ std::vector<TensorInit> TensorInits(const ModelConfig& c) {
     }
     t.push_back(matrix(p + "self_attn.o_proj.weight", h, q));
     t.push_back(norm(p + "post_attention_layernorm.weight", h));
+    if (c.IsMoeLayer(i)) {
+      const int64_t fe = c.moe.expert_intermediate;
+      t.push_back(matrix(p + "mlp.gate.weight", c.moe.num_experts, h));
+      for (int e = 0; e < c.moe.num_experts; ++e) {
+        const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
+        t.push_back(matrix(ep + "gate_proj.weight", fe, h));
+        t.push_back(matrix(ep + "up_proj.weight", fe, h));
+        t.push_back(matrix(ep + "down_proj.weight", h, fe));
+      }
+      continue;
+    }
     t.push_back(matrix(p + "mlp.gate_proj.weight", f, h));
     t.push_back(matrix(p + "mlp.up_proj.weight", f, h));
     t.push_back(matrix(p + "mlp.down_proj.weight", h, f));

@@ -19,19 +19,23 @@ void TpLinear::Linear(const float* x, int m, const Matrix& w, float* y) {
 
 Status TpLinear::ColumnParallelLinear(const float* x, int m, const Matrix& w, DimRange cols,
                                       int width, float* y) {
-  if (tp_size_ == 1) {
-    Linear(x, m, w, y);
-    return Status::Ok();
-  }
-  if (cols.size() > 0) {
-    slice_.resize(static_cast<size_t>(m) * cols.size());
-    Linear(x, m, w, slice_.data());
-    for (int r = 0; r < m; ++r) {
-      std::memcpy(y + static_cast<size_t>(r) * width + cols.begin,
-                  &slice_[static_cast<size_t>(r) * cols.size()], cols.size() * sizeof(float));
-    }
-  }
+  LinearIntoColumns(x, m, w, cols, width, y);
   return GatherColumns(y, m, width, cols);
+}
+
+void TpLinear::LinearIntoColumns(const float* x, int m, const Matrix& w, DimRange cols, int width,
+                                 float* y) {
+  if (cols.size() == width) {
+    Linear(x, m, w, y);
+    return;
+  }
+  if (cols.size() == 0) return;  // a rank may hold no column (more ranks than columns)
+  slice_.resize(static_cast<size_t>(m) * cols.size());
+  Linear(x, m, w, slice_.data());
+  for (int r = 0; r < m; ++r) {
+    std::memcpy(y + static_cast<size_t>(r) * width + cols.begin,
+                &slice_[static_cast<size_t>(r) * cols.size()], cols.size() * sizeof(float));
+  }
 }
 
 Status TpLinear::GatherColumns(float* data, int rows, int width, DimRange cols) {

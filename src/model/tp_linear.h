@@ -31,6 +31,10 @@ class TpLinear {
   // and gathers the others' (with one rank, a plain Linear into y).
   Status ColumnParallelLinear(const float* x, int m, const Matrix& w, DimRange cols, int width,
                               float* y);
+  // The first half of ColumnParallelLinear: this rank's columns `cols` of y[m][width] (the
+  // others are left as they are, for one GatherColumns over several products).
+  void LinearIntoColumns(const float* x, int m, const Matrix& w, DimRange cols, int width,
+                         float* y);
   // data is [rows][width] of which this rank has computed columns `cols`: with more than one
   // rank, gathers the others' columns (TpGroup::AllGatherColumns); with one, nothing to do.
   Status GatherColumns(float* data, int rows, int width, DimRange cols);

@@ -45,6 +45,7 @@ Result<TpSlices> TpSlices::Create(const ModelConfig& config, int rank, int size)
   t.q_heads.end = t.q_heads.begin + kv.size() * group / replicas;
   t.hidden = ColumnShare(config.hidden_size, rank, size);
   t.intermediate = ColumnShare(config.intermediate_size, rank, size);
+  t.expert_intermediate = ColumnShare(config.moe.expert_intermediate, rank, size);
   t.vocab = ColumnShare(config.vocab_size, rank, size);
   return t;
 }

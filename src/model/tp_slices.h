@@ -21,6 +21,9 @@ struct TpSlices {
   DimRange q_heads, kv_heads;  // attention heads of this rank
   DimRange hidden;             // output columns of o_proj and down_proj
   DimRange intermediate;       // output columns of gate_proj and up_proj
+  // Output columns of every expert's gate_proj and up_proj (MoE layers): each rank holds its
+  // share of every expert, so the ranks' work does not depend on which experts are chosen.
+  DimRange expert_intermediate;
   DimRange vocab;              // output columns of the lm_head
   // Errors: rank outside [0, size), a query-head group that the replicas of a KV head cannot
   // split evenly (kv_heads < size).

@@ -11,6 +11,7 @@
 #include "model/dense_mlp.h"
 #include "model/gqa_attention.h"
 #include "model/matrix.h"
+#include "model/moe_mlp.h"
 
 namespace pdserve {
 
@@ -54,12 +55,19 @@ Transformer::Transformer(ModelConfig config, ModelWeights weights, DType kv_dtyp
 Transformer::~Transformer() = default;
 
 Transformer::Layer Transformer::MakeLayer(int layer, MatrixPacker& packer) {
-  // Every supported architecture is GQA attention and a dense SwiGLU feed-forward in every
-  // layer. Another kind (MLA attention; an MoE feed-forward, e.g. after DeepSeek's
-  // first_k_dense_replace dense layers) is chosen here from the config.
+  // Every supported architecture has GQA attention; the feed-forward is the experts in the
+  // config's MoE layers and a dense SwiGLU MLP in the others. Another kind (MLA attention over
+  // a latent cache) is chosen here from the config too.
   LayerWeights& w = weights_.layers[layer];
-  return Layer{.attention = std::make_unique<GqaAttention>(config_, tp_, layer, w, packer),
-               .feed_forward = std::make_unique<DenseMlp>(config_, tp_, w, packer)};
+  std::unique_ptr<LayerBlock> attention =
+      std::make_unique<GqaAttention>(config_, tp_, layer, w, packer);
+  std::unique_ptr<LayerBlock> feed_forward;
+  if (config_.IsMoeLayer(layer)) {
+    feed_forward = std::make_unique<MoeMlp>(config_, tp_, layer, w, packer);
+  } else {
+    feed_forward = std::make_unique<DenseMlp>(config_, tp_, w, packer);
+  }
+  return Layer{.attention = std::move(attention), .feed_forward = std::move(feed_forward)};
 }
 
 KvLayout Transformer::MakeKvLayout(int num_pages, int page_tokens) const {
@@ -164,7 +172,9 @@ Status Transformer::Forward(std::span<const SequenceChunk> chunks, KvCache& cach
                    .rope = rope_,
                    .x = x_.data(),
                    .linear = linear_,
-                   .workspace = workspace_};
+                   .workspace = workspace_,
+                   .routing = routing_};
+  if (routing_ != nullptr) routing_->layers.clear();
 
   for (int layer = 0; layer < config_.num_layers; ++layer) {
     PD_RETURN_IF_ERROR(layers_[layer].attention->Run(pass));

@@ -70,6 +70,9 @@ class Transformer {
   const TpSlices& tp() const { return tp_; }
   // The group this rank gathers with; required before Forward when tp().size > 1. Not owned.
   void SetTpGroup(TpGroup* group) { linear_.set_group(group); }
+  // When set, each Forward replaces *trace with what its MoE layers chose (none for a dense
+  // model). Not owned; nullptr turns it off.
+  void set_routing_trace(RoutingTrace* trace) { routing_ = trace; }
   // The KV layout of this rank's cache of `num_pages` pages (its KV heads only).
   KvLayout MakeKvLayout(int num_pages, int page_tokens) const;
   // Bytes of weights read per decode step (every matrix once).
@@ -114,6 +117,7 @@ class Transformer {
   int threads_;                   // 0: the runtime's default
   TpSlices tp_;
   TpLinear linear_;  // this rank's products; holds the TP group
+  RoutingTrace* routing_ = nullptr;
 
   // The state of a pass, reused across calls (sized for the largest batch seen).
   RopeAngles rope_;

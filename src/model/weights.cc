@@ -70,6 +70,10 @@ size_t ModelWeights::MatrixBytes() const {
          {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
       total += t->nbytes();
     }
+    total += l.router.nbytes();
+    for (const ExpertWeights& e : l.experts) {
+      total += e.gate_proj.nbytes() + e.up_proj.nbytes() + e.down_proj.nbytes();
+    }
   }
   return total;
 }
@@ -147,6 +151,11 @@ class WeightCollector {
   Status Vector(const std::string& name, int64_t size, Tensor* out) {
     return Add(name, {size}, DType::kF32, out);
   }
+  // A matrix held in F32 whatever the model's matrix dtype (the MoE router: its choices must
+  // not hang on the rounding of the activations, see MoeMlp).
+  Status F32Matrix(const std::string& name, std::vector<int64_t> shape, Tensor* out) {
+    return Add(name, std::move(shape), DType::kF32, out);
+  }
   const std::vector<ConvertJob>& jobs() const { return jobs_; }
   size_t count() const { return jobs_.size(); }
 
@@ -182,6 +191,19 @@ Status CollectLayer(const ModelConfig& c, int i, WeightCollector& w, LayerWeight
   }
   PD_RETURN_IF_ERROR(w.Matrix(p + "self_attn.o_proj.weight", {hidden, q_dim}, &l->o_proj));
   PD_RETURN_IF_ERROR(w.Vector(p + "post_attention_layernorm.weight", hidden, &l->post_norm));
+  if (c.IsMoeLayer(i)) {
+    const int64_t experts = c.moe.num_experts, expert_inter = c.moe.expert_intermediate;
+    PD_RETURN_IF_ERROR(w.F32Matrix(p + "mlp.gate.weight", {experts, hidden}, &l->router));
+    l->experts.resize(experts);
+    for (int64_t e = 0; e < experts; ++e) {
+      const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
+      ExpertWeights& x = l->experts[e];
+      PD_RETURN_IF_ERROR(w.Matrix(ep + "gate_proj.weight", {expert_inter, hidden}, &x.gate_proj));
+      PD_RETURN_IF_ERROR(w.Matrix(ep + "up_proj.weight", {expert_inter, hidden}, &x.up_proj));
+      PD_RETURN_IF_ERROR(w.Matrix(ep + "down_proj.weight", {hidden, expert_inter}, &x.down_proj));
+    }
+    return Status::Ok();
+  }
   PD_RETURN_IF_ERROR(w.Matrix(p + "mlp.gate_proj.weight", {inter, hidden}, &l->gate_proj));
   PD_RETURN_IF_ERROR(w.Matrix(p + "mlp.up_proj.weight", {inter, hidden}, &l->up_proj));
   PD_RETURN_IF_ERROR(w.Matrix(p + "mlp.down_proj.weight", {hidden, inter}, &l->down_proj));

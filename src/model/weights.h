@@ -53,6 +53,13 @@ class Tensor {
   std::unique_ptr<void, FreeDeleter> data_;
 };
 
+// One SwiGLU expert of an MoE layer: [expert_intermediate, hidden] x2, [hidden, ...].
+struct ExpertWeights {
+  Tensor gate_proj;
+  Tensor up_proj;
+  Tensor down_proj;
+};
+
 // Matrices follow Hugging Face: [out_features, in_features].
 struct LayerWeights {
   Tensor input_norm;              // [hidden] F32
@@ -63,9 +70,12 @@ struct LayerWeights {
   Tensor q_norm, k_norm;          // [head_dim] F32, present iff config.qk_norm
   Tensor o_proj;                  // [hidden, heads*head_dim]
   Tensor post_norm;               // [hidden] F32 (post_attention_layernorm)
-  Tensor gate_proj;               // [intermediate, hidden]
-  Tensor up_proj;                 // [intermediate, hidden]
-  Tensor down_proj;               // [hidden, intermediate]
+  // The feed-forward: a dense MLP, or (config.IsMoeLayer) the router and the experts.
+  Tensor gate_proj;                   // [intermediate, hidden]
+  Tensor up_proj;                     // [intermediate, hidden]
+  Tensor down_proj;                   // [hidden, intermediate]
+  Tensor router;                      // [num_experts, hidden] F32 (mlp.gate.weight)
+  std::vector<ExpertWeights> experts;  // [num_experts]
 };
 
 struct ModelWeights {
@@ -76,8 +86,9 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 
   const Tensor& output_matrix() const { return lm_head.empty() ? embed : lm_head; }
-  // Bytes of the layer matrices plus the output matrix: the weights one decode step streams.
-  // (An untied embedding is only gathered row by row, so it is not counted.)
+  // Bytes of the layer matrices plus the output matrix: the weights one decode step streams
+  // (of an MoE layer, only the experts its tokens choose). An untied embedding is only
+  // gathered row by row, so it is not counted.
   size_t MatrixBytes() const;
 };
 
