@@ -14,6 +14,7 @@ PACKAGES=(
   iproute2 procps curl
   gnuplot-nox  # the PNG plots of `pdserve bench sweep`
   python3-jinja2  # the chat-template reference renders (tests/chat/fixtures/render_reference.py)
+  python3-numpy  # the float64 reference forward pass (tests/reference/hf_reference.py)
 )
 
 missing=()
