@@ -59,11 +59,11 @@ void MoeMlp::Route(const float* logits, int rows) {
     // Softmax over every expert (Hugging Face normalises over all of them, then picks).
     const float top = *std::max_element(l, l + num_experts);
     double sum = 0;
-    for (int e = 0; e < num_experts; ++e) sum += prob[e] = std::exp(static_cast<double>(l[e] - top));
+    for (int e = 0; e < num_experts; ++e)
+      sum += prob[e] = std::exp(static_cast<double>(l[e] - top));
     std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-      return l[a] > l[b] || (l[a] == l[b] && a < b);
-    });
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
     double chosen = 0;
     for (int j = 0; j < k; ++j) chosen += prob[order[j]] / sum;
     for (int j = 0; j < k; ++j) {

@@ -62,11 +62,11 @@ class MoeMlp final : public LayerBlock {
   std::vector<Expert> experts_;
 
   // Routing of the current pass; sized for the largest pass seen.
-  std::vector<int32_t> choice_;      // [rows][k]: expert ids, router's order
-  std::vector<float> weight_;        // [rows][k]
-  std::vector<int> group_begin_;     // [num_experts + 1]: each expert's first slot
-  std::vector<int> slot_row_;        // [rows * k]: the row each slot computes
-  std::vector<int> row_slot_;        // [rows][k]: the slot of each choice
+  std::vector<int32_t> choice_;   // [rows][k]: expert ids, router's order
+  std::vector<float> weight_;     // [rows][k]
+  std::vector<int> group_begin_;  // [num_experts + 1]: each expert's first slot
+  std::vector<int> slot_row_;     // [rows * k]: the row each slot computes
+  std::vector<int> row_slot_;     // [rows][k]: the slot of each choice
 };
 
 }  // namespace pdserve

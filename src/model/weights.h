@@ -71,10 +71,10 @@ struct LayerWeights {
   Tensor o_proj;                  // [hidden, heads*head_dim]
   Tensor post_norm;               // [hidden] F32 (post_attention_layernorm)
   // The feed-forward: a dense MLP, or (config.IsMoeLayer) the router and the experts.
-  Tensor gate_proj;                   // [intermediate, hidden]
-  Tensor up_proj;                     // [intermediate, hidden]
-  Tensor down_proj;                   // [hidden, intermediate]
-  Tensor router;                      // [num_experts, hidden] F32 (mlp.gate.weight)
+  Tensor gate_proj;                    // [intermediate, hidden]
+  Tensor up_proj;                      // [intermediate, hidden]
+  Tensor down_proj;                    // [hidden, intermediate]
+  Tensor router;                       // [num_experts, hidden] F32 (mlp.gate.weight)
   std::vector<ExpertWeights> experts;  // [num_experts]
 };
 

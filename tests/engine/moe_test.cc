@@ -162,9 +162,9 @@ TEST(MoeTest, BatchChunkAndThreadsDoNotChangeABit) {
     EXPECT_EQ(together.weights, alone.weights);
   }
   const SequenceResult threaded = RunBatch(path, batch, 8, 0, /*threads=*/2);
-  EXPECT_EQ(std::memcmp(threaded.logits.data(), alone.logits.data(),
-                        alone.logits.size() * sizeof(float)),
-            0);
+  EXPECT_EQ(
+      std::memcmp(threaded.logits.data(), alone.logits.data(), alone.logits.size() * sizeof(float)),
+      0);
   EXPECT_EQ(threaded.experts, alone.experts);
 }
 

@@ -156,20 +156,18 @@ TEST_P(TpForwardTest, RanksReproduceOneRankBitForBit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, TpForwardTest,
-                         ::testing::Values(Case{"tiny", 2}, Case{"tiny", 3}, Case{"tiny", 4},
-                                           Case{"tiny-qwen2", 2}, Case{"tiny-qwen3", 2},
-                                           Case{"tiny-mistral", 2}, Case{"tiny-llama3", 2},
-                                           Case{"tiny-llama3", 4}, Case{"qwen3-moe-tiny", 2},
-                                           Case{"qwen3-moe-tiny", 4}),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           std::string name = std::string(info.param.preset) + "_tp" +
-                                              std::to_string(info.param.tp);
-                           for (char& ch : name) {
-                             if (ch == '-' || ch == '.') ch = '_';
-                           }
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Presets, TpForwardTest,
+    ::testing::Values(Case{"tiny", 2}, Case{"tiny", 3}, Case{"tiny", 4}, Case{"tiny-qwen2", 2},
+                      Case{"tiny-qwen3", 2}, Case{"tiny-mistral", 2}, Case{"tiny-llama3", 2},
+                      Case{"tiny-llama3", 4}, Case{"qwen3-moe-tiny", 2}, Case{"qwen3-moe-tiny", 4}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      std::string name = std::string(info.param.preset) + "_tp" + std::to_string(info.param.tp);
+      for (char& ch : name) {
+        if (ch == '-' || ch == '.') ch = '_';
+      }
+      return name;
+    });
 
 TEST(TpSlicesTest, SharesCoverTheModelAndReplicasSplitTheirQueryHeads) {
   ModelConfig config;
