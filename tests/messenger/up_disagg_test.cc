@@ -16,6 +16,7 @@
 #include "common/subprocess.h"
 #include "disagg_util.h"
 #include "testing/processes.h"
+#include "testing/test_models.h"
 #include "testing/test_paths.h"
 
 namespace pdserve::testing {
@@ -129,6 +130,32 @@ TEST(UpDisaggTest, OnePrefillOneDecodeMatchColocatedAndStopOnSigterm) {
   ASSERT_TRUE(status.ok()) << "pdserve up did not exit after SIGTERM";
   EXPECT_TRUE(status->success()) << status->ToString();
   EXPECT_TRUE(WaitAllGone(PidsOf(up.nodes), Deadline::AfterMs(10000))) << "a node outlived `up`";
+}
+
+// A Qwen3-MoE model through `up`, one prefill and one decode node: the router's answers are the
+// greedy tokens of a colocated node, and the KV came over the messenger.
+TEST(UpDisaggTest, MoeModelServedDisaggregatedMatchesColocated) {
+  const std::string model = SyntheticModelDir("qwen3-moe-tiny");
+  RunningUp up;
+  ASSERT_NO_FATAL_FAILURE(StartUp({"--model", model, "--prefill", "1", "--decode", "1", "--port",
+                                   "0", "--threads-per-node", "1", "--kv-cache-mb", "64"},
+                                  &up));
+  ASSERT_EQ(up.nodes.size(), 2u) << up.output;
+  NodeProcess colocated(model, {"--threads", "1", "--kv-cache-mb", "64"});
+  ASSERT_TRUE(colocated.ok()) << colocated.error();
+  for (int length : {29, 3}) {
+    const std::vector<int32_t> prompt = RandomPrompt(length, 5 + static_cast<uint32_t>(length));
+    const Completion want = Complete(colocated.port(), prompt, 8);
+    const Completion got = Complete(up.router_port, prompt, 8);
+    ASSERT_EQ(want.status, 200) << want.body.dump();
+    ASSERT_EQ(got.status, 200) << got.body.dump();
+    EXPECT_EQ(got.token_ids, want.token_ids) << "prompt length " << length;
+  }
+  EXPECT_GT(NodeMetric(up.nodes[1].port, "pdserve:messenger_kv_writes_received_total"), 0);
+  ASSERT_TRUE(up.process->Signal(SIGTERM).ok());
+  auto status = up.process->WaitFor(Deadline::AfterMs(60000));
+  ASSERT_TRUE(status.ok()) << "pdserve up did not exit after SIGTERM";
+  EXPECT_TRUE(status->success()) << status->ToString();
 }
 
 TEST(UpDisaggTest, MixingColocatedAndDisaggregatedFlagsIsRefused) {

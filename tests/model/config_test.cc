@@ -51,6 +51,18 @@ constexpr char kMistral[] = R"({
   "rope_theta": 10000.0, "eos_token_id": 2, "bos_token_id": 1
 })";
 
+// Qwen3-30B-A3B's config.json (abridged to the fields the engine reads, plus two it ignores).
+constexpr char kQwen3Moe[] = R"({
+  "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+  "intermediate_size": 6144, "num_hidden_layers": 48, "num_attention_heads": 32,
+  "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
+  "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
+  "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+  "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [],
+  "output_router_logits": false, "router_aux_loss_coef": 0.001, "tie_word_embeddings": false,
+  "use_sliding_window": false, "sliding_window": null, "attention_bias": false
+})";
+
 // Fingerprint of kQwen2; a change here breaks handshakes between old and new builds.
 constexpr uint64_t kQwen2Fingerprint = 9780605419320660778ull;
 
@@ -154,6 +166,60 @@ TEST(ConfigTest, ParsesQwen3WithQkNormAndExplicitHeadDim) {
   EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-6);
 }
 
+TEST(ConfigTest, ParsesQwen3MoeExperts) {
+  ModelConfig c = ParseOk(kQwen3Moe);
+  EXPECT_EQ(c.arch, Architecture::kQwen3Moe);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.moe.num_experts, 128);
+  EXPECT_EQ(c.moe.experts_per_token, 8);
+  EXPECT_EQ(c.moe.expert_intermediate, 768);
+  EXPECT_TRUE(c.moe.norm_topk_prob);
+  for (int layer = 0; layer < 48; ++layer) EXPECT_TRUE(c.IsMoeLayer(layer)) << layer;
+
+  // decoder_sparse_step 2 and mlp_only_layers: layer i is MoE iff (i + 1) % 2 == 0 and i is
+  // not listed; norm_topk_prob defaults to false (Qwen3MoeConfig).
+  nlohmann::json j = nlohmann::json::parse(kQwen3Moe);
+  j["decoder_sparse_step"] = 2;
+  j["mlp_only_layers"] = {3, 10};
+  j.erase("norm_topk_prob");
+  c = ParseOk(j.dump());
+  EXPECT_FALSE(c.moe.norm_topk_prob);
+  std::vector<int> moe_layers;
+  for (int layer = 0; layer < 12; ++layer) {
+    if (c.IsMoeLayer(layer)) moe_layers.push_back(layer);
+  }
+  EXPECT_EQ(moe_layers, (std::vector<int>{1, 5, 7, 9, 11}));
+  EXPECT_NE(c.Fingerprint(), ParseOk(kQwen3Moe).Fingerprint());
+
+  // num_experts 0: a valid config whose layers are all dense.
+  j["num_experts"] = 0;
+  c = ParseOk(j.dump());
+  EXPECT_FALSE(c.IsMoeLayer(1));
+}
+
+TEST(ConfigTest, BadQwen3MoeFieldsAreNamed) {
+  const std::vector<std::pair<std::pair<std::string, std::string>, std::string>> cases = {
+      {{"num_experts_per_tok", ""}, "num_experts_per_tok"},
+      {{"num_experts_per_tok", "129"}, "num_experts_per_tok"},
+      {{"moe_intermediate_size", "0"}, "moe_intermediate_size"},
+      {{"decoder_sparse_step", "0"}, "decoder_sparse_step"},
+      {{"mlp_only_layers", "[48]"}, "mlp_only_layers"},
+      {{"mlp_only_layers", "\"all\""}, "mlp_only_layers"},
+      {{"num_experts", ""}, "num_experts"},
+  };
+  for (const auto& [edit, field] : cases) {
+    nlohmann::json j = nlohmann::json::parse(kQwen3Moe);
+    if (edit.second.empty()) {
+      j.erase(edit.first);
+    } else {
+      j[edit.first] = nlohmann::json::parse(edit.second);
+    }
+    Result<ModelConfig> c = ModelConfig::FromJson(j.dump());
+    ASSERT_FALSE(c.ok()) << edit.first << " = " << edit.second;
+    EXPECT_TRUE(Mentions(c.status().message(), field)) << c.status().ToString();
+  }
+}
+
 TEST(ConfigTest, RejectsAttentionBiasOutsideQwen2) {
   nlohmann::json j = nlohmann::json::parse(kQwen3);
   j["attention_bias"] = true;
@@ -254,7 +320,7 @@ TEST(ConfigTest, BadJsonIsAnError) {
 }
 
 TEST(ConfigTest, ToJsonRoundTripsEveryArchitecture) {
-  for (const char* text : {kLlama3, kQwen2, kQwen3, kMistral}) {
+  for (const char* text : {kLlama3, kQwen2, kQwen3, kMistral, kQwen3Moe}) {
     ModelConfig a = ParseOk(text);
     ModelConfig b = ParseOk(a.ToJson());
     EXPECT_EQ(b.arch, a.arch);

@@ -54,9 +54,20 @@ std::map<std::string, std::vector<int64_t>> CheckpointShapes(const ModelConfig& 
     s[p + "self_attn.k_proj.weight"] = {kv, h};
     s[p + "self_attn.v_proj.weight"] = {kv, h};
     s[p + "self_attn.o_proj.weight"] = {h, q};
-    s[p + "mlp.gate_proj.weight"] = {f, h};
-    s[p + "mlp.up_proj.weight"] = {f, h};
-    s[p + "mlp.down_proj.weight"] = {h, f};
+    if (c.IsMoeLayer(i)) {
+      const int64_t fe = c.moe.expert_intermediate;
+      s[p + "mlp.gate.weight"] = {c.moe.num_experts, h};
+      for (int e = 0; e < c.moe.num_experts; ++e) {
+        const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
+        s[ep + "gate_proj.weight"] = {fe, h};
+        s[ep + "up_proj.weight"] = {fe, h};
+        s[ep + "down_proj.weight"] = {h, fe};
+      }
+    } else {
+      s[p + "mlp.gate_proj.weight"] = {f, h};
+      s[p + "mlp.up_proj.weight"] = {f, h};
+      s[p + "mlp.down_proj.weight"] = {h, f};
+    }
     if (c.qkv_bias) {
       s[p + "self_attn.q_proj.bias"] = {q};
       s[p + "self_attn.k_proj.bias"] = {kv};
@@ -262,6 +273,44 @@ TEST(WeightsTest, MissingTensorIsNamed) {
   ASSERT_FALSE(w.ok());
   EXPECT_EQ(w.status().code(), StatusCode::kNotFound);
   EXPECT_TRUE(Mentions(w.status().message(), "model.layers.1.mlp.up_proj.weight"));
+}
+
+// Qwen3-MoE: layer 0 dense (mlp_only_layers), layer 1 experts. The router is held in F32 (the
+// choices must not hang on rounding) while the experts take the matrix dtype; a missing expert
+// is named.
+TEST(WeightsTest, MoeLayersLoadRouterAndExperts) {
+  ModelConfig c = SmallConfig(Architecture::kQwen3, false);
+  c.arch = Architecture::kQwen3Moe;
+  c.architecture_name = "Qwen3MoeForCausalLM";
+  c.moe = {.num_experts = 4,
+           .experts_per_token = 2,
+           .expert_intermediate = 8,
+           .norm_topk_prob = true,
+           .sparse_step = 1,
+           .dense_layers = {0}};
+  ASSERT_TRUE(c.Validate().ok());
+  auto shapes = CheckpointShapes(c);
+  {
+    Checkpoint ck = WriteCheckpoint(DType::kBF16, shapes);
+    Result<ModelWeights> w = LoadWeights(c, ck.dir);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    EXPECT_FALSE(w->layers[0].gate_proj.empty());
+    EXPECT_TRUE(w->layers[0].experts.empty());
+    const LayerWeights& moe = w->layers[1];
+    EXPECT_TRUE(moe.gate_proj.empty());
+    EXPECT_EQ(moe.router.dtype(), DType::kF32);
+    EXPECT_EQ(moe.router.shape(), (std::vector<int64_t>{4, 16}));
+    ASSERT_EQ(moe.experts.size(), 4u);
+    EXPECT_EQ(moe.experts[3].down_proj.dtype(), DType::kBF16);
+    EXPECT_EQ(moe.experts[3].down_proj.shape(), (std::vector<int64_t>{16, 8}));
+    EXPECT_EQ(HeldValue(moe.router, 5), StoredValue(ck, "model.layers.1.mlp.gate.weight", 5));
+  }
+  shapes.erase("model.layers.1.mlp.experts.3.up_proj.weight");
+  Checkpoint ck = WriteCheckpoint(DType::kBF16, shapes);
+  Result<ModelWeights> w = LoadWeights(c, ck.dir);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(Mentions(w.status().message(), "model.layers.1.mlp.experts.3.up_proj.weight"));
 }
 
 TEST(WeightsTest, WrongShapeIsNamed) {
