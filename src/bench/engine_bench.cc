@@ -29,13 +29,21 @@ double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
-// Multiply-adds per token of every matrix in the layers (attention scores excluded).
+// Multiply-adds per token of every matrix in the layers (attention scores excluded); an MoE
+// layer's: its router and the experts a token chooses.
 double LayerMacsPerToken(const ModelConfig& c) {
   const double hd = c.head_dim;
   const double qkv = (c.num_heads + 2.0 * c.num_kv_heads) * hd * c.hidden_size;
   const double o = c.num_heads * hd * c.hidden_size;
   const double mlp = 3.0 * c.intermediate_size * c.hidden_size;
-  return c.num_layers * (qkv + o + mlp);
+  const double moe =
+      (c.moe.num_experts + 3.0 * c.moe.experts_per_token * c.moe.expert_intermediate) *
+      c.hidden_size;
+  double macs = 0;
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    macs += qkv + o + (c.IsMoeLayer(layer) ? moe : mlp);
+  }
+  return macs;
 }
 
 double Median(std::vector<double> v) {
@@ -74,17 +82,22 @@ Result<RunTimes> TimeRuns(int min_runs, double window, Fn&& once, Between&& betw
 // "Method"). After one untimed step and one untimed pass, steps and passes alternate until
 // 2 x kWindowSeconds have passed and at least `min_steps` steps were timed; *bandwidth receives
 // the best pass. Every run repeats the same step (the token at position `context`, whose K/V it
-// rewrites), so all runs do identical work. The KV content does not change the work (no path
-// depends on it): sequence 0's pages hold what the prefill wrote, the others zeros.
+// rewrites), so all runs do identical work. The KV content does not change a dense model's work
+// (no path depends on it): sequence 0's pages hold what the prefill wrote, the others zeros.
+// Each sequence's token differs, so an MoE model's rows choose different experts, as a real
+// batch's do; `trace` receives what they chose (one untimed step, before the others).
 Result<RunTimes> DecodeStepTimes(Transformer& model, KvCache& cache, int batch, int context,
-                                 int min_steps, MemoryBandwidthProbe& probe, double* bandwidth) {
+                                 int min_steps, MemoryBandwidthProbe& probe, double* bandwidth,
+                                 RoutingTrace* trace) {
   const int page_tokens = cache.layout().page_tokens;
   const int pages_per_seq = (context + 1 + page_tokens - 1) / page_tokens;
   std::vector<std::vector<PageId>> tables(batch);
   for (int b = 0; b < batch; ++b) {
     for (int p = 0; p < pages_per_seq; ++p) tables[b].push_back(b * pages_per_seq + p);
   }
-  std::vector<int32_t> token(batch, 1);
+  std::vector<int32_t> token(batch);
+  for (int b = 0; b < batch; ++b)
+    token[b] = static_cast<int32_t>((1 + b * 7919) % model.config().vocab_size);
   std::vector<SequenceChunk> chunks;
   for (int b = 0; b < batch; ++b) {
     chunks.push_back({.tokens = std::span<const int32_t>(&token[b], 1),
@@ -93,6 +106,10 @@ Result<RunTimes> DecodeStepTimes(Transformer& model, KvCache& cache, int batch, 
                       .want_logits = true});
   }
   std::vector<float> logits;
+  model.set_routing_trace(trace);
+  Status traced = model.Forward(chunks, cache, &logits);
+  model.set_routing_trace(nullptr);
+  PD_RETURN_IF_ERROR(traced);
   *bandwidth = 0.0;
   bool warm = false;  // TimeRuns' first pass is the warm-up: not counted
   return TimeRuns(
@@ -144,6 +161,18 @@ Result<std::vector<int>> DecodeContexts(const EngineBenchOptions& f, int max_con
     }
   }
   return f.contexts;
+}
+
+// Distinct experts a pass's rows chose per MoE layer, averaged over its MoE layers (0: none).
+double MeanExpertsHit(const RoutingTrace& trace) {
+  if (trace.layers.empty()) return 0;
+  double total = 0;
+  for (const RoutingTrace::Layer& l : trace.layers) {
+    std::vector<int32_t> experts = l.experts;
+    std::sort(experts.begin(), experts.end());
+    total += static_cast<double>(std::unique(experts.begin(), experts.end()) - experts.begin());
+  }
+  return total / static_cast<double>(trace.layers.size());
 }
 
 }  // namespace
@@ -232,6 +261,8 @@ Status RunEngineBench(ModelDir& dir, const EngineBenchOptions& f) {
     int context, batch;
     Row row;
     int bandwidth_bound = 0;  // rounds whose ceiling was the bandwidth's (else the GEMM's)
+    double weight_bytes = 0;  // weights the step reads (of an MoE model: the experts hit)
+    double experts_hit = 0;   // distinct experts per MoE layer, mean over the layers
   };
   std::vector<DecodeRow> decode;
   for (int ctx : contexts) {
@@ -240,13 +271,17 @@ Status RunEngineBench(ModelDir& dir, const EngineBenchOptions& f) {
       for (int r = 0; r < f.repeats; ++r) {
         PD_ASSIGN_OR_RETURN(double gemm, gemm_rate());
         double bandwidth = 0.0;
-        PD_ASSIGN_OR_RETURN(
-            RunTimes t, DecodeStepTimes(model, *cache, b, ctx, f.decode_steps, probe, &bandwidth));
+        RoutingTrace trace;
+        PD_ASSIGN_OR_RETURN(RunTimes t, DecodeStepTimes(model, *cache, b, ctx, f.decode_steps,
+                                                        probe, &bandwidth, &trace));
         bandwidths.push_back(bandwidth);
         gemm_rates.push_back(gemm);
-        // A step reads every weight once whatever the batch, and each sequence's K/V; past the
-        // bandwidth bound the GEMM rate bounds instead.
-        const double step_bytes = weight_bytes + b * kv_bytes_per_seq(ctx);
+        // A step reads every weight once whatever the batch (of an MoE layer, each expert its
+        // rows chose, once), and each sequence's K/V; past the bandwidth bound the GEMM rate
+        // bounds instead.
+        d.weight_bytes = static_cast<double>(model.StepWeightBytes(trace));
+        d.experts_hit = MeanExpertsHit(trace);
+        const double step_bytes = d.weight_bytes + b * kv_bytes_per_seq(ctx);
         const double by_bandwidth = b * bandwidth / step_bytes;
         const double by_gemm = gemm / decode_flops_per_token(ctx);
         d.bandwidth_bound += by_bandwidth <= by_gemm ? 1 : 0;
@@ -257,8 +292,9 @@ Status RunEngineBench(ModelDir& dir, const EngineBenchOptions& f) {
 
   std::printf(
       "kernels: %s\n"
-      "model %s: %d layers, hidden %d; a decode step reads %.0f MB of weights and %.1f MB of "
-      "K/V per sequence per 1000 tokens of context\n",
+      "model %s: %d layers, hidden %d; %.0f MB of weights, each read once a decode step (of an "
+      "MoE layer, the experts chosen), and %.1f MB of K/V per sequence per 1000 tokens of "
+      "context\n",
       kernels::DescribeSelection().c_str(), dir.path.c_str(), c.num_layers, c.hidden_size,
       weight_bytes / 1e6, kv_bytes_per_seq(999) / 1e6);
   for (int ctx : skipped) {
@@ -298,6 +334,17 @@ Status RunEngineBench(ModelDir& dir, const EngineBenchOptions& f) {
   for (const DecodeRow& d : decode) {
     print_row("decode ctx " + std::to_string(d.context), d.batch, d.row, "GB/s",
               2 * d.bandwidth_bound > f.repeats ? "bandwidth" : "GEMM");
+  }
+  if (c.moe.num_experts > 0) {
+    std::printf(
+        "\nexperts: %d per MoE layer, %d chosen per token; a decode step reads each expert its "
+        "rows chose once\n\n| phase | batch | distinct experts hit per MoE layer | weights read "
+        "per step (MB) | of all weights |\n|---|---|---|---|---|\n",
+        c.moe.num_experts, c.moe.experts_per_token);
+    for (const DecodeRow& d : decode) {
+      std::printf("| decode ctx %d | %d | %.1f | %.0f | %.0f%% |\n", d.context, d.batch,
+                  d.experts_hit, d.weight_bytes / 1e6, 100 * d.weight_bytes / weight_bytes);
+    }
   }
   return Status::Ok();
 }

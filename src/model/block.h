@@ -27,6 +27,9 @@ class LayerBlock {
   virtual Status Run(ForwardPass& pass) = 0;
   // Bytes of weights one pass reads (each matrix once).
   virtual size_t WeightBytes() const = 0;
+  // Bytes of weights the pass that left `trace` read: all of them but for an MoE block, which
+  // reads only the experts its rows chose.
+  virtual size_t StepWeightBytes(const RoutingTrace& /*trace*/) const { return WeightBytes(); }
 };
 
 }  // namespace pdserve

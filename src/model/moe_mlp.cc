@@ -43,6 +43,19 @@ size_t MoeMlp::WeightBytes() const {
   return bytes;
 }
 
+size_t MoeMlp::StepWeightBytes(const RoutingTrace& trace) const {
+  size_t bytes = router_.bytes();
+  for (const RoutingTrace::Layer& l : trace.layers) {
+    if (l.layer != layer_) continue;
+    std::vector<bool> hit(experts_.size(), false);
+    for (int32_t e : l.experts) hit[e] = true;
+    for (size_t e = 0; e < experts_.size(); ++e) {
+      if (hit[e]) bytes += experts_[e].gate_up.bytes() + experts_[e].down.bytes();
+    }
+  }
+  return bytes;
+}
+
 void MoeMlp::Route(const float* logits, int rows) {
   const int num_experts = config_.moe.num_experts;
   const int k = config_.moe.experts_per_token;

@@ -43,6 +43,8 @@ class MoeMlp final : public LayerBlock {
   Status Run(ForwardPass& pass) override;
   // The router and every expert once: what a pass that hits every expert reads.
   size_t WeightBytes() const override;
+  // The router and the experts this layer's rows chose in `trace`.
+  size_t StepWeightBytes(const RoutingTrace& trace) const override;
 
  private:
   struct Expert {

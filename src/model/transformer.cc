@@ -86,6 +86,14 @@ size_t Transformer::WeightBytes() const {
   return bytes;
 }
 
+size_t Transformer::StepWeightBytes(const RoutingTrace& trace) const {
+  size_t bytes = head_->WeightBytes();
+  for (const Layer& l : layers_) {
+    bytes += l.attention->StepWeightBytes(trace) + l.feed_forward->StepWeightBytes(trace);
+  }
+  return bytes;
+}
+
 uint64_t Transformer::Fingerprint() const {
   // FNV-1a, continued from the config's hash over "kernels=<path>".
   uint64_t h = config_.Fingerprint();

@@ -77,6 +77,9 @@ class Transformer {
   KvLayout MakeKvLayout(int num_pages, int page_tokens) const;
   // Bytes of weights read per decode step (every matrix once).
   size_t WeightBytes() const;
+  // Bytes of weights the pass that filled `trace` (set_routing_trace) read: WeightBytes but
+  // for the experts no row chose.
+  size_t StepWeightBytes(const RoutingTrace& trace) const;
   // The kernel path this model runs on (kernels/dispatch.h), the one active when it was
   // created; Forward fails if another has been selected since. Paths may differ in the last
   // bits, so a KV cache is reproduced bit for bit only by the path that wrote it.
