@@ -36,9 +36,9 @@ Status KvLayout::Validate() const {
 }
 
 std::string KvLayout::ToString() const {
-  return fmt::format("layers={} kv_heads={} head_dim={} page_tokens={} dtype={} pages={}",
+  return fmt::format("layers={} kv_heads={} head_dim={} page_tokens={} dtype={} pages={}{}",
                      num_layers, num_kv_heads, head_dim, page_tokens, DTypeFlagName(dtype),
-                     num_pages);
+                     num_pages, kind == KvKind::kLatent ? " latent" : "");
 }
 
 }  // namespace pdserve

@@ -28,9 +28,12 @@ inline bool IsKvCacheDType(DType t) { return t == DType::kF32 || t == DType::kBF
 Status CheckKvCacheDType(DType t);
 
 // What a cache page holds per token, in the order the components lie in a block. A GQA cache
-// holds K and V. A latent cache (MLA: c_kv + k_pe per token, one "head" replicated on every TP
-// rank) would be a new component here, listed by KvLayout::components() for such a layout.
-enum class KvComponent : uint8_t { kK, kV };
+// holds K and V; a latent cache (MLA) one row per token, c_kv then k_pe, as one "head" that
+// every TP rank holds whole.
+enum class KvComponent : uint8_t { kK, kV, kLatent };
+
+// The kind of cache a model keeps: its components (KvLayout::components()).
+enum class KvKind : uint8_t { kGqa, kLatent };
 
 struct KvLayout {
   int num_layers = 0;
@@ -39,9 +42,13 @@ struct KvLayout {
   int page_tokens = 16;
   DType dtype = DType::kBF16;  // F32 or BF16 (Validate checks)
   int num_pages = 0;
+  KvKind kind = KvKind::kGqa;
 
   // The components of this cache's blocks, in block order.
-  std::span<const KvComponent> components() const { return kGqaComponents; }
+  std::span<const KvComponent> components() const {
+    return kind == KvKind::kLatent ? std::span<const KvComponent>(kLatentComponents)
+                                   : std::span<const KvComponent>(kGqaComponents);
+  }
   int num_components() const { return static_cast<int>(components().size()); }
 
   size_t elem_size() const { return DTypeSize(dtype); }
@@ -84,8 +91,11 @@ struct KvLayout {
 
  private:
   static constexpr std::array<KvComponent, 2> kGqaComponents = {KvComponent::kK, KvComponent::kV};
-  // `c`'s place in components() (kGqaComponents lists them in enum order).
-  static size_t ComponentIndex(KvComponent c) { return static_cast<size_t>(c); }
+  static constexpr std::array<KvComponent, 1> kLatentComponents = {KvComponent::kLatent};
+  // `c`'s place in components(): K and V in enum order; a latent cache's only component first.
+  static size_t ComponentIndex(KvComponent c) {
+    return c == KvComponent::kLatent ? 0 : static_cast<size_t>(c);
+  }
 };
 
 }  // namespace pdserve

@@ -13,7 +13,7 @@ namespace {
 constexpr uint32_t kMagic = 0x564b4450;  // "PDKV" as little-endian bytes
 constexpr size_t kBodyLengthOffset = 8;
 // Smallest encoding of one rank in a NodeInfo: head range, KvLayout, descriptor length.
-constexpr size_t kMinRankBytes = 2 * 4 + 5 * 4 + 1 + 4;
+constexpr size_t kMinRankBytes = 2 * 4 + 5 * 4 + 1 + 1 + 4;
 
 template <typename... Fs>
 struct Overloaded : Fs... {
@@ -129,6 +129,8 @@ void WriteFixed(ByteWriter& w, std::span<const uint8_t> bytes) {
 // A layout's dtype travels as its own code, so reordering DType never changes the wire. Only KV
 // element types have one: EncodeMessage validates the layout before writing it.
 constexpr uint8_t kWireF32 = 0, kWireBF16 = 1;
+// The same for a layout's kind.
+constexpr uint8_t kWireGqa = 0, kWireLatent = 1;
 
 void WriteLayout(ByteWriter& w, const KvLayout& l) {
   w.U32(static_cast<uint32_t>(l.num_layers));
@@ -137,6 +139,7 @@ void WriteLayout(ByteWriter& w, const KvLayout& l) {
   w.U32(static_cast<uint32_t>(l.page_tokens));
   w.U8(l.dtype == DType::kF32 ? kWireF32 : kWireBF16);
   w.U32(static_cast<uint32_t>(l.num_pages));
+  w.U8(l.kind == KvKind::kLatent ? kWireLatent : kWireGqa);
 }
 
 void WriteNodeInfo(ByteWriter& w, const NodeInfo& n) {
@@ -212,7 +215,14 @@ Status ReadLayout(ByteReader& r, KvLayout* l) {
     return Status::ProtocolError(fmt::format("unknown KV dtype {}", dtype));
   }
   l->dtype = dtype == kWireF32 ? DType::kF32 : DType::kBF16;
-  return r.NonNegativeI32("num_pages", &l->num_pages);
+  PD_RETURN_IF_ERROR(r.NonNegativeI32("num_pages", &l->num_pages));
+  uint8_t kind = 0;
+  PD_RETURN_IF_ERROR(r.U8("layout kind", &kind));
+  if (kind != kWireGqa && kind != kWireLatent) {
+    return Status::ProtocolError(fmt::format("unknown KV layout kind {}", kind));
+  }
+  l->kind = kind == kWireLatent ? KvKind::kLatent : KvKind::kGqa;
+  return Status::Ok();
 }
 
 Status ReadNodeInfo(ByteReader& r, NodeInfo* n) {

@@ -34,7 +34,8 @@
 namespace pdserve::messenger {
 
 // 2: HelloAck names the Hello it answers (hello_nonce).
-inline constexpr uint16_t kProtocolVersion = 2;
+// 3: a layout carries its kind (GQA K and V, or an MLA latent).
+inline constexpr uint16_t kProtocolVersion = 3;
 inline constexpr size_t kHeaderBytes = 20;
 // Caps: far above real use, low enough that a hostile peer cannot make us allocate much.
 inline constexpr size_t kMaxMessageBytes = size_t{16} << 20;

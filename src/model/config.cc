@@ -1,6 +1,7 @@
 #include "model/config.h"
 
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -26,7 +27,13 @@ constexpr ArchInfo kArchitectures[] = {
     {Architecture::kQwen3, "Qwen3ForCausalLM", "qwen3"},
     {Architecture::kMistral, "MistralForCausalLM", "mistral"},
     {Architecture::kQwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe"},
+    {Architecture::kDeepseekV2, "DeepseekV2ForCausalLM", "deepseek_v2"},
+    {Architecture::kDeepseekV3, "DeepseekV3ForCausalLM", "deepseek_v3"},
 };
+
+bool IsDeepseek(Architecture a) {
+  return a == Architecture::kDeepseekV2 || a == Architecture::kDeepseekV3;
+}
 
 // Upper bounds that no real model reaches; they keep shape products far from overflow.
 constexpr int kMaxDim = 1 << 20;
@@ -171,9 +178,30 @@ Status ParseRopeScaling(const json& j, RopeScaling* out) {
     out->type = RopeScaling::Type::kLinear;
     return Status::Ok();
   }
+  if (type == "yarn") {
+    out->type = RopeScaling::Type::kYarn;
+    std::optional<double> beta_fast, beta_slow, mscale, mscale_all_dim;
+    std::optional<int> original;
+    PD_RETURN_IF_ERROR(ReadDouble(rs, "beta_fast", &beta_fast));
+    PD_RETURN_IF_ERROR(ReadDouble(rs, "beta_slow", &beta_slow));
+    PD_RETURN_IF_ERROR(ReadDouble(rs, "mscale", &mscale));
+    PD_RETURN_IF_ERROR(ReadDouble(rs, "mscale_all_dim", &mscale_all_dim));
+    PD_RETURN_IF_ERROR(ReadInt(rs, "original_max_position_embeddings", &original));
+    if (!original) {
+      return Status::InvalidArgument("config.json: yarn " + key +
+                                     " needs 'original_max_position_embeddings'");
+    }
+    // DeepSeek's YaRN defaults (modeling_deepseek.py).
+    out->beta_fast = beta_fast.value_or(32.0);
+    out->beta_slow = beta_slow.value_or(1.0);
+    out->mscale = mscale.value_or(1.0);
+    out->mscale_all_dim = mscale_all_dim.value_or(0.0);
+    out->original_max_position_embeddings = *original;
+    return Status::Ok();
+  }
   if (type != "llama3") {
     return Status::InvalidArgument("config.json: unsupported " + key + " type '" + type +
-                                   "'; supported: default, linear, llama3");
+                                   "'; supported: default, linear, llama3, yarn");
   }
   out->type = RopeScaling::Type::kLlama3;
   std::optional<double> low, high;
@@ -223,7 +251,9 @@ Status ParseSizes(const json& j, ModelConfig* c) {
   PD_RETURN_IF_ERROR(ReadInt(j, "head_dim", &head_dim));
   PD_RETURN_IF_ERROR(ReadInt(j, "max_position_embeddings", &max_pos));
   c->num_kv_heads = kv_heads.value_or(c->num_heads);
-  if (head_dim) {
+  if (IsDeepseek(c->arch)) {
+    c->head_dim = 0;  // the latent's width: ParseDeepseek
+  } else if (head_dim) {
     c->head_dim = *head_dim;
   } else if (c->arch == Architecture::kQwen3) {
     c->head_dim = 128;  // Qwen3Config's default: head_dim is independent of hidden_size
@@ -282,8 +312,84 @@ Status ParseOptionalFields(const json& j, ModelConfig* c) {
   return Status::Ok();
 }
 
+Status ReadString(const json& obj, std::string_view key, std::optional<std::string>* out) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return Status::Ok();
+  if (!it->is_string()) return FieldError(key, "a string", *it);
+  *out = it->get<std::string>();
+  return Status::Ok();
+}
+
+// DeepSeek-V2/V3's latent attention and expert fields (the config classes' defaults where
+// absent: V3's are noaux_tc over sigmoid scores in 8 groups keeping 4, scaled by 2.5, after
+// 3 dense layers; V2's greedy over softmax, unscaled).
+Status ParseDeepseek(const json& j, ModelConfig* c) {
+  const bool v3 = c->arch == Architecture::kDeepseekV3;
+  MlaConfig& a = c->mla;
+  std::optional<int> q_lora;
+  PD_RETURN_IF_ERROR(ReadInt(j, "q_lora_rank", &q_lora));
+  a.q_lora_rank = q_lora.value_or(0);
+  PD_RETURN_IF_ERROR(RequireInt(j, "kv_lora_rank", &a.kv_lora_rank));
+  PD_RETURN_IF_ERROR(RequireInt(j, "qk_nope_head_dim", &a.qk_nope_head_dim));
+  PD_RETURN_IF_ERROR(RequireInt(j, "qk_rope_head_dim", &a.qk_rope_head_dim));
+  PD_RETURN_IF_ERROR(RequireInt(j, "v_head_dim", &a.v_head_dim));
+  c->num_kv_heads = 1;  // the latent
+  c->head_dim = a.kv_lora_rank + a.qk_rope_head_dim;
+
+  MoeConfig& m = c->moe;
+  std::optional<int> experts;
+  PD_RETURN_IF_ERROR(ReadInt(j, "n_routed_experts", &experts));
+  m.num_experts = experts.value_or(0);
+  if (m.num_experts == 0) return Status::Ok();
+  PD_RETURN_IF_ERROR(RequireInt(j, "num_experts_per_tok", &m.experts_per_token));
+  PD_RETURN_IF_ERROR(RequireInt(j, "moe_intermediate_size", &m.expert_intermediate));
+  std::optional<int> shared, groups, topk_group, first_dense, freq;
+  std::optional<bool> norm;
+  std::optional<double> scaling;
+  std::optional<std::string> method, scoring;
+  PD_RETURN_IF_ERROR(ReadInt(j, "n_shared_experts", &shared));
+  PD_RETURN_IF_ERROR(ReadInt(j, "n_group", &groups));
+  PD_RETURN_IF_ERROR(ReadInt(j, "topk_group", &topk_group));
+  PD_RETURN_IF_ERROR(ReadInt(j, "first_k_dense_replace", &first_dense));
+  PD_RETURN_IF_ERROR(ReadInt(j, "moe_layer_freq", &freq));
+  PD_RETURN_IF_ERROR(ReadBool(j, "norm_topk_prob", &norm));
+  PD_RETURN_IF_ERROR(ReadDouble(j, "routed_scaling_factor", &scaling));
+  PD_RETURN_IF_ERROR(ReadString(j, "topk_method", &method));
+  PD_RETURN_IF_ERROR(ReadString(j, "scoring_func", &scoring));
+  m.shared_experts = shared.value_or(0);
+  m.n_group = groups.value_or(v3 ? 8 : 1);
+  m.topk_group = topk_group.value_or(v3 ? 4 : 1);
+  m.first_dense = first_dense.value_or(v3 ? 3 : 0);
+  m.layer_freq = freq.value_or(1);
+  m.norm_topk_prob = norm.value_or(v3);
+  m.routed_scaling_factor = scaling.value_or(v3 ? 2.5 : 1.0);
+  m.scale_only_unnormalised = !v3;
+  const std::string method_name = method.value_or(v3 ? "noaux_tc" : "greedy");
+  if (method_name == "greedy" || method_name == "gready") {  // V2's config class spells it so
+    m.topk_method = MoeConfig::TopK::kGreedy;
+  } else if (method_name == "group_limited_greedy") {
+    m.topk_method = MoeConfig::TopK::kGroupLimitedGreedy;
+  } else if (method_name == "noaux_tc") {
+    m.topk_method = MoeConfig::TopK::kNoAuxTc;
+  } else {
+    return Status::InvalidArgument("config.json: topk_method '" + method_name +
+                                   "' is not supported (greedy, group_limited_greedy, noaux_tc)");
+  }
+  const std::string scoring_name = scoring.value_or(v3 ? "sigmoid" : "softmax");
+  if (scoring_name == "softmax") {
+    m.scoring = MoeConfig::Scoring::kSoftmax;
+  } else if (scoring_name == "sigmoid") {
+    m.scoring = MoeConfig::Scoring::kSigmoid;
+  } else {
+    return Status::InvalidArgument("config.json: scoring_func '" + scoring_name +
+                                   "' is not supported (softmax, sigmoid)");
+  }
+  return Status::Ok();
+}
+
 // Qwen3MoeConfig's expert fields (its defaults where absent, as Hugging Face's config class).
 Status ParseMoe(const json& j, ModelConfig* c) {
+  if (IsDeepseek(c->arch)) return ParseDeepseek(j, c);
   if (c->arch != Architecture::kQwen3Moe) return Status::Ok();
   MoeConfig& m = c->moe;
   PD_RETURN_IF_ERROR(RequireInt(j, "num_experts", &m.num_experts));
@@ -392,9 +498,56 @@ Status ModelConfig::Validate() const {
 }
 
 Status ModelConfig::ValidateMoe() const {
+  if (is_mla()) {
+    if (!IsDeepseek(arch)) return Status::InvalidArgument("config: MLA is only for DeepSeek");
+    PD_RETURN_IF_ERROR(Positive("qk_nope_head_dim", mla.qk_nope_head_dim));
+    PD_RETURN_IF_ERROR(Positive("qk_rope_head_dim", mla.qk_rope_head_dim));
+    PD_RETURN_IF_ERROR(Positive("v_head_dim", mla.v_head_dim));
+    PD_RETURN_IF_ERROR(AtMost("kv_lora_rank", mla.kv_lora_rank, 1 << 14));
+    PD_RETURN_IF_ERROR(AtMost("q_lora_rank", mla.q_lora_rank, kMaxDim));
+    PD_RETURN_IF_ERROR(AtMost("qk_nope_head_dim", mla.qk_nope_head_dim, 1 << 12));
+    PD_RETURN_IF_ERROR(AtMost("qk_rope_head_dim", mla.qk_rope_head_dim, 1 << 12));
+    PD_RETURN_IF_ERROR(AtMost("v_head_dim", mla.v_head_dim, 1 << 12));
+    if (mla.q_lora_rank < 0) return Status::InvalidArgument("config: q_lora_rank < 0");
+    if (mla.qk_rope_head_dim % 2 != 0) {
+      return Status::InvalidArgument("config: qk_rope_head_dim must be even (RoPE rotates pairs)");
+    }
+    if (num_kv_heads != 1 || head_dim != mla.latent_dim()) {
+      return Status::InvalidArgument("config: an MLA cache is one head of the latent's width");
+    }
+  } else if (IsDeepseek(arch)) {
+    return Status::InvalidArgument("config: DeepSeek needs 'kv_lora_rank' > 0");
+  }
   if (moe.num_experts == 0) return Status::Ok();
-  if (arch != Architecture::kQwen3Moe) {
-    return Status::InvalidArgument("config: experts are only implemented for Qwen3MoeForCausalLM");
+  if (arch != Architecture::kQwen3Moe && !IsDeepseek(arch)) {
+    return Status::InvalidArgument(
+        "config: experts are only implemented for Qwen3MoeForCausalLM and DeepSeek");
+  }
+  PD_RETURN_IF_ERROR(Positive("moe_layer_freq", moe.layer_freq));
+  PD_RETURN_IF_ERROR(Positive("n_group", moe.n_group));
+  PD_RETURN_IF_ERROR(Positive("topk_group", moe.topk_group));
+  if (moe.first_dense < 0 || moe.shared_experts < 0 || moe.shared_experts > 64) {
+    return Status::InvalidArgument(
+        "config: first_k_dense_replace and n_shared_experts must be in range");
+  }
+  if (!(moe.routed_scaling_factor > 0)) {
+    return Status::InvalidArgument("config: routed_scaling_factor must be positive");
+  }
+  if (moe.topk_method != MoeConfig::TopK::kGreedy) {
+    if (moe.num_experts % moe.n_group != 0) {
+      return Status::InvalidArgument("config: n_group " + std::to_string(moe.n_group) +
+                                     " does not divide n_routed_experts " +
+                                     std::to_string(moe.num_experts));
+    }
+    if (moe.topk_group > moe.n_group) {
+      return Status::InvalidArgument("config: topk_group exceeds n_group");
+    }
+    // Enough experts in the kept groups for the top-k (two per group for noaux_tc's scores).
+    const int per_group = moe.num_experts / moe.n_group;
+    if (moe.topk_group * per_group < moe.experts_per_token ||
+        (moe.topk_method == MoeConfig::TopK::kNoAuxTc && per_group < 2)) {
+      return Status::InvalidArgument("config: the kept groups hold too few experts for the top-k");
+    }
   }
   PD_RETURN_IF_ERROR(Positive("num_experts", moe.num_experts));
   PD_RETURN_IF_ERROR(AtMost("num_experts", moe.num_experts, 4096));
@@ -414,10 +567,34 @@ Status ModelConfig::ValidateMoe() const {
 }
 
 bool ModelConfig::IsMoeLayer(int layer) const {
-  // Qwen3MoeDecoderLayer: experts unless listed in mlp_only_layers, every sparse_step-th layer.
-  return moe.num_experts > 0 && (layer + 1) % moe.sparse_step == 0 &&
+  // Qwen3MoeDecoderLayer: experts unless listed in mlp_only_layers, every sparse_step-th layer;
+  // DeepSeek: from first_k_dense_replace on, every moe_layer_freq-th layer.
+  return moe.num_experts > 0 && layer >= moe.first_dense && layer % moe.layer_freq == 0 &&
+         (layer + 1) % moe.sparse_step == 0 &&
          std::find(moe.dense_layers.begin(), moe.dense_layers.end(), layer) ==
              moe.dense_layers.end();
+}
+
+namespace {
+// YaRN's attention temperature (DeepSeek's yarn_get_mscale).
+double YarnMscale(double factor, double mscale) {
+  return factor <= 1 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
+}
+}  // namespace
+
+double ModelConfig::softmax_scale() const {
+  if (!is_mla()) return 1.0 / std::sqrt(static_cast<double>(head_dim));
+  double scale = 1.0 / std::sqrt(static_cast<double>(mla.q_head_dim()));
+  if (rope_scaling.type == RopeScaling::Type::kYarn && rope_scaling.mscale_all_dim != 0) {
+    const double m = YarnMscale(rope_scaling.factor, rope_scaling.mscale_all_dim);
+    scale *= m * m;
+  }
+  return scale;
+}
+
+double RopeAttentionFactor(const RopeScaling& rs) {
+  if (rs.type != RopeScaling::Type::kYarn) return 1.0;
+  return YarnMscale(rs.factor, rs.mscale) / YarnMscale(rs.factor, rs.mscale_all_dim);
 }
 
 Result<ModelConfig> ModelConfig::FromJson(const std::string& json_text) {
@@ -489,6 +666,16 @@ std::string ModelConfig::ToJson() const {
     case RopeScaling::Type::kLinear:
       j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rope_scaling.factor}};
       break;
+    case RopeScaling::Type::kYarn:
+      j["rope_scaling"] = {
+          {"type", "yarn"},
+          {"factor", rope_scaling.factor},
+          {"beta_fast", rope_scaling.beta_fast},
+          {"beta_slow", rope_scaling.beta_slow},
+          {"mscale", rope_scaling.mscale},
+          {"mscale_all_dim", rope_scaling.mscale_all_dim},
+          {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+      break;
     case RopeScaling::Type::kLlama3:
       j["rope_scaling"] = {
           {"rope_type", "llama3"},
@@ -513,6 +700,30 @@ std::string ModelConfig::ToJson() const {
     j["eos_token_id"] = eos_token_ids;
   }
   j["torch_dtype"] = torch_dtype.empty() ? "bfloat16" : torch_dtype;
+  if (IsDeepseek(arch)) {
+    j.erase("head_dim");
+    j["q_lora_rank"] = mla.q_lora_rank > 0 ? json(mla.q_lora_rank) : json(nullptr);
+    j["kv_lora_rank"] = mla.kv_lora_rank;
+    j["qk_nope_head_dim"] = mla.qk_nope_head_dim;
+    j["qk_rope_head_dim"] = mla.qk_rope_head_dim;
+    j["v_head_dim"] = mla.v_head_dim;
+    j["num_key_value_heads"] = num_heads;  // as DeepSeek's configs say (MLA has no KV heads)
+    j["n_routed_experts"] = moe.num_experts > 0 ? json(moe.num_experts) : json(nullptr);
+    j["num_experts_per_tok"] = moe.experts_per_token;
+    j["moe_intermediate_size"] = moe.expert_intermediate;
+    j["n_shared_experts"] = moe.shared_experts;
+    j["norm_topk_prob"] = moe.norm_topk_prob;
+    j["routed_scaling_factor"] = moe.routed_scaling_factor;
+    j["n_group"] = moe.n_group;
+    j["topk_group"] = moe.topk_group;
+    j["first_k_dense_replace"] = moe.first_dense;
+    j["moe_layer_freq"] = moe.layer_freq;
+    j["scoring_func"] = moe.scoring == MoeConfig::Scoring::kSigmoid ? "sigmoid" : "softmax";
+    j["topk_method"] = moe.topk_method == MoeConfig::TopK::kNoAuxTc ? "noaux_tc"
+                       : moe.topk_method == MoeConfig::TopK::kGroupLimitedGreedy
+                           ? "group_limited_greedy"
+                           : "greedy";
+  }
   if (arch == Architecture::kQwen3Moe) {
     j["num_experts"] = moe.num_experts;
     j["num_experts_per_tok"] = moe.experts_per_token;
@@ -543,6 +754,25 @@ uint64_t ModelConfig::Fingerprint() const {
             "/" + std::to_string(moe.norm_topk_prob ? 1 : 0) + "/" +
             std::to_string(moe.sparse_step) + "/";
     for (int layer : moe.dense_layers) text += std::to_string(layer) + ",";
+    char more[256];
+    std::snprintf(more, sizeof(more),
+                  " first=%d freq=%d shared=%d score=%d topk=%d group=%d/%d "
+                  "scale=%.17g/%d",
+                  moe.first_dense, moe.layer_freq, moe.shared_experts,
+                  static_cast<int>(moe.scoring), static_cast<int>(moe.topk_method), moe.n_group,
+                  moe.topk_group, moe.routed_scaling_factor, moe.scale_only_unnormalised ? 1 : 0);
+    text += more;
+  }
+  if (is_mla()) {
+    text += " mla=" + std::to_string(mla.q_lora_rank) + "/" + std::to_string(mla.kv_lora_rank) +
+            "/" + std::to_string(mla.qk_nope_head_dim) + "/" +
+            std::to_string(mla.qk_rope_head_dim) + "/" + std::to_string(mla.v_head_dim);
+  }
+  if (rope_scaling.type == RopeScaling::Type::kYarn) {
+    char yarn[160];
+    std::snprintf(yarn, sizeof(yarn), " yarn=%.17g/%.17g/%.17g/%.17g", rope_scaling.beta_fast,
+                  rope_scaling.beta_slow, rope_scaling.mscale, rope_scaling.mscale_all_dim);
+    text += yarn;
   }
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a offset basis
   for (const char* p = text.c_str(); *p != '\0'; ++p) {

@@ -12,30 +12,77 @@
 
 namespace pdserve {
 
-enum class Architecture : uint8_t { kLlama, kQwen2, kQwen3, kMistral, kQwen3Moe };
+enum class Architecture : uint8_t {
+  kLlama,
+  kQwen2,
+  kQwen3,
+  kMistral,
+  kQwen3Moe,
+  kDeepseekV2,
+  kDeepseekV3
+};
 
 // rope_scaling from config.json. "llama3" rescales the low frequencies (Llama 3.1+); "linear"
-// divides every position by `factor`; "default"/absent is none. Other types are rejected.
+// divides every position by `factor`; "yarn" (DeepSeek) blends interpolated and original
+// frequencies between the beta_fast and beta_slow rotation counts and scales cos/sin and the
+// softmax by its mscale terms; "default"/absent is none. Other types are rejected.
 struct RopeScaling {
-  enum class Type : uint8_t { kNone, kLlama3, kLinear } type = Type::kNone;
+  enum class Type : uint8_t { kNone, kLlama3, kLinear, kYarn } type = Type::kNone;
   double factor = 1.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int original_max_position_embeddings = 8192;
+  double beta_fast = 32.0;  // yarn
+  double beta_slow = 1.0;
+  double mscale = 1.0;
+  double mscale_all_dim = 0.0;
 };
 
-// The mixture-of-experts feed-forward of Qwen3-MoE: in an MoE layer the MLP is `num_experts`
-// SwiGLU experts of `expert_intermediate` columns each; a router (softmax over the experts'
-// logits) picks the `experts_per_token` most likely for each token and sums their outputs
-// weighted by those probabilities (renormalised to sum 1 when norm_topk_prob).
+// Multi-head latent attention (DeepSeek-V2/V3): queries through a low-rank q_a/q_b pair (or a
+// plain q_proj when q_lora_rank is 0); keys and values from one latent per token, c_kv
+// (kv_lora_rank values, normed) plus k_pe (qk_rope_head_dim values, RoPE in DeepSeek's
+// adjacent-pair convention), expanded per head by kv_b_proj into k_nope and v.
+struct MlaConfig {
+  int q_lora_rank = 0;  // 0: q_proj
+  int kv_lora_rank = 0;
+  int qk_nope_head_dim = 0;
+  int qk_rope_head_dim = 0;
+  int v_head_dim = 0;
+  int q_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  int latent_dim() const { return kv_lora_rank + qk_rope_head_dim; }
+};
+
+// A mixture-of-experts feed-forward (Qwen3-MoE, DeepSeek-V2/V3): in an MoE layer the MLP is
+// `num_experts` SwiGLU experts of `expert_intermediate` columns each; a router scores the
+// experts for each token (softmax or sigmoid of its logits), picks `experts_per_token` of them
+// (the best scores, or the best within the best groups), and sums their outputs weighted by
+// their scores (renormalised to sum 1 when norm_topk_prob, times routed_scaling_factor), plus
+// the shared experts (always on, weight 1) where the model has them.
 struct MoeConfig {
-  int num_experts = 0;          // num_experts; 0: every layer is dense
+  enum class Scoring : uint8_t { kSoftmax, kSigmoid };
+  enum class TopK : uint8_t { kGreedy, kGroupLimitedGreedy, kNoAuxTc };
+  int num_experts = 0;          // num_experts / n_routed_experts; 0: every layer is dense
   int experts_per_token = 0;    // num_experts_per_tok
   int expert_intermediate = 0;  // moe_intermediate_size
   bool norm_topk_prob = false;
-  int sparse_step = 1;            // decoder_sparse_step: layer i is MoE if (i + 1) % step == 0
-  std::vector<int> dense_layers;  // mlp_only_layers: dense whatever the step
+  int sparse_step = 1;            // Qwen3 decoder_sparse_step: MoE if (i + 1) % step == 0
+  std::vector<int> dense_layers;  // Qwen3 mlp_only_layers: dense whatever the step
+  int first_dense = 0;            // DeepSeek first_k_dense_replace: layers before it are dense
+  int layer_freq = 1;             // DeepSeek moe_layer_freq: MoE if i % freq == 0
+  int shared_experts = 0;         // DeepSeek n_shared_experts
+  Scoring scoring = Scoring::kSoftmax;
+  TopK topk_method = TopK::kGreedy;
+  int n_group = 1;  // group-limited choice: keep the topk_group best of n_group groups
+  int topk_group = 1;
+  double routed_scaling_factor = 1.0;
+  // DeepSeek-V2 scales by routed_scaling_factor only the weights it does not renormalise; V3
+  // (and Qwen3-MoE, whose factor is 1) scale them either way.
+  bool scale_only_unnormalised = false;
 };
+
+// The factor YaRN puts on cos and sin (mscale(factor, mscale) / mscale(factor, mscale_all_dim));
+// 1 for other scalings.
+double RopeAttentionFactor(const RopeScaling& rs);
 
 struct ModelConfig {
   Architecture arch = Architecture::kLlama;
@@ -60,7 +107,17 @@ struct ModelConfig {
   std::optional<int> bos_token_id;
   std::vector<int> eos_token_ids;  // int or list in config.json / generation_config.json
   std::string torch_dtype;         // informational
-  MoeConfig moe;                   // Qwen3-MoE; num_experts 0 elsewhere
+  MoeConfig moe;                   // Qwen3-MoE, DeepSeek; num_experts 0 elsewhere
+  // DeepSeek: kv_lora_rank > 0. Then num_kv_heads is 1 (the latent, which every TP rank holds
+  // whole) and head_dim is the latent's width, kv_lora_rank + qk_rope_head_dim: the cache row.
+  MlaConfig mla;
+
+  bool is_mla() const { return mla.kv_lora_rank > 0; }
+  // Dimensions RoPE rotates per head: head_dim, or MLA's qk_rope_head_dim.
+  int rotary_dim() const { return is_mla() ? mla.qk_rope_head_dim : head_dim; }
+  // The attention's softmax scale: 1/sqrt(head_dim), or MLA's 1/sqrt(q_head_dim) times YaRN's
+  // mscale(factor, mscale_all_dim) squared.
+  double softmax_scale() const;
 
   // Whether layer `layer`'s feed-forward is the experts (else the dense MLP of
   // intermediate_size).

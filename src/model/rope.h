@@ -13,22 +13,25 @@
 
 namespace pdserve {
 
-// RoPE inverse frequencies for a config (head_dim / 2 of them), with Llama-3 or linear rope
-// scaling applied.
+// RoPE inverse frequencies for a config (rotary_dim / 2 of them), with Llama-3, linear or YaRN
+// rope scaling applied.
 std::vector<double> RopeInverseFrequencies(const ModelConfig& config);
 
 class RopeAngles {
  public:
-  explicit RopeAngles(const ModelConfig& config) : inv_freq_(RopeInverseFrequencies(config)) {}
+  explicit RopeAngles(const ModelConfig& config)
+      : inv_freq_(RopeInverseFrequencies(config)),
+        factor_(RopeAttentionFactor(config.rope_scaling)) {}
 
   // Computes the angles of each row's position (rows kept until the next call).
   void Compute(std::span<const int64_t> positions);
-  // Row `row`'s cos and sin, head_dim / 2 floats each.
+  // Row `row`'s cos and sin, rotary_dim / 2 floats each.
   const float* cos(int row) const { return &cos_[static_cast<size_t>(row) * inv_freq_.size()]; }
   const float* sin(int row) const { return &sin_[static_cast<size_t>(row) * inv_freq_.size()]; }
 
  private:
   std::vector<double> inv_freq_;
+  double factor_;                 // YaRN's factor on cos and sin (1 otherwise)
   std::vector<float> cos_, sin_;  // [rows][head_dim / 2]
 };
 

@@ -48,6 +48,24 @@ RopeScaling Llama3Scaling(double factor) {
   return r;
 }
 
+// A tiny DeepSeek: MLA of 4 heads over a 64 + 16 latent, YaRN (factor 4 over an original
+// context of 256), 3 layers; the caller sets the experts.
+ModelConfig DeepseekConfig(Architecture arch, const char* name) {
+  ModelConfig c = BaseConfig(arch, name, 128, 3, 4, 1, 80, 256, 1024, false);
+  c.mla.kv_lora_rank = 64;
+  c.mla.qk_nope_head_dim = 32;
+  c.mla.qk_rope_head_dim = 16;
+  c.mla.v_head_dim = 32;
+  c.max_position_embeddings = 1024;
+  c.rms_norm_eps = 1e-6;
+  c.rope_scaling.type = RopeScaling::Type::kYarn;
+  c.rope_scaling.factor = 4.0;
+  c.rope_scaling.original_max_position_embeddings = 256;
+  c.rope_scaling.mscale = 1.0;
+  c.rope_scaling.mscale_all_dim = 1.0;
+  return c;
+}
+
 std::vector<SyntheticPreset> MakePresets() {
   std::vector<SyntheticPreset> p;
   constexpr auto kLlama = Architecture::kLlama;
@@ -90,13 +108,52 @@ std::vector<SyntheticPreset> MakePresets() {
                                256, 1024, false);
     c.rope_theta = 1e6;
     c.rms_norm_eps = 1e-6;
-    c.moe = {.num_experts = 8,
-             .experts_per_token = 2,
-             .expert_intermediate = 128,
-             .norm_topk_prob = true,
-             .sparse_step = 1,
-             .dense_layers = {2}};
+    c.moe.num_experts = 8;
+    c.moe.experts_per_token = 2;
+    c.moe.expert_intermediate = 128;
+    c.moe.norm_topk_prob = true;
+    c.moe.sparse_step = 1;
+    c.moe.dense_layers = {2};
     p.push_back({"qwen3-moe-tiny", "Qwen3-MoE, 8 experts top 2, layer 2 dense, untied lm_head", c});
+  }
+  {
+    // DeepSeek-V3's features: q_lora, noaux_tc routing over sigmoid scores in groups with the
+    // correction bias, a shared expert, a dense first layer, YaRN with the softmax mscale, and
+    // an MTP layer in the checkpoint (not run by the forward pass).
+    ModelConfig c = DeepseekConfig(Architecture::kDeepseekV3, "DeepseekV3ForCausalLM");
+    c.mla.q_lora_rank = 96;
+    c.moe.num_experts = 16;
+    c.moe.experts_per_token = 4;
+    c.moe.expert_intermediate = 64;
+    c.moe.norm_topk_prob = true;
+    c.moe.first_dense = 1;
+    c.moe.shared_experts = 1;
+    c.moe.scoring = MoeConfig::Scoring::kSigmoid;
+    c.moe.topk_method = MoeConfig::TopK::kNoAuxTc;
+    c.moe.n_group = 4;
+    c.moe.topk_group = 2;
+    c.moe.routed_scaling_factor = 2.5;
+    p.push_back({"deepseek-v3-tiny",
+                 "DeepSeek-V3 (MLA with q_lora, noaux_tc groups, shared expert, YaRN, MTP layer)",
+                 c});
+  }
+  {
+    // DeepSeek-V2-Lite's features: a plain q_proj, greedy softmax routing without
+    // renormalisation, two shared experts.
+    ModelConfig c = DeepseekConfig(Architecture::kDeepseekV2, "DeepseekV2ForCausalLM");
+    c.rope_scaling.mscale = 0.707;
+    c.rope_scaling.mscale_all_dim = 0.707;
+    c.moe.num_experts = 8;
+    c.moe.experts_per_token = 2;
+    c.moe.expert_intermediate = 64;
+    c.moe.norm_topk_prob = false;
+    c.moe.first_dense = 1;
+    c.moe.shared_experts = 2;
+    c.moe.routed_scaling_factor = 1.0;
+    c.moe.scale_only_unnormalised = true;
+    p.push_back({"deepseek-v2-lite-tiny",
+                 "DeepSeek-V2-Lite (MLA with q_proj, greedy softmax routing, 2 shared experts)",
+                 c});
   }
   {
     ModelConfig c = BaseConfig(kQwen2, "Qwen2ForCausalLM", 896, 24, 14, 2, 64, 4864, 151936, true);
@@ -120,12 +177,12 @@ std::vector<SyntheticPreset> MakePresets() {
     c.rope_theta = 1e6;
     c.rms_norm_eps = 1e-6;
     c.max_position_embeddings = 40960;
-    c.moe = {.num_experts = 128,
-             .experts_per_token = 8,
-             .expert_intermediate = 768,
-             .norm_topk_prob = true,
-             .sparse_step = 1,
-             .dense_layers = {}};
+    c.moe.num_experts = 128;
+    c.moe.experts_per_token = 8;
+    c.moe.expert_intermediate = 768;
+    c.moe.norm_topk_prob = true;
+    c.moe.sparse_step = 1;
+    c.moe.dense_layers = {};
     p.push_back({"qwen3-30b-a3b-4l",
                  "Qwen3-30B-A3B's layer shapes, 128 experts, 4 of 48 layers (3.1B params)", c});
   }
@@ -142,57 +199,93 @@ struct TensorInit {
   float scale;
 };
 
-std::vector<TensorInit> TensorInits(const ModelConfig& c) {
+// Matrices scale by 1/sqrt(fan_in) so every projection keeps unit-variance activations; the
+// embedding by 1/sqrt(hidden) so tied logits have a spread of about one.
+TensorInit MatrixInit(std::string name, int64_t rows, int64_t cols) {
+  return {std::move(name), {rows, cols}, 0.0f, 1.0f / std::sqrt(static_cast<float>(cols))};
+}
+TensorInit NormInit(std::string name, int64_t n) { return {std::move(name), {n}, 1.0f, 0.1f}; }
+TensorInit BiasInit(std::string name, int64_t n) { return {std::move(name), {n}, 0.0f, 0.1f}; }
+
+// The tensors of one decoder layer `i` (prefix "model.layers.<i>.").
+void LayerInits(const ModelConfig& c, int i, std::vector<TensorInit>& t) {
   const int64_t h = c.hidden_size, q = int64_t{c.num_heads} * c.head_dim,
                 kv = int64_t{c.num_kv_heads} * c.head_dim, f = c.intermediate_size;
-  // Matrices scale by 1/sqrt(fan_in) so every projection keeps unit-variance activations;
-  // the embedding by 1/sqrt(hidden) so tied logits have a spread of about one.
-  auto matrix = [](std::string name, int64_t rows, int64_t cols) {
-    return TensorInit{
-        std::move(name), {rows, cols}, 0.0f, 1.0f / std::sqrt(static_cast<float>(cols))};
-  };
-  auto norm = [](std::string name, int64_t n) {
-    return TensorInit{std::move(name), {n}, 1.0f, 0.1f};
-  };
-  auto bias = [](std::string name, int64_t n) {
-    return TensorInit{std::move(name), {n}, 0.0f, 0.1f};
-  };
-  std::vector<TensorInit> t;
-  t.push_back(matrix("model.embed_tokens.weight", c.vocab_size, h));
-  for (int i = 0; i < c.num_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    t.push_back(norm(p + "input_layernorm.weight", h));
-    t.push_back(matrix(p + "self_attn.q_proj.weight", q, h));
-    t.push_back(matrix(p + "self_attn.k_proj.weight", kv, h));
-    t.push_back(matrix(p + "self_attn.v_proj.weight", kv, h));
+  const std::string p = "model.layers." + std::to_string(i) + ".";
+  t.push_back(NormInit(p + "input_layernorm.weight", h));
+  if (c.is_mla()) {
+    const MlaConfig& a = c.mla;
+    const int64_t heads = c.num_heads;
+    if (a.q_lora_rank > 0) {
+      t.push_back(MatrixInit(p + "self_attn.q_a_proj.weight", a.q_lora_rank, h));
+      t.push_back(NormInit(p + "self_attn.q_a_layernorm.weight", a.q_lora_rank));
+      t.push_back(
+          MatrixInit(p + "self_attn.q_b_proj.weight", heads * a.q_head_dim(), a.q_lora_rank));
+    } else {
+      t.push_back(MatrixInit(p + "self_attn.q_proj.weight", heads * a.q_head_dim(), h));
+    }
+    t.push_back(MatrixInit(p + "self_attn.kv_a_proj_with_mqa.weight", a.latent_dim(), h));
+    t.push_back(NormInit(p + "self_attn.kv_a_layernorm.weight", a.kv_lora_rank));
+    t.push_back(MatrixInit(p + "self_attn.kv_b_proj.weight",
+                           heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank));
+    t.push_back(MatrixInit(p + "self_attn.o_proj.weight", h, heads * a.v_head_dim));
+  } else {
+    t.push_back(MatrixInit(p + "self_attn.q_proj.weight", q, h));
+    t.push_back(MatrixInit(p + "self_attn.k_proj.weight", kv, h));
+    t.push_back(MatrixInit(p + "self_attn.v_proj.weight", kv, h));
     if (c.qkv_bias) {
-      t.push_back(bias(p + "self_attn.q_proj.bias", q));
-      t.push_back(bias(p + "self_attn.k_proj.bias", kv));
-      t.push_back(bias(p + "self_attn.v_proj.bias", kv));
+      t.push_back(BiasInit(p + "self_attn.q_proj.bias", q));
+      t.push_back(BiasInit(p + "self_attn.k_proj.bias", kv));
+      t.push_back(BiasInit(p + "self_attn.v_proj.bias", kv));
     }
     if (c.qk_norm) {
-      t.push_back(norm(p + "self_attn.q_norm.weight", c.head_dim));
-      t.push_back(norm(p + "self_attn.k_norm.weight", c.head_dim));
+      t.push_back(NormInit(p + "self_attn.q_norm.weight", c.head_dim));
+      t.push_back(NormInit(p + "self_attn.k_norm.weight", c.head_dim));
     }
-    t.push_back(matrix(p + "self_attn.o_proj.weight", h, q));
-    t.push_back(norm(p + "post_attention_layernorm.weight", h));
-    if (c.IsMoeLayer(i)) {
-      const int64_t fe = c.moe.expert_intermediate;
-      t.push_back(matrix(p + "mlp.gate.weight", c.moe.num_experts, h));
-      for (int e = 0; e < c.moe.num_experts; ++e) {
-        const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
-        t.push_back(matrix(ep + "gate_proj.weight", fe, h));
-        t.push_back(matrix(ep + "up_proj.weight", fe, h));
-        t.push_back(matrix(ep + "down_proj.weight", h, fe));
-      }
-      continue;
-    }
-    t.push_back(matrix(p + "mlp.gate_proj.weight", f, h));
-    t.push_back(matrix(p + "mlp.up_proj.weight", f, h));
-    t.push_back(matrix(p + "mlp.down_proj.weight", h, f));
+    t.push_back(MatrixInit(p + "self_attn.o_proj.weight", h, q));
   }
-  t.push_back(norm("model.norm.weight", h));
-  if (!c.tie_word_embeddings) t.push_back(matrix("lm_head.weight", c.vocab_size, h));
+  t.push_back(NormInit(p + "post_attention_layernorm.weight", h));
+  auto swiglu = [&](const std::string& prefix, int64_t inter) {
+    t.push_back(MatrixInit(prefix + "gate_proj.weight", inter, h));
+    t.push_back(MatrixInit(prefix + "up_proj.weight", inter, h));
+    t.push_back(MatrixInit(prefix + "down_proj.weight", h, inter));
+  };
+  if (!c.IsMoeLayer(std::min(i, c.num_layers - 1))) {  // an MTP layer is like the last
+    swiglu(p + "mlp.", f);
+    return;
+  }
+  const MoeConfig& m = c.moe;
+  t.push_back(MatrixInit(p + "mlp.gate.weight", m.num_experts, h));
+  if (m.topk_method == MoeConfig::TopK::kNoAuxTc) {
+    t.push_back(BiasInit(p + "mlp.gate.e_score_correction_bias", m.num_experts));
+  }
+  for (int e = 0; e < m.num_experts; ++e) {
+    swiglu(p + "mlp.experts." + std::to_string(e) + ".", m.expert_intermediate);
+  }
+  if (m.shared_experts > 0) {
+    swiglu(p + "mlp.shared_experts.", int64_t{m.expert_intermediate} * m.shared_experts);
+  }
+}
+
+std::vector<TensorInit> TensorInits(const ModelConfig& c) {
+  const int64_t h = c.hidden_size;
+  std::vector<TensorInit> t;
+  t.push_back(MatrixInit("model.embed_tokens.weight", c.vocab_size, h));
+  for (int i = 0; i < c.num_layers; ++i) LayerInits(c, i, t);
+  // DeepSeek-V3's multi-token-prediction layer follows the last decoder layer: a decoder layer
+  // plus the norms and projection that join the next token's embedding (kept for speculative
+  // decoding; the forward pass does not read them).
+  if (c.arch == Architecture::kDeepseekV3) {
+    const int mtp = c.num_layers;
+    LayerInits(c, mtp, t);
+    const std::string p = "model.layers." + std::to_string(mtp) + ".";
+    t.push_back(NormInit(p + "enorm.weight", h));
+    t.push_back(NormInit(p + "hnorm.weight", h));
+    t.push_back(MatrixInit(p + "eh_proj.weight", h, 2 * h));
+    t.push_back(NormInit(p + "shared_head.norm.weight", h));
+  }
+  t.push_back(NormInit("model.norm.weight", h));
+  if (!c.tie_word_embeddings) t.push_back(MatrixInit("lm_head.weight", c.vocab_size, h));
   return t;
 }
 

@@ -46,6 +46,8 @@ Result<TpSlices> TpSlices::Create(const ModelConfig& config, int rank, int size)
   t.hidden = ColumnShare(config.hidden_size, rank, size);
   t.intermediate = ColumnShare(config.intermediate_size, rank, size);
   t.expert_intermediate = ColumnShare(config.moe.expert_intermediate, rank, size);
+  t.shared_intermediate =
+      ColumnShare(config.moe.expert_intermediate * config.moe.shared_experts, rank, size);
   t.vocab = ColumnShare(config.vocab_size, rank, size);
   return t;
 }

@@ -24,7 +24,8 @@ struct TpSlices {
   // Output columns of every expert's gate_proj and up_proj (MoE layers): each rank holds its
   // share of every expert, so the ranks' work does not depend on which experts are chosen.
   DimRange expert_intermediate;
-  DimRange vocab;  // output columns of the lm_head
+  DimRange shared_intermediate;  // output columns of the shared experts' gate_proj and up_proj
+  DimRange vocab;                // output columns of the lm_head
   // Errors: rank outside [0, size), a query-head group that the replicas of a KV head cannot
   // split evenly (kv_heads < size).
   static Result<TpSlices> Create(const ModelConfig& config, int rank, int size);

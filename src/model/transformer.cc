@@ -11,13 +11,14 @@
 #include "model/dense_mlp.h"
 #include "model/gqa_attention.h"
 #include "model/matrix.h"
+#include "model/mla_attention.h"
 #include "model/moe_mlp.h"
 
 namespace pdserve {
 
 Result<std::unique_ptr<Transformer>> Transformer::Create(ModelConfig config, ModelWeights weights,
                                                          const TransformerOptions& options) {
-  if (config.head_dim % 2 != 0 || config.head_dim > 256) {
+  if (!config.is_mla() && (config.head_dim % 2 != 0 || config.head_dim > 256)) {
     return Status::InvalidArgument(
         fmt::format("head_dim {} unsupported (must be even and <= 256)", config.head_dim));
   }
@@ -55,12 +56,15 @@ Transformer::Transformer(ModelConfig config, ModelWeights weights, DType kv_dtyp
 Transformer::~Transformer() = default;
 
 Transformer::Layer Transformer::MakeLayer(int layer, MatrixPacker& packer) {
-  // Every supported architecture has GQA attention; the feed-forward is the experts in the
-  // config's MoE layers and a dense SwiGLU MLP in the others. Another kind (MLA attention over
-  // a latent cache) is chosen here from the config too.
+  // Attention is MLA over a latent cache (DeepSeek) or GQA (the others); the feed-forward is
+  // the experts in the config's MoE layers and a dense SwiGLU MLP in the others.
   LayerWeights& w = weights_.layers[layer];
-  std::unique_ptr<LayerBlock> attention =
-      std::make_unique<GqaAttention>(config_, tp_, layer, w, packer);
+  std::unique_ptr<LayerBlock> attention;
+  if (config_.is_mla()) {
+    attention = std::make_unique<MlaAttention>(config_, tp_, layer, w, packer);
+  } else {
+    attention = std::make_unique<GqaAttention>(config_, tp_, layer, w, packer);
+  }
   std::unique_ptr<LayerBlock> feed_forward;
   if (config_.IsMoeLayer(layer)) {
     feed_forward = std::make_unique<MoeMlp>(config_, tp_, layer, w, packer);
@@ -76,7 +80,8 @@ KvLayout Transformer::MakeKvLayout(int num_pages, int page_tokens) const {
                   .head_dim = config_.head_dim,
                   .page_tokens = page_tokens,
                   .dtype = kv_dtype_,
-                  .num_pages = num_pages};
+                  .num_pages = num_pages,
+                  .kind = config_.is_mla() ? KvKind::kLatent : KvKind::kGqa};
 }
 
 size_t Transformer::WeightBytes() const {
@@ -119,7 +124,8 @@ Status Transformer::Validate(std::span<const SequenceChunk> chunks, const KvCach
         fmt::format("tensor-parallel rank {} of {} has no matching group", tp_.rank, tp_.size));
   }
   if (l.num_layers != config_.num_layers || l.num_kv_heads != tp_.kv_heads.size() ||
-      l.head_dim != config_.head_dim || l.dtype != kv_dtype_) {
+      l.head_dim != config_.head_dim || l.dtype != kv_dtype_ ||
+      l.kind != (config_.is_mla() ? KvKind::kLatent : KvKind::kGqa)) {
     return Status::InvalidArgument("KV cache layout does not match the model: " + l.ToString());
   }
   for (const SequenceChunk& c : chunks) {

@@ -67,10 +67,13 @@ size_t ModelWeights::MatrixBytes() const {
   size_t total = output_matrix().nbytes();
   for (const LayerWeights& l : layers) {
     for (const Tensor* t :
-         {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
+         {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.q_a_proj, &l.q_b_proj, &l.kv_a_proj,
+          &l.kv_b_proj, &l.gate_proj, &l.up_proj, &l.down_proj, &l.router}) {
       total += t->nbytes();
     }
-    total += l.router.nbytes();
+    for (const ExpertWeights* e : {&l.shared}) {
+      total += e->gate_proj.nbytes() + e->up_proj.nbytes() + e->down_proj.nbytes();
+    }
     for (const ExpertWeights& e : l.experts) {
       total += e.gate_proj.nbytes() + e.up_proj.nbytes() + e.down_proj.nbytes();
     }
@@ -172,11 +175,36 @@ class WeightCollector {
   std::vector<ConvertJob> jobs_;
 };
 
-Status CollectLayer(const ModelConfig& c, int i, WeightCollector& w, LayerWeights* l) {
-  const std::string p = "model.layers." + std::to_string(i) + ".";
-  const int64_t hidden = c.hidden_size, q_dim = int64_t{c.num_heads} * c.head_dim,
-                kv_dim = int64_t{c.num_kv_heads} * c.head_dim, inter = c.intermediate_size;
-  PD_RETURN_IF_ERROR(w.Vector(p + "input_layernorm.weight", hidden, &l->input_norm));
+// An attention block's tensors: GQA's q/k/v/o (with Qwen2's biases, Qwen3's norms) or MLA's.
+Status CollectAttention(const ModelConfig& c, const std::string& p, WeightCollector& w,
+                        LayerWeights* l) {
+  const int64_t hidden = c.hidden_size;
+  if (c.is_mla()) {
+    const MlaConfig& a = c.mla;
+    const int64_t q_dim = int64_t{c.num_heads} * a.q_head_dim();
+    if (a.q_lora_rank > 0) {
+      PD_RETURN_IF_ERROR(
+          w.Matrix(p + "self_attn.q_a_proj.weight", {a.q_lora_rank, hidden}, &l->q_a_proj));
+      PD_RETURN_IF_ERROR(
+          w.Vector(p + "self_attn.q_a_layernorm.weight", a.q_lora_rank, &l->q_a_norm));
+      PD_RETURN_IF_ERROR(
+          w.Matrix(p + "self_attn.q_b_proj.weight", {q_dim, a.q_lora_rank}, &l->q_b_proj));
+    } else {
+      PD_RETURN_IF_ERROR(w.Matrix(p + "self_attn.q_proj.weight", {q_dim, hidden}, &l->q_proj));
+    }
+    PD_RETURN_IF_ERROR(w.Matrix(p + "self_attn.kv_a_proj_with_mqa.weight", {a.latent_dim(), hidden},
+                                &l->kv_a_proj));
+    PD_RETURN_IF_ERROR(
+        w.Vector(p + "self_attn.kv_a_layernorm.weight", a.kv_lora_rank, &l->kv_a_norm));
+    PD_RETURN_IF_ERROR(
+        w.Matrix(p + "self_attn.kv_b_proj.weight",
+                 {int64_t{c.num_heads} * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank},
+                 &l->kv_b_proj));
+    return w.Matrix(p + "self_attn.o_proj.weight", {hidden, int64_t{c.num_heads} * a.v_head_dim},
+                    &l->o_proj);
+  }
+  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim,
+                kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
   PD_RETURN_IF_ERROR(w.Matrix(p + "self_attn.q_proj.weight", {q_dim, hidden}, &l->q_proj));
   PD_RETURN_IF_ERROR(w.Matrix(p + "self_attn.k_proj.weight", {kv_dim, hidden}, &l->k_proj));
   PD_RETURN_IF_ERROR(w.Matrix(p + "self_attn.v_proj.weight", {kv_dim, hidden}, &l->v_proj));
@@ -189,24 +217,48 @@ Status CollectLayer(const ModelConfig& c, int i, WeightCollector& w, LayerWeight
     PD_RETURN_IF_ERROR(w.Vector(p + "self_attn.q_norm.weight", c.head_dim, &l->q_norm));
     PD_RETURN_IF_ERROR(w.Vector(p + "self_attn.k_norm.weight", c.head_dim, &l->k_norm));
   }
-  PD_RETURN_IF_ERROR(w.Matrix(p + "self_attn.o_proj.weight", {hidden, q_dim}, &l->o_proj));
+  return w.Matrix(p + "self_attn.o_proj.weight", {hidden, q_dim}, &l->o_proj);
+}
+
+// One SwiGLU MLP's matrices under `prefix` ("...mlp.", "...mlp.experts.3."), converted into
+// the given tensors (which must stay where they are until the conversion).
+Status CollectSwiGlu(const std::string& prefix, int64_t hidden, int64_t inter, WeightCollector& w,
+                     Tensor* gate, Tensor* up, Tensor* down) {
+  PD_RETURN_IF_ERROR(w.Matrix(prefix + "gate_proj.weight", {inter, hidden}, gate));
+  PD_RETURN_IF_ERROR(w.Matrix(prefix + "up_proj.weight", {inter, hidden}, up));
+  return w.Matrix(prefix + "down_proj.weight", {hidden, inter}, down);
+}
+Status CollectSwiGlu(const std::string& prefix, int64_t hidden, int64_t inter, WeightCollector& w,
+                     ExpertWeights* e) {
+  return CollectSwiGlu(prefix, hidden, inter, w, &e->gate_proj, &e->up_proj, &e->down_proj);
+}
+
+Status CollectLayer(const ModelConfig& c, int i, WeightCollector& w, LayerWeights* l) {
+  const std::string p = "model.layers." + std::to_string(i) + ".";
+  const int64_t hidden = c.hidden_size;
+  PD_RETURN_IF_ERROR(w.Vector(p + "input_layernorm.weight", hidden, &l->input_norm));
+  PD_RETURN_IF_ERROR(CollectAttention(c, p, w, l));
   PD_RETURN_IF_ERROR(w.Vector(p + "post_attention_layernorm.weight", hidden, &l->post_norm));
-  if (c.IsMoeLayer(i)) {
-    const int64_t experts = c.moe.num_experts, expert_inter = c.moe.expert_intermediate;
-    PD_RETURN_IF_ERROR(w.F32Matrix(p + "mlp.gate.weight", {experts, hidden}, &l->router));
-    l->experts.resize(experts);
-    for (int64_t e = 0; e < experts; ++e) {
-      const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
-      ExpertWeights& x = l->experts[e];
-      PD_RETURN_IF_ERROR(w.Matrix(ep + "gate_proj.weight", {expert_inter, hidden}, &x.gate_proj));
-      PD_RETURN_IF_ERROR(w.Matrix(ep + "up_proj.weight", {expert_inter, hidden}, &x.up_proj));
-      PD_RETURN_IF_ERROR(w.Matrix(ep + "down_proj.weight", {hidden, expert_inter}, &x.down_proj));
-    }
-    return Status::Ok();
+  if (!c.IsMoeLayer(i)) {
+    return CollectSwiGlu(p + "mlp.", hidden, c.intermediate_size, w, &l->gate_proj, &l->up_proj,
+                         &l->down_proj);
   }
-  PD_RETURN_IF_ERROR(w.Matrix(p + "mlp.gate_proj.weight", {inter, hidden}, &l->gate_proj));
-  PD_RETURN_IF_ERROR(w.Matrix(p + "mlp.up_proj.weight", {inter, hidden}, &l->up_proj));
-  PD_RETURN_IF_ERROR(w.Matrix(p + "mlp.down_proj.weight", {hidden, inter}, &l->down_proj));
+  const MoeConfig& m = c.moe;
+  PD_RETURN_IF_ERROR(w.F32Matrix(p + "mlp.gate.weight", {m.num_experts, hidden}, &l->router));
+  if (m.topk_method == MoeConfig::TopK::kNoAuxTc) {
+    PD_RETURN_IF_ERROR(
+        w.Vector(p + "mlp.gate.e_score_correction_bias", m.num_experts, &l->router_bias));
+  }
+  l->experts.resize(m.num_experts);
+  for (int e = 0; e < m.num_experts; ++e) {
+    PD_RETURN_IF_ERROR(CollectSwiGlu(p + "mlp.experts." + std::to_string(e) + ".", hidden,
+                                     m.expert_intermediate, w, &l->experts[e]));
+  }
+  if (m.shared_experts > 0) {
+    PD_RETURN_IF_ERROR(CollectSwiGlu(p + "mlp.shared_experts.", hidden,
+                                     int64_t{m.expert_intermediate} * m.shared_experts, w,
+                                     &l->shared));
+  }
   return Status::Ok();
 }
 

@@ -63,19 +63,28 @@ struct ExpertWeights {
 // Matrices follow Hugging Face: [out_features, in_features].
 struct LayerWeights {
   Tensor input_norm;              // [hidden] F32
-  Tensor q_proj;                  // [heads*head_dim, hidden]
+  Tensor q_proj;                  // [heads*head_dim, hidden] (MLA: [heads*q_head_dim, hidden])
   Tensor k_proj;                  // [kv_heads*head_dim, hidden]
   Tensor v_proj;                  // [kv_heads*head_dim, hidden]
   Tensor q_bias, k_bias, v_bias;  // F32, present iff config.qkv_bias
   Tensor q_norm, k_norm;          // [head_dim] F32, present iff config.qk_norm
-  Tensor o_proj;                  // [hidden, heads*head_dim]
-  Tensor post_norm;               // [hidden] F32 (post_attention_layernorm)
+  Tensor o_proj;                  // [hidden, heads*head_dim] (MLA: [hidden, heads*v_head_dim])
+  // MLA (config.is_mla(); k_proj, v_proj empty): q_a/q_b replace q_proj when q_lora_rank > 0.
+  Tensor q_a_proj;   // [q_lora_rank, hidden]
+  Tensor q_a_norm;   // [q_lora_rank] F32
+  Tensor q_b_proj;   // [heads*q_head_dim, q_lora_rank]
+  Tensor kv_a_proj;  // [kv_lora_rank + qk_rope_head_dim, hidden] (kv_a_proj_with_mqa)
+  Tensor kv_a_norm;  // [kv_lora_rank] F32
+  Tensor kv_b_proj;  // [heads*(qk_nope_head_dim + v_head_dim), kv_lora_rank]
+  Tensor post_norm;  // [hidden] F32 (post_attention_layernorm)
   // The feed-forward: a dense MLP, or (config.IsMoeLayer) the router and the experts.
   Tensor gate_proj;                    // [intermediate, hidden]
   Tensor up_proj;                      // [intermediate, hidden]
   Tensor down_proj;                    // [hidden, intermediate]
   Tensor router;                       // [num_experts, hidden] F32 (mlp.gate.weight)
+  Tensor router_bias;                  // [num_experts] F32: noaux_tc's e_score_correction_bias
   std::vector<ExpertWeights> experts;  // [num_experts]
+  ExpertWeights shared;  // DeepSeek's shared experts, [shared * expert_intermediate] wide
 };
 
 struct ModelWeights {
@@ -86,9 +95,8 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 
   const Tensor& output_matrix() const { return lm_head.empty() ? embed : lm_head; }
-  // Bytes of the layer matrices plus the output matrix: the weights one decode step streams
-  // (of an MoE layer, only the experts its tokens choose). An untied embedding is only
-  // gathered row by row, so it is not counted.
+  // Bytes of the layer matrices (of an MoE layer, every expert) plus the output matrix. An
+  // untied embedding is only gathered row by row, so it is not counted.
   size_t MatrixBytes() const;
 };
 

@@ -1,5 +1,6 @@
-// The mixture-of-experts feed-forward (model/moe_mlp.h) on the qwen3-moe-tiny preset: what the
-// router chooses (its trace), and the invariances the disaggregated design relies on — a
+// The mixture-of-experts feed-forward (model/moe_mlp.h) and, for DeepSeek, latent attention
+// (model/mla_attention.h) on the tiny presets: what the router chooses (its trace), and the
+// invariances the disaggregated design relies on — a
 // sequence's logits and expert choices are the same bits alone, in a batch of mixed lengths,
 // prefilled in chunks, on more threads, and its greedy tokens the same through the engine's
 // batching, chunking and paging. TP lives in tp_forward_test.cc; the comparison with an
@@ -141,10 +142,12 @@ TEST(MoeTest, RouterChoosesDistinctExpertsWithRenormalisedWeights) {
   EXPECT_GE(used.size(), 6u) << "random routing over 120 rows should reach most experts";
 }
 
+class MoeInvarianceTest : public ::testing::TestWithParam<std::string> {};
+
 // A sequence's logits and choices: the same bits alone in one chunk, chunked among seven other
 // sequences of mixed lengths, and with two threads.
-TEST(MoeTest, BatchChunkAndThreadsDoNotChangeABit) {
-  const std::string path = testing::SyntheticModelDir(kPreset, DType::kBF16);
+TEST_P(MoeInvarianceTest, BatchChunkAndThreadsDoNotChangeABit) {
+  const std::string path = testing::SyntheticModelDir(GetParam(), DType::kBF16);
   const int vocab = LoadModel(path).config.vocab_size;
   std::mt19937 rng(11);
   std::vector<std::vector<int32_t>> batch;
@@ -170,8 +173,8 @@ TEST(MoeTest, BatchChunkAndThreadsDoNotChangeABit) {
 
 // Through the engine: batching, the chunk budget and the page size change no token, and every
 // page comes back.
-TEST(MoeTest, EngineSplitsGiveIdenticalTokens) {
-  const std::string path = testing::SyntheticModelDir(kPreset, DType::kBF16);
+TEST_P(MoeInvarianceTest, EngineSplitsGiveIdenticalTokens) {
+  const std::string path = testing::SyntheticModelDir(GetParam(), DType::kBF16);
   const int vocab = LoadModel(path).config.vocab_size;
   std::mt19937 rng(5);
   std::vector<std::vector<int32_t>> prompts;
@@ -188,6 +191,17 @@ TEST(MoeTest, EngineSplitsGiveIdenticalTokens) {
     EXPECT_EQ(fx.engine().page_pool().used(), 0);
   }
 }
+
+// DeepSeek's: MLA over a latent cache, grouped noaux_tc routing with shared experts (V3),
+// greedy softmax routing (V2).
+INSTANTIATE_TEST_SUITE_P(Presets, MoeInvarianceTest,
+                         ::testing::Values("qwen3-moe-tiny", "deepseek-v3-tiny",
+                                           "deepseek-v2-lite-tiny"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace pdserve

@@ -95,11 +95,12 @@ void ExpectCacheIsSliceOf(const KvCache& whole, const KvCache& rank_cache, const
   const size_t head_bytes = l.head_bytes();
   for (int layer = 0; layer < l.num_layers; ++layer) {
     for (PageId page = 0; page < l.num_pages; ++page) {
-      for (bool is_v : {false, true}) {
-        const uint8_t* want = whole.Block(layer, page, is_v) + head_bytes * tp.kv_heads.begin;
-        const uint8_t* got = rank_cache.Block(layer, page, is_v);
+      for (KvComponent c : l.components()) {
+        const uint8_t* want = whole.Block(layer, page, c) + head_bytes * tp.kv_heads.begin;
+        const uint8_t* got = rank_cache.Block(layer, page, c);
         ASSERT_EQ(std::memcmp(want, got, head_bytes * tp.kv_heads.size()), 0)
-            << "rank " << tp.rank << " layer " << layer << " page " << page << " v " << is_v;
+            << "rank " << tp.rank << " layer " << layer << " page " << page << " component "
+            << static_cast<int>(c);
       }
     }
   }
@@ -160,7 +161,9 @@ INSTANTIATE_TEST_SUITE_P(
     Presets, TpForwardTest,
     ::testing::Values(Case{"tiny", 2}, Case{"tiny", 3}, Case{"tiny", 4}, Case{"tiny-qwen2", 2},
                       Case{"tiny-qwen3", 2}, Case{"tiny-mistral", 2}, Case{"tiny-llama3", 2},
-                      Case{"tiny-llama3", 4}, Case{"qwen3-moe-tiny", 2}, Case{"qwen3-moe-tiny", 4}),
+                      Case{"tiny-llama3", 4}, Case{"qwen3-moe-tiny", 2}, Case{"qwen3-moe-tiny", 4},
+                      Case{"deepseek-v3-tiny", 2}, Case{"deepseek-v3-tiny", 4},
+                      Case{"deepseek-v2-lite-tiny", 2}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string name = std::string(info.param.preset) + "_tp" + std::to_string(info.param.tp);
       for (char& ch : name) {

@@ -64,7 +64,10 @@ INSTANTIATE_TEST_SUITE_P(Pairs, TpDisaggTest,
                                            TpCase{"tiny-llama3", 2, 1, "tcp"},
                                            TpCase{"tiny-llama3", 1, 2, "tcp"},
                                            TpCase{"tiny-qwen2", 3, 2, "tcp"},
-                                           TpCase{"qwen3-moe-tiny", 2, 1, "tcp"}),
+                                           TpCase{"qwen3-moe-tiny", 2, 1, "tcp"},
+                                           TpCase{"deepseek-v3-tiny", 1, 1, "tcp"},
+                                           TpCase{"deepseek-v3-tiny", 2, 1, "tcp"},
+                                           TpCase{"deepseek-v3-tiny", 1, 2, "tcp"}),
                          [](const ::testing::TestParamInfo<TpCase>& info) {
                            std::string name = std::string(info.param.preset) + "_p" +
                                               std::to_string(info.param.prefill_tp) + "_d" +

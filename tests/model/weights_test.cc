@@ -282,12 +282,11 @@ TEST(WeightsTest, MoeLayersLoadRouterAndExperts) {
   ModelConfig c = SmallConfig(Architecture::kQwen3, false);
   c.arch = Architecture::kQwen3Moe;
   c.architecture_name = "Qwen3MoeForCausalLM";
-  c.moe = {.num_experts = 4,
-           .experts_per_token = 2,
-           .expert_intermediate = 8,
-           .norm_topk_prob = true,
-           .sparse_step = 1,
-           .dense_layers = {0}};
+  c.moe.num_experts = 4;
+  c.moe.experts_per_token = 2;
+  c.moe.expert_intermediate = 8;
+  c.moe.norm_topk_prob = true;
+  c.moe.dense_layers = {0};
   ASSERT_TRUE(c.Validate().ok());
   auto shapes = CheckpointShapes(c);
   {
