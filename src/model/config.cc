@@ -468,7 +468,7 @@ Status ModelConfig::Validate() const {
                                    " is not a multiple of num_key_value_heads " +
                                    std::to_string(num_kv_heads));
   }
-  if (head_dim % 2 != 0) {
+  if (!is_mla() && head_dim % 2 != 0) {  // MLA: qk_rope_head_dim, in ValidateMoe
     return Status::InvalidArgument("config: head_dim " + std::to_string(head_dim) +
                                    " must be even (RoPE rotates pairs)");
   }
@@ -494,10 +494,10 @@ Status ModelConfig::Validate() const {
   for (int id : eos_token_ids) {
     if (id < 0) return Status::InvalidArgument("config: eos_token_id must not be negative");
   }
-  return ValidateMoe();
+  return ValidateMlaAndMoe();
 }
 
-Status ModelConfig::ValidateMoe() const {
+Status ModelConfig::ValidateMlaAndMoe() const {
   if (is_mla()) {
     if (!IsDeepseek(arch)) return Status::InvalidArgument("config: MLA is only for DeepSeek");
     PD_RETURN_IF_ERROR(Positive("qk_nope_head_dim", mla.qk_nope_head_dim));

@@ -137,7 +137,7 @@ struct ModelConfig {
   // Checks the invariants FromJson guarantees (positive sizes, heads % kv_heads == 0, even
   // head_dim, ...), for configs built in code. InvalidArgument naming the field.
   Status Validate() const;
-  Status ValidateMoe() const;  // the expert fields (part of Validate)
+  Status ValidateMlaAndMoe() const;  // the expert fields (part of Validate)
 
   // A stable 64-bit hash (FNV-1a) of every field that changes the forward pass (for
   // handshakes). Independent of the weights' values: two seeds of a preset hash the same.

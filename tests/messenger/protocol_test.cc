@@ -27,7 +27,8 @@ NodeInfo SampleNode(int kv_heads, int tp) {
                                   .head_dim = 128,
                                   .page_tokens = 16,
                                   .dtype = r % 2 ? DType::kF32 : DType::kBF16,
-                                  .num_pages = 1000 + r});
+                                  .num_pages = 1000 + r,
+                                  .kind = r == 1 ? KvKind::kLatent : KvKind::kGqa});
     n.rank_memory.push_back(std::string("\x00\x01key", 5) + std::to_string(r));
   }
   return n;
@@ -119,7 +120,7 @@ TEST(ProtocolTest, EncodingIsExplicitLittleEndian) {
   const std::string expected_body("\x01\x02\x03\x04\x05\x06\x07\x08", 8);
   ASSERT_EQ(bytes.size(), kHeaderBytes + 8);
   EXPECT_EQ(bytes.substr(kHeaderBytes), expected_body);
-  EXPECT_EQ(bytes.substr(4, 2), std::string("\x02\x00", 2));  // version 2
+  EXPECT_EQ(bytes.substr(4, 2), std::string("\x03\x00", 2));  // version 3
   EXPECT_EQ(bytes.substr(6, 2), std::string("\x09\x00", 2));  // type Heartbeat
 }
 

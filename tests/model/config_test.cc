@@ -63,6 +63,24 @@ constexpr char kQwen3Moe[] = R"({
   "use_sliding_window": false, "sliding_window": null, "attention_bias": false
 })";
 
+// DeepSeek-V3's config.json (abridged: the fields the engine reads and a few it ignores).
+constexpr char kDeepseekV3[] = R"({
+  "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+  "hidden_size": 7168, "intermediate_size": 18432, "num_hidden_layers": 61,
+  "num_attention_heads": 128, "num_key_value_heads": 128, "vocab_size": 129280,
+  "max_position_embeddings": 163840, "rms_norm_eps": 1e-06, "rope_theta": 10000,
+  "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+  "v_head_dim": 128, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+  "moe_intermediate_size": 2048, "moe_layer_freq": 1, "first_k_dense_replace": 3,
+  "n_group": 8, "topk_group": 4, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+  "norm_topk_prob": true, "routed_scaling_factor": 2.5, "num_nextn_predict_layers": 1,
+  "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                   "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                   "type": "yarn"},
+  "attention_bias": false, "hidden_act": "silu", "tie_word_embeddings": false,
+  "aux_loss_alpha": 0.001, "ep_size": 1, "seq_aux": true, "bos_token_id": 0, "eos_token_id": 1
+})";
+
 // Fingerprint of kQwen2; a change here breaks handshakes between old and new builds.
 constexpr uint64_t kQwen2Fingerprint = 9780605419320660778ull;
 
@@ -197,6 +215,71 @@ TEST(ConfigTest, ParsesQwen3MoeExperts) {
   EXPECT_FALSE(c.IsMoeLayer(1));
 }
 
+TEST(ConfigTest, ParsesDeepseekV3LatentAttentionAndRouting) {
+  ModelConfig c = ParseOk(kDeepseekV3);
+  EXPECT_EQ(c.arch, Architecture::kDeepseekV3);
+  ASSERT_TRUE(c.is_mla());
+  EXPECT_EQ(c.mla.q_lora_rank, 1536);
+  EXPECT_EQ(c.mla.latent_dim(), 576);
+  EXPECT_EQ(c.num_kv_heads, 1);  // the latent, whatever num_key_value_heads says
+  EXPECT_EQ(c.head_dim, 576);
+  EXPECT_EQ(c.rotary_dim(), 64);
+  EXPECT_EQ(c.moe.num_experts, 256);
+  EXPECT_EQ(c.moe.shared_experts, 1);
+  EXPECT_EQ(c.moe.topk_method, MoeConfig::TopK::kNoAuxTc);
+  EXPECT_EQ(c.moe.scoring, MoeConfig::Scoring::kSigmoid);
+  EXPECT_EQ(c.moe.n_group, 8);
+  EXPECT_EQ(c.moe.topk_group, 4);
+  EXPECT_DOUBLE_EQ(c.moe.routed_scaling_factor, 2.5);
+  EXPECT_FALSE(c.IsMoeLayer(2));  // first_k_dense_replace 3
+  EXPECT_TRUE(c.IsMoeLayer(3));
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kYarn);
+  // The softmax scale: 1/sqrt(192) * (0.1 * 1.0 * ln 40 + 1)^2 = 0.135234 (the number other
+  // engines missed; it only shows from the second position on).
+  EXPECT_NEAR(c.softmax_scale(), 0.135234, 1e-6);
+  ModelConfig back = ParseOk(c.ToJson());
+  EXPECT_EQ(back.Fingerprint(), c.Fingerprint());
+  EXPECT_EQ(back.moe.n_group, 8);
+
+  // V2-Lite: q_proj (q_lora_rank null), greedy softmax, mscale_all_dim 0.707.
+  nlohmann::json j = nlohmann::json::parse(kDeepseekV3);
+  j["architectures"] = {"DeepseekV2ForCausalLM"};
+  j["q_lora_rank"] = nullptr;
+  j["rope_scaling"]["mscale"] = 0.707;
+  j["rope_scaling"]["mscale_all_dim"] = 0.707;
+  j.erase("topk_method");
+  j.erase("scoring_func");
+  c = ParseOk(j.dump());
+  EXPECT_EQ(c.mla.q_lora_rank, 0);
+  EXPECT_EQ(c.moe.topk_method, MoeConfig::TopK::kGreedy);
+  EXPECT_EQ(c.moe.scoring, MoeConfig::Scoring::kSoftmax);
+  EXPECT_TRUE(c.moe.scale_only_unnormalised);
+  EXPECT_NEAR(c.softmax_scale(), 0.114721, 1e-6);
+}
+
+TEST(ConfigTest, BadDeepseekFieldsAreNamed) {
+  const std::vector<std::pair<std::pair<std::string, std::string>, std::string>> cases = {
+      {{"n_group", "7"}, "n_group"},  // does not divide 256 experts
+      {{"topk_group", "9"}, "topk_group"},
+      {{"kv_lora_rank", ""}, "kv_lora_rank"},
+      {{"qk_rope_head_dim", "63"}, "qk_rope_head_dim"},
+      {{"topk_method", "\"random\""}, "topk_method"},
+      {{"scoring_func", "\"tanh\""}, "scoring_func"},
+      {{"num_experts_per_tok", ""}, "num_experts_per_tok"},
+  };
+  for (const auto& [edit, field] : cases) {
+    nlohmann::json j = nlohmann::json::parse(kDeepseekV3);
+    if (edit.second.empty()) {
+      j.erase(edit.first);
+    } else {
+      j[edit.first] = nlohmann::json::parse(edit.second);
+    }
+    Result<ModelConfig> c = ModelConfig::FromJson(j.dump());
+    ASSERT_FALSE(c.ok()) << edit.first << " = " << edit.second;
+    EXPECT_TRUE(Mentions(c.status().message(), field)) << c.status().ToString();
+  }
+}
+
 TEST(ConfigTest, BadQwen3MoeFieldsAreNamed) {
   const std::vector<std::pair<std::pair<std::string, std::string>, std::string>> cases = {
       {{"num_experts_per_tok", ""}, "num_experts_per_tok"},
@@ -320,7 +403,7 @@ TEST(ConfigTest, BadJsonIsAnError) {
 }
 
 TEST(ConfigTest, ToJsonRoundTripsEveryArchitecture) {
-  for (const char* text : {kLlama3, kQwen2, kQwen3, kMistral, kQwen3Moe}) {
+  for (const char* text : {kLlama3, kQwen2, kQwen3, kMistral, kQwen3Moe, kDeepseekV3}) {
     ModelConfig a = ParseOk(text);
     ModelConfig b = ParseOk(a.ToJson());
     EXPECT_EQ(b.arch, a.arch);
