@@ -97,7 +97,10 @@ Result<std::unique_ptr<Router>> Router::Create(RouterOptions options) {
   return router;
 }
 
-Router::Router(RouterOptions options) : options_(std::move(options)), pool_(options_.pool) {}
+Router::Router(RouterOptions options)
+    : options_(std::move(options)),
+      pool_(options_.pool),
+      connections_(options_.upstream_connections) {}
 
 Router::~Router() { Stop(); }
 
@@ -214,7 +217,7 @@ void Router::HandleForward(const httplib::Request& req, httplib::Response& res) 
     outcome.node = node->url;
     outcome.attempts = attempt + 1;
     failure.emplace();
-    auto exchange = UpstreamExchange::Start(*node, upstream, options_.upstream);
+    auto exchange = UpstreamExchange::Start(*node, upstream, options_.upstream, &connections_);
     Result<UpstreamHead> head = WaitHeadOrAbort(*exchange);
     if (!head.ok()) {
       if (exchange->connect_failed()) pool_.ReportConnectFailure(node->url);
@@ -453,6 +456,14 @@ void Router::HandleMetrics(const httplib::Request& req, httplib::Response& res) 
       .Counter("pdserve:router_client_disconnects_total",
                "Streams whose client left before the end.",
                static_cast<double>(client_disconnects_.load()));
+  const UpstreamConnectionStats connections = connections_.stats();
+  out.Counter("pdserve:router_node_connections_opened_total",
+              "Connections opened to nodes for requests.", static_cast<double>(connections.opened))
+      .Counter("pdserve:router_node_connections_reused_total",
+               "Requests sent on an idle connection kept from an earlier request.",
+               static_cast<double>(connections.reused))
+      .Gauge("pdserve:router_node_connections_idle", "Idle connections to nodes kept for reuse.",
+             static_cast<double>(connections.idle));
   std::vector<NodeSnapshot> nodes = pool_.Snapshot();
   if (!show_urls) {
     for (size_t i = 0; i < nodes.size(); ++i) nodes[i].url = "node" + std::to_string(i);
@@ -502,6 +513,7 @@ void Router::HealthLoop() {
   while (!stopping_.load()) {
     CheckAllNodes();
     pool_.ExpireRegistrations();
+    connections_.CloseStale();
     WaitForHealthTick(Clock::now() + options_.health_interval);
   }
 }
