@@ -12,11 +12,11 @@
 #include <thread>
 
 #include <fmt/format.h>
-#include <httplib.h>
 
 #include "bench/serve_client.h"
 #include "common/mutex.h"
 #include "common/subprocess.h"
+#include "http/node_client.h"
 
 namespace pdserve::bench {
 namespace {
@@ -47,12 +47,9 @@ std::string Url(int port) { return "http://127.0.0.1:" + std::to_string(port); }
 
 // GET `path` on 127.0.0.1:port; nullopt unless it answers 200 within a second or two.
 std::optional<std::string> Get(int port, const std::string& path) {
-  httplib::Client client("127.0.0.1", port);
-  client.set_connection_timeout(1, 0);
-  client.set_read_timeout(2, 0);
-  auto res = client.Get(path);
-  if (!res || res->status != 200) return std::nullopt;
-  return res->body;
+  Result<std::string> body = http::NodeGetOk(http::LocalNode(port), path);
+  if (!body.ok()) return std::nullopt;
+  return *std::move(body);
 }
 
 // The value of an unlabelled sample `name` in Prometheus text, or -1.

@@ -18,8 +18,6 @@
 #include <utility>
 #include <vector>
 
-#include <httplib.h>
-
 #include "cli/commands.h"
 #include "cli/http_flags.h"
 #include "cli/model_flags.h"
@@ -30,6 +28,7 @@
 #include "common/random_bytes.h"
 #include "fabric/descriptors.h"
 #include "http/cluster_auth.h"
+#include "http/node_client.h"
 #include "model/synthetic.h"
 #include "router/router.h"
 
@@ -200,12 +199,9 @@ std::string CpuList(const std::vector<int>& cpus) {
 
 // GET http://127.0.0.1:port/path: the body of a 200 answer, else nullopt.
 std::optional<std::string> LocalGet(int port, const char* path) {
-  httplib::Client client("127.0.0.1", port);
-  client.set_connection_timeout(1, 0);
-  client.set_read_timeout(2, 0);
-  auto res = client.Get(path);
-  if (!res || res->status != 200) return std::nullopt;
-  return res->body;
+  Result<std::string> body = http::NodeGetOk(http::LocalNode(port), path);
+  if (!body.ok()) return std::nullopt;
+  return *std::move(body);
 }
 
 // Why a node the router does not health-check (prefill) or that needs its peers (decode) is not
