@@ -80,7 +80,6 @@ class UpstreamExchange {
   // reports "cancelled" as its error.
   void Cancel();
   bool connect_failed() const { return connect_failed_; }
-  bool reused_connection() const { return reused_; }
   const NodeAddress& node() const { return node_; }
 
  private:

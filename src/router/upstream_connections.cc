@@ -8,17 +8,22 @@
 #include <utility>
 
 namespace pdserve::router {
+namespace {
 
 // A margin under the node's keep-alive timeout (at most half of it): a request sent on a
 // connection the node is about to close would fail (and go out again on a new one,
 // router/router_upstream.h).
 constexpr Duration kNodeTimeoutMargin = std::chrono::seconds(1);
 
+// Whether the idle connection `fd` is still usable: open at the node's end and with nothing
+// unread (an idle connection has no answer pending). Does not block.
 bool IdleConnectionUsable(int fd) {
   char byte;
   const ssize_t n = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
   return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
+
+}  // namespace
 
 UpstreamConnections::UpstreamConnections(UpstreamConnectionOptions options) : options_(options) {}
 

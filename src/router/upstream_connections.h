@@ -71,8 +71,4 @@ class UpstreamConnections {
   std::unordered_map<std::string, std::vector<Idle>> idle_ GUARDED_BY(mu_);
 };
 
-// Whether an idle connection `fd` is still usable: open at the node's end and with nothing
-// unread (an idle connection has no answer pending). Does not block.
-bool IdleConnectionUsable(int fd);
-
 }  // namespace pdserve::router

@@ -1,8 +1,10 @@
-// The router's connections to its nodes (router/upstream_connections.h): sequential requests,
+// The router's connections to its nodes (router/upstream_connections.h): the idle table alone;
+// through a router, sequential requests,
 // streamed or not, travel on one kept-alive connection (the node sees one client port, the
 // router counts one connection opened); a stream whose client leaves closes its own node
 // connection, which the node notices at once, and the next request opens a new one; a kept
 // connection that the node closes before answering is replaced without the client noticing.
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -96,6 +98,56 @@ class PortRecordingNode {
   std::mutex mu_;
   std::vector<int> ports_;
 };
+
+bool IsOpen(int fd) { return fcntl(fd, F_GETFD) != -1; }
+
+// The idle table alone, on socket pairs: last given back is taken first; expired, closed at the
+// other end, or beyond the per-node cap, a connection is closed rather than handed out.
+TEST(UpstreamConnectionsTest, HandsOutOnlyLiveUnexpiredConnections) {
+  UpstreamConnectionOptions options;
+  options.max_idle_per_node = 2;
+  options.idle_timeout = std::chrono::milliseconds(300);
+  UpstreamConnections connections(options);
+  int a[2], b[2], c[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, a), 0);
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, b), 0);
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, c), 0);
+  EXPECT_EQ(connections.Take("http://n:1"), -1);
+  connections.Put("http://n:1", a[0]);
+  connections.Put("http://n:1", b[0]);
+  connections.Put("http://n:1", c[0]);  // over the cap: closed
+  EXPECT_FALSE(IsOpen(c[0]));
+  EXPECT_EQ(connections.stats().idle, 2u);
+  EXPECT_EQ(connections.Take("http://other:1"), -1);
+  EXPECT_EQ(connections.Take("http://n:1"), b[0]);
+  EXPECT_EQ(connections.stats().reused, 1);
+  connections.Put("http://n:1", b[0]);
+  // The node closed b: it is dropped and a, still open, handed out.
+  close(b[1]);
+  EXPECT_EQ(connections.Take("http://n:1"), a[0]);
+  EXPECT_FALSE(IsOpen(b[0]));
+  // Unasked bytes on an idle connection make it unusable too.
+  connections.Put("http://n:1", a[0]);
+  ASSERT_EQ(write(a[1], "x", 1), 1);
+  EXPECT_EQ(connections.Take("http://n:1"), -1);
+  EXPECT_FALSE(IsOpen(a[0]));
+  // Expiry: at idle_timeout, or sooner under the node's announced keep-alive timeout (400 ms:
+  // kept 200 ms, half of it).
+  int d[2], e[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, d), 0);
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, e), 0);
+  connections.Put("http://n:1", d[0], std::chrono::milliseconds(400));
+  connections.Put("http://m:1", e[0]);
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  EXPECT_EQ(connections.Take("http://n:1"), -1);  // d (200 ms) expired
+  EXPECT_FALSE(IsOpen(d[0]));
+  EXPECT_EQ(connections.stats().idle, 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  connections.CloseStale();  // e (300 ms) expired
+  EXPECT_FALSE(IsOpen(e[0]));
+  EXPECT_EQ(connections.stats().idle, 0u);
+  for (int fd : {a[1], c[1], d[1], e[1]}) close(fd);
+}
 
 std::unique_ptr<Router> StartRouterFor(const std::string& node_url) {
   RouterOptions options;
