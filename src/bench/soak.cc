@@ -12,11 +12,11 @@
 #include <thread>
 
 #include <fmt/format.h>
-#include <httplib.h>
 
 #include "bench/serve_client.h"
 #include "common/mutex.h"
 #include "common/subprocess.h"
+#include "http/node_client.h"
 
 namespace pdserve::bench {
 namespace {
@@ -44,16 +44,6 @@ Result<int> FreePort() {
 }
 
 std::string Url(int port) { return "http://127.0.0.1:" + std::to_string(port); }
-
-// GET `path` on 127.0.0.1:port; nullopt unless it answers 200 within a second or two.
-std::optional<std::string> Get(int port, const std::string& path) {
-  httplib::Client client("127.0.0.1", port);
-  client.set_connection_timeout(1, 0);
-  client.set_read_timeout(2, 0);
-  auto res = client.Get(path);
-  if (!res || res->status != 200) return std::nullopt;
-  return res->body;
-}
 
 // The value of an unlabelled sample `name` in Prometheus text, or -1.
 double MetricValue(const std::string& text, const std::string& name) {
@@ -107,7 +97,7 @@ class Child {
 // Waits until GET /health on `port` answers 200; false if `child` exits or time runs out.
 bool WaitHealthy(int port, Child& child, Deadline deadline) {
   while (!deadline.Passed()) {
-    if (Get(port, "/health")) return true;
+    if (http::NodeGetOk(http::LocalNode(port), "/health").ok()) return true;
     if (!child.running()) return false;
     std::this_thread::sleep_for(milliseconds(100));
   }
@@ -199,7 +189,8 @@ std::vector<SoakNodeState> NodeStates(const std::vector<std::pair<std::string, i
     bool all_idle = true;
     for (const auto& [name, port] : nodes) {
       SoakNodeState s{name, Url(port)};
-      if (auto text = Get(port, "/metrics")) {
+      if (Result<std::string> text = http::NodeGetOk(http::LocalNode(port), "/metrics");
+          text.ok()) {
         s.reachable = true;
         s.running = MetricValue(*text, "pdserve:num_requests_running");
         s.waiting = MetricValue(*text, "pdserve:num_requests_waiting");
@@ -263,7 +254,8 @@ Result<SoakReport> RunSoak(const SoakOptions& options) {
 
   // The model name the nodes serve.
   std::string model = "default";
-  if (auto models = Get(port_a, "/v1/models")) {
+  if (Result<std::string> models = http::NodeGetOk(http::LocalNode(port_a), "/v1/models");
+      models.ok()) {
     const auto j = nlohmann::json::parse(*models, nullptr, false);
     if (!j.is_discarded() && j.contains("data") && !j["data"].empty()) {
       model = j["data"][0].value("id", model);

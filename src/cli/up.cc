@@ -12,13 +12,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
-
-#include <httplib.h>
 
 #include "cli/commands.h"
 #include "cli/http_flags.h"
@@ -30,6 +27,7 @@
 #include "common/random_bytes.h"
 #include "fabric/descriptors.h"
 #include "http/cluster_auth.h"
+#include "http/node_client.h"
 #include "model/synthetic.h"
 #include "router/router.h"
 
@@ -198,27 +196,18 @@ std::string CpuList(const std::vector<int>& cpus) {
   return out.empty() ? "any" : out;
 }
 
-// GET http://127.0.0.1:port/path: the body of a 200 answer, else nullopt.
-std::optional<std::string> LocalGet(int port, const char* path) {
-  httplib::Client client("127.0.0.1", port);
-  client.set_connection_timeout(1, 0);
-  client.set_read_timeout(2, 0);
-  auto res = client.Get(path);
-  if (!res || res->status != 200) return std::nullopt;
-  return res->body;
-}
-
 // Why a node the router does not health-check (prefill) or that needs its peers (decode) is not
 // ready yet; empty once it is. A decode node is ready once its /metrics shows every prefill
 // peer handshaken (pdserve:messenger_peers_ready).
 std::string NotReadyReason(const NodeSpec& spec) {
   const std::string who = spec.role + " node 127.0.0.1:" + std::to_string(spec.port);
   if (spec.role == "prefill") {
-    return LocalGet(spec.port, "/health") ? "" : who + " is not healthy";
+    return http::NodeGetOk(http::LocalNode(spec.port), "/health").ok() ? ""
+                                                                       : who + " is not healthy";
   }
   if (spec.role != "decode") return "";
-  const std::optional<std::string> metrics = LocalGet(spec.port, "/metrics");
-  if (!metrics) return who + " is not healthy";
+  const Result<std::string> metrics = http::NodeGetOk(http::LocalNode(spec.port), "/metrics");
+  if (!metrics.ok()) return who + " is not healthy";
   constexpr std::string_view kGauge = "\npdserve:messenger_peers_ready ";
   const size_t at = metrics->find(kGauge);
   const int ready = at == std::string::npos ? 0 : std::atoi(metrics->c_str() + at + kGauge.size());

@@ -47,8 +47,11 @@ struct ServerConfig {
   Duration read_timeout = std::chrono::seconds(30);   // a client silent this long is dropped
   Duration write_timeout = std::chrono::seconds(30);  // a client not reading this long, too
   Duration keep_alive_timeout = std::chrono::seconds(5);
-  size_t keep_alive_max_requests = 5;  // requests per connection (httplib's default)
-  std::string api_key;                 // non-empty: "Authorization: Bearer <key>" required
+  // Requests per connection. Not httplib's 5: a node's main client is its router, which keeps
+  // its connections to nodes for request after request (router/upstream_connections.h), and
+  // an idle connection costs no thread here.
+  size_t keep_alive_max_requests = 1000;
+  std::string api_key;  // non-empty: "Authorization: Bearer <key>" required
   // Paths under /internal/ need a proof of this secret instead of the API key
   // (http/cluster_auth.h); empty: they answer 403.
   std::string cluster_key;

@@ -13,6 +13,8 @@
 #include "common/logging.h"
 #include "common/metrics_text.h"
 #include "http/lingering_close.h"
+#include "http/node_client.h"
+#include "http/registration_body.h"
 #include "http/request_id.h"
 #include "http/server_setup.h"
 #include "http/sse.h"
@@ -97,7 +99,10 @@ Result<std::unique_ptr<Router>> Router::Create(RouterOptions options) {
   return router;
 }
 
-Router::Router(RouterOptions options) : options_(std::move(options)), pool_(options_.pool) {}
+Router::Router(RouterOptions options)
+    : options_(std::move(options)),
+      pool_(options_.pool),
+      connections_(options_.upstream_connections) {}
 
 Router::~Router() { Stop(); }
 
@@ -214,7 +219,7 @@ void Router::HandleForward(const httplib::Request& req, httplib::Response& res) 
     outcome.node = node->url;
     outcome.attempts = attempt + 1;
     failure.emplace();
-    auto exchange = UpstreamExchange::Start(*node, upstream, options_.upstream);
+    auto exchange = UpstreamExchange::Start(*node, upstream, options_.upstream, &connections_);
     Result<UpstreamHead> head = WaitHeadOrAbort(*exchange);
     if (!head.ok()) {
       if (exchange->connect_failed()) pool_.ReportConnectFailure(node->url);
@@ -453,6 +458,14 @@ void Router::HandleMetrics(const httplib::Request& req, httplib::Response& res) 
       .Counter("pdserve:router_client_disconnects_total",
                "Streams whose client left before the end.",
                static_cast<double>(client_disconnects_.load()));
+  const UpstreamConnectionStats connections = connections_.stats();
+  out.Counter("pdserve:router_node_connections_opened_total",
+              "Connections opened to nodes for requests.", static_cast<double>(connections.opened))
+      .Counter("pdserve:router_node_connections_reused_total",
+               "Requests sent on an idle connection kept from an earlier request.",
+               static_cast<double>(connections.reused))
+      .Gauge("pdserve:router_node_connections_idle", "Idle connections to nodes kept for reuse.",
+             static_cast<double>(connections.idle));
   std::vector<NodeSnapshot> nodes = pool_.Snapshot();
   if (!show_urls) {
     for (size_t i = 0; i < nodes.size(); ++i) nodes[i].url = "node" + std::to_string(i);
@@ -477,13 +490,12 @@ void Router::HandleMetrics(const httplib::Request& req, httplib::Response& res) 
 }
 
 void Router::HandleRegister(const httplib::Request& req, httplib::Response& res) {
-  nlohmann::json body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (!body.is_object() || !body.contains("url") || !body["url"].is_string()) {
-    SendError(res, ApiError::InvalidRequest("expected {\"url\": \"http://host:port\"}", "url",
-                                            "invalid_registration"));
+  http::ApiResult<NodeAddress> node = http::ParseRegistrationBody(req.body);
+  if (!node.ok()) {
+    SendError(res, node.error());
     return;
   }
-  Result<bool> added = pool_.Register(body["url"].get<std::string>());
+  Result<bool> added = pool_.Register(node.value().url);
   if (!added.ok()) {
     SendError(res,
               ApiError::InvalidRequest(added.status().message(), "url", "invalid_registration"));
@@ -491,7 +503,7 @@ void Router::HandleRegister(const httplib::Request& req, httplib::Response& res)
   }
   if (*added) {
     // The cluster proof was checked before routing (http/server_setup.h).
-    PD_LOG_INFO("router: node {} registered", body["url"].get<std::string>());
+    PD_LOG_INFO("router: node {} registered", node.value().url);
     WakeHealthLoop();  // check the new node now rather than at the next tick
   }
   nlohmann::json reply = {{"registered", true}, {"new", *added}, {"nodes", pool_.Size()}};
@@ -502,6 +514,7 @@ void Router::HealthLoop() {
   while (!stopping_.load()) {
     CheckAllNodes();
     pool_.ExpireRegistrations();
+    connections_.CloseStale();
     WaitForHealthTick(Clock::now() + options_.health_interval);
   }
 }
@@ -523,22 +536,18 @@ void Router::WaitForHealthTick(TimePoint deadline) {
 }
 
 void Router::CheckAllNodes() {
-  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(options_.health_timeout);
-  const time_t sec = static_cast<time_t>(us.count() / 1000000);
-  const time_t usec = static_cast<time_t>(us.count() % 1000000);
+  http::NodeCallOptions options;
+  options.connect_timeout = options_.health_timeout;
+  options.timeout = options_.health_timeout;
   for (const NodeAddress& node : pool_.Addresses()) {
     if (stopping_.load()) return;
-    httplib::Client client(node.host, node.port);
-    client.set_connection_timeout(sec, usec);
-    client.set_read_timeout(sec, usec);
-    client.set_tcp_nodelay(true);
-    httplib::Result result = client.Get("/health");
-    if (result && result->status == 200) {
+    Result<std::string> health = http::NodeGetOk(node, "/health", options);
+    if (health.ok()) {
       // A node serving below its role says so: "degraded: <why>".
       constexpr std::string_view kDegraded = "degraded: ";
       std::string degraded;
-      if (std::string_view(result->body).substr(0, kDegraded.size()) == kDegraded) {
-        degraded = result->body.substr(kDegraded.size());
+      if (std::string_view(*health).substr(0, kDegraded.size()) == kDegraded) {
+        degraded = health->substr(kDegraded.size());
         while (!degraded.empty() && (degraded.back() == '\n' || degraded.back() == '\r')) {
           degraded.pop_back();
         }

@@ -26,6 +26,7 @@
 #include "http/server.h"
 #include "router/router_nodes.h"
 #include "router/router_upstream.h"
+#include "router/upstream_connections.h"
 
 namespace pdserve::router {
 
@@ -45,6 +46,7 @@ struct RouterOptions {
   Duration health_timeout = std::chrono::milliseconds(800);
   NodePoolOptions pool;
   UpstreamTimeouts upstream;
+  UpstreamConnectionOptions upstream_connections;  // idle keep-alive connections to nodes
   // Open client connections beyond which new ones get 503 (see http/server_setup.h).
   size_t max_connections = 8192;
   // Seconds a request head may take to arrive whole (slow clients get 408).
@@ -75,6 +77,7 @@ class Router {
 
   int port() const { return port_; }
   NodePool& nodes() { return pool_; }
+  UpstreamConnectionStats upstream_connections() const { return connections_.stats(); }
 
  private:
   explicit Router(RouterOptions options);
@@ -115,6 +118,7 @@ class Router {
 
   const RouterOptions options_;
   NodePool pool_;
+  UpstreamConnections connections_;
   http::Server server_;
   int port_ = 0;
   std::thread listen_thread_;

@@ -100,12 +100,43 @@ std::string_view TrimWhitespace(std::string_view s) {
   return s;
 }
 
+// Whether the comma-separated header value `list` holds `token` (case-insensitive).
+bool HasToken(std::string_view list, std::string_view token) {
+  while (!list.empty()) {
+    const size_t comma = list.find(',');
+    const std::string_view item = TrimWhitespace(list.substr(0, comma));
+    if (item.size() == token.size() && strncasecmp(item.data(), token.data(), token.size()) == 0) {
+      return true;
+    }
+    if (comma == std::string_view::npos) break;
+    list.remove_prefix(comma + 1);
+  }
+  return false;
+}
+
+// The "timeout=N" of a Keep-Alive header ("timeout=5, max=5"), or zero if it has none.
+Duration KeepAliveTimeout(std::string_view value) {
+  while (!value.empty()) {
+    const size_t comma = value.find(',');
+    const std::string_view item = TrimWhitespace(value.substr(0, comma));
+    if (item.size() > 8 && strncasecmp(item.data(), "timeout=", 8) == 0) {
+      const long seconds = std::strtol(std::string(item.substr(8)).c_str(), nullptr, 10);
+      if (seconds > 0) return std::chrono::seconds(seconds);
+    }
+    if (comma == std::string_view::npos) break;
+    value.remove_prefix(comma + 1);
+  }
+  return Duration::zero();
+}
+
 }  // namespace
 
 std::shared_ptr<UpstreamExchange> UpstreamExchange::Start(NodeAddress node,
                                                           const UpstreamRequest& request,
-                                                          UpstreamTimeouts timeouts) {
-  std::shared_ptr<UpstreamExchange> exchange(new UpstreamExchange(std::move(node), timeouts));
+                                                          UpstreamTimeouts timeouts,
+                                                          UpstreamConnections* connections) {
+  std::shared_ptr<UpstreamExchange> exchange(
+      new UpstreamExchange(std::move(node), timeouts, connections));
   (void)exchange->Send(request);
   return exchange;
 }
@@ -123,17 +154,11 @@ void UpstreamExchange::Fail(std::string error) {
 }
 
 bool UpstreamExchange::Send(const UpstreamRequest& request) {
-  std::string error;
-  fd_ = Connect(node_, Deadline::After(timeouts_.connect), &error);
-  if (fd_ < 0) {
-    connect_failed_ = true;
-    Fail(node_.url + " unreachable: " + error);
-    return false;
-  }
-  // One write for head and body. "Connection: close": the node frees the connection as soon
-  // as it has answered, rather than keeping it for requests that will not come.
-  std::string out = request.method + " " + request.path + " HTTP/1.1\r\nHost: " + node_.host + ":" +
-                    std::to_string(node_.port) + "\r\n";
+  // One write for head and body. No "Connection: close": the connection is kept for the next
+  // request once this one's answer ended.
+  std::string& out = request_;
+  out = request.method + " " + request.path + " HTTP/1.1\r\nHost: " + node_.host + ":" +
+        std::to_string(node_.port) + "\r\n";
   for (const auto& [name, value] : request.headers) {
     if (!BreaksLine(name) && !BreaksLine(value))
       out.append(name).append(": ").append(value) += "\r\n";
@@ -141,11 +166,41 @@ bool UpstreamExchange::Send(const UpstreamRequest& request) {
   if (request.method != "GET" || !request.body.empty()) {
     out += "Content-Length: " + std::to_string(request.body.size()) + "\r\n";
   }
-  out += "Connection: close\r\n\r\n";
+  out += "\r\n";
   out += request.body;
+  return Transmit(/*reuse_idle=*/true);
+}
+
+bool UpstreamExchange::Transmit(bool reuse_idle) {
+  std::string error;
+  if (connections_ != nullptr && reuse_idle) {
+    // An idle connection may still fail to take the request (the node closed it a moment
+    // ago): the request then goes to the next one, and at last to a new connection.
+    for (fd_ = connections_->Take(node_.url); fd_ >= 0; fd_ = connections_->Take(node_.url)) {
+      reused_ = true;
+      if (WriteRequest(&error)) return true;
+      ::close(fd_);
+    }
+  }
+  reused_ = false;
+  fd_ = Connect(node_, Deadline::After(timeouts_.connect), &error);
+  if (fd_ < 0) {
+    connect_failed_ = true;
+    Fail(node_.url + " unreachable: " + error);
+    return false;
+  }
+  if (connections_ != nullptr) connections_->CountOpened();
+  if (!WriteRequest(&error)) {
+    Fail("sending the request failed: " + error);
+    return false;
+  }
+  return true;
+}
+
+bool UpstreamExchange::WriteRequest(std::string* error) {
   const Deadline deadline = Deadline::After(timeouts_.write);
-  for (size_t sent = 0; sent < out.size();) {
-    const ssize_t n = send(fd_, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
+  for (size_t sent = 0; sent < request_.size();) {
+    const ssize_t n = send(fd_, request_.data() + sent, request_.size() - sent, MSG_NOSIGNAL);
     if (n > 0) {
       sent += static_cast<size_t>(n);
     } else if (n < 0 && errno == EINTR) {
@@ -154,12 +209,21 @@ bool UpstreamExchange::Send(const UpstreamRequest& request) {
                WaitFor(fd_, POLLOUT, deadline)) {
       continue;
     } else {
-      Fail("sending the request failed: " +
-           std::string(n < 0 ? std::strerror(errno) : "connection closed"));
+      *error = n < 0 ? std::strerror(errno) : "connection closed";
       return false;
     }
   }
   return true;
+}
+
+void UpstreamExchange::FinishConnection() {
+  if (fd_ < 0) return;
+  if (connections_ != nullptr && keep_alive_ && in_.empty()) {
+    connections_->Put(node_.url, fd_, node_keep_alive_);
+  } else {
+    ::close(fd_);
+  }
+  fd_ = -1;
 }
 
 ssize_t UpstreamExchange::Fill(Deadline deadline, int client_fd, bool* client_gone) {
@@ -173,6 +237,7 @@ ssize_t UpstreamExchange::Fill(Deadline deadline, int client_fd, bool* client_go
     const ssize_t got = recv(fd_, buf, sizeof(buf), MSG_DONTWAIT);
     if (got > 0) {
       in_.append(buf, static_cast<size_t>(got));
+      answered_ = true;
       return got;
     }
     if (got == 0) return -1;  // the node closed the connection
@@ -216,12 +281,17 @@ bool UpstreamExchange::ParseHead(size_t head_size) {
     parsed.headers.emplace(std::string(line.substr(0, colon)),
                            std::string(TrimWhitespace(line.substr(colon + 1))));
   }
-  in_.erase(0, head_size);
+  const bool http11 = status_line.starts_with("HTTP/1.1");
+  in_.erase(0, head_size);        // `head` and `status_line` end here
   if (status < 200) return true;  // an interim answer: the real head follows
   auto header = [&](const char* name) {
     auto it = parsed.headers.find(name);
     return it == parsed.headers.end() ? std::string() : it->second;
   };
+  // HTTP/1.1 keeps the connection unless the node says otherwise (it does on its last request
+  // per connection, and when it stops).
+  keep_alive_ = http11 && !HasToken(header("Connection"), "close");
+  node_keep_alive_ = KeepAliveTimeout(header("Keep-Alive"));
   if (status == 204 || status == 304) {
     body_ = Body::kNone;
     done_ = true;
@@ -235,6 +305,7 @@ bool UpstreamExchange::ParseHead(size_t head_size) {
     done_ = body_left_ == 0;
   } else {
     body_ = Body::kUntilClose;
+    keep_alive_ = false;
   }
   head_ = std::move(parsed);
   return true;
@@ -255,8 +326,19 @@ Result<UpstreamHead> UpstreamExchange::WaitHead(Deadline deadline) {
     const ssize_t n = Fill(deadline, -1, &client_gone);
     if (n == 0)
       return Status::DeadlineExceeded(node_.url + ": no response head before the deadline");
+    if (n < 0 && reused_ && !answered_) {
+      // An idle connection the node had closed (its keep-alive timeout, a restart) before
+      // the request reached it: nothing ran there, so the request goes out again, on a new
+      // connection.
+      ::close(fd_);
+      fd_ = -1;
+      (void)Transmit(/*reuse_idle=*/false);
+      continue;
+    }
     if (n < 0) Fail("connection closed before a response");
   }
+  request_.clear();
+  request_.shrink_to_fit();
   return *head_;
 }
 
@@ -300,9 +382,8 @@ UpstreamExchange::Next UpstreamExchange::Pop(std::string* data, Deadline deadlin
     if (!error_.empty()) continue;
     if (!data->empty()) return Next::kData;
     if (done_) {
-      // The whole answer is here: the connection has nothing more to carry.
-      if (fd_ >= 0) ::close(fd_);
-      fd_ = -1;
+      // The whole answer is here: the connection may carry the next request.
+      FinishConnection();
       return Next::kEnd;
     }
     bool client_gone = false;

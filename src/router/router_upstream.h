@@ -1,11 +1,13 @@
 // One HTTP/1.1 exchange between the router and a node, run by the thread that serves the
-// client's request: it connects and sends the request, reads the response head, then reads
-// the body piece by piece as the node sends it (chunked, sized or until the node closes), so
-// that a relayed event goes from the node's socket to the client's without passing between
-// threads. (It had a thread of its own, started per request, that pushed each piece into a
-// queue for the handler: two thread switches per event, a thread per request, and on a loaded
-// machine most of the relay's cost.) Cancel, or destruction, closes the node connection, which
-// the node takes for its client leaving. Thread-compatible: used by one thread at a time.
+// client's request: it sends the request on an idle keep-alive connection to the node
+// (router/upstream_connections.h) or a new one, reads the response head, then reads the body
+// piece by piece as the node sends it (chunked, sized or until the node closes), so that a
+// relayed event goes from the node's socket to the client's without passing between threads.
+// (It had a thread of its own, started per request, that pushed each piece into a queue for
+// the handler: two thread switches per event, a thread per request, and on a loaded machine
+// most of the relay's cost.) A response read whole gives its connection back for the next
+// request; Cancel, or destruction before the end, closes it, which the node takes for its
+// client leaving. Thread-compatible: used by one thread at a time.
 #pragma once
 
 #include <atomic>
@@ -20,6 +22,7 @@
 #include "common/status.h"
 #include "http/request_framing.h"
 #include "router/router_nodes.h"
+#include "router/upstream_connections.h"
 
 namespace pdserve::router {
 
@@ -43,16 +46,20 @@ struct UpstreamHead {
 
 class UpstreamExchange {
  public:
-  // Connects to `node` and sends `request` (within the connect and write timeouts); a failure
-  // is reported by WaitHead.
+  // Sends `request` to `node` on an idle connection from `connections` or, if there is none,
+  // a new one (within the connect and write timeouts); a failure is reported by WaitHead.
+  // `connections` (null: a new connection each time, closed after the response) outlives the
+  // exchange.
   static std::shared_ptr<UpstreamExchange> Start(NodeAddress node, const UpstreamRequest& request,
-                                                 UpstreamTimeouts timeouts);
-  ~UpstreamExchange();  // closes the node connection
+                                                 UpstreamTimeouts timeouts,
+                                                 UpstreamConnections* connections = nullptr);
+  ~UpstreamExchange();  // closes the node connection unless it went back to `connections`
   UpstreamExchange(const UpstreamExchange&) = delete;
   UpstreamExchange& operator=(const UpstreamExchange&) = delete;
 
   // The response head. Unavailable if the node could not be reached or failed before sending
-  // a head (the request never started there, so it may be retried elsewhere);
+  // a head (the request never started there, so it may be retried elsewhere; a reused
+  // connection the node closed while it was idle is first replaced by a new one);
   // DeadlineExceeded past `deadline` (call again to wait on).
   Result<UpstreamHead> WaitHead(Deadline deadline);
 
@@ -69,7 +76,8 @@ class UpstreamExchange {
   Result<std::string> ReadAll(Deadline deadline, size_t limit,
                               const std::atomic<bool>* abort = nullptr);
 
-  // Closes the node connection; the exchange then reports "cancelled" as its error.
+  // Closes the node connection, unless the response ended whole already; the exchange then
+  // reports "cancelled" as its error.
   void Cancel();
   bool connect_failed() const { return connect_failed_; }
   const NodeAddress& node() const { return node_; }
@@ -77,10 +85,18 @@ class UpstreamExchange {
  private:
   enum class Body { kNone, kLength, kChunked, kUntilClose };
 
-  UpstreamExchange(NodeAddress node, UpstreamTimeouts timeouts)
-      : node_(std::move(node)), timeouts_(timeouts) {}
-  // Connects and sends; false (and error_ set) on failure.
+  UpstreamExchange(NodeAddress node, UpstreamTimeouts timeouts, UpstreamConnections* connections)
+      : node_(std::move(node)), timeouts_(timeouts), connections_(connections) {}
+  // Writes the request and sends it; false (and error_ set) on failure.
   bool Send(const UpstreamRequest& request);
+  // Sends request_ on an idle connection (with `reuse_idle`), or a new one if there is none
+  // or the idle ones fail; false (and error_ set) on failure.
+  bool Transmit(bool reuse_idle);
+  // Writes request_ to fd_; false (fd_ still open) on failure, with the reason in *error.
+  bool WriteRequest(std::string* error);
+  // The response ended whole: its connection goes back to connections_ if it may carry
+  // another request, and is closed otherwise.
+  void FinishConnection();
   // Parses the head at the start of in_ (whole); false (error_ set) if it is malformed.
   bool ParseHead(size_t head_size);
   // Appends what the node sends to in_, waiting for it until `deadline`: bytes read, 0 at the
@@ -93,8 +109,16 @@ class UpstreamExchange {
 
   const NodeAddress node_;
   const UpstreamTimeouts timeouts_;
+  UpstreamConnections* const connections_;
   int fd_ = -1;
-  std::string in_;  // read from the node, not yet taken
+  bool reused_ = false;  // fd_ came from connections_
+  // The request as sent, kept until the node answers, in case a reused connection turns out
+  // to be closed at the node's end and the request must go out again on a new one.
+  std::string request_;
+  bool answered_ = false;    // the node sent a byte of its response
+  bool keep_alive_ = false;  // the connection may carry another request after this one
+  Duration node_keep_alive_ = Duration::zero();  // the node's idle timeout, if it said one
+  std::string in_;                               // read from the node, not yet taken
   std::optional<UpstreamHead> head_;
   Body body_ = Body::kNone;
   uint64_t body_left_ = 0;  // kLength

@@ -1,11 +1,9 @@
 #include "server/disagg_fronts.h"
 
-#include <httplib.h>
-
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "http/cluster_auth.h"
+#include "http/node_client.h"
 #include "http/node_url.h"
 #include "messenger/decode_messenger.h"
 #include "messenger/node_info.h"
@@ -19,12 +17,12 @@ constexpr char kAddressRoute[] = "/internal/messenger/fabric_address";
 // Asks a prefill node's HTTP API where its transfer engine is.
 Result<fabric::TransferEngineAddress> ResolvePeer(const std::string& peer,
                                                   const std::string& cluster_key) {
-  httplib::Client client(peer.rfind("http://", 0) == 0 ? peer : "http://" + peer);
-  client.set_connection_timeout(1, 0);
-  client.set_read_timeout(2, 0);
+  PD_ASSIGN_OR_RETURN(http::NodeAddress node, http::ParseNodeUrl(peer));
   // /internal/ routes answer only to a proof of the cluster secret (http/cluster_auth.h).
-  auto res = client.Get(kAddressRoute, http::ClusterAuthHeaders(cluster_key, "GET", kAddressRoute));
-  if (!res) return Status::Unavailable(fmt::format("prefill peer {} unreachable", peer));
+  http::NodeCallOptions options;
+  options.cluster_key = cluster_key;
+  Result<http::NodeReply> res = http::NodeGet(node, kAddressRoute, options);
+  if (!res.ok()) return Status::Unavailable(fmt::format("prefill peer {} unreachable", peer));
   if (res->status == 401) {
     // Its /internal/ routes refused our proof: it holds another cluster secret. A refusal,
     // as a failed handshake would be (the messenger never sends it a memory descriptor).
@@ -103,9 +101,8 @@ class DecodeFront final : public RoleFront {
 
   // A joining prefill node names itself by URL; it is known as HOST:PORT, as --prefill-peer
   // names are (and as the X-Prefill-Peer header names it).
-  Status Join(const std::string& url) override {
-    PD_ASSIGN_OR_RETURN(http::NodeAddress address, http::ParseNodeUrl(url));
-    return m_->AddPeer(Spec(address.host + ":" + std::to_string(address.port), cluster_key_));
+  Status Join(const http::NodeAddress& node) override {
+    return m_->AddPeer(Spec(node.host + ":" + std::to_string(node.port), cluster_key_));
   }
 
   Result<std::string> InternalRoute(std::string_view name) const override {

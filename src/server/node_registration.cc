@@ -1,11 +1,9 @@
 #include "server/node_registration.h"
 
-#include <httplib.h>
-
-#include <nlohmann/json.hpp>
-
 #include "common/logging.h"
-#include "http/cluster_auth.h"
+#include "http/node_client.h"
+#include "http/node_url.h"
+#include "http/registration_body.h"
 
 namespace pdserve::server {
 
@@ -30,18 +28,18 @@ NodeRegistration::~NodeRegistration() {
 }
 
 Status NodeRegistration::RegisterOnce() {
-  httplib::Client client(router_url_);
-  client.set_connection_timeout(2, 0);
-  client.set_read_timeout(2, 0);
-  client.set_write_timeout(2, 0);
-  const std::string body = nlohmann::json{{"url", node_url_}}.dump();
-  auto res = client.Post(path_, http::ClusterAuthHeaders(cluster_key_, "POST", path_, body), body,
-                         "application/json");
-  if (!res) return Status::Unavailable(httplib::to_string(res.error()));
-  if (res->status < 200 || res->status >= 300) {
+  PD_ASSIGN_OR_RETURN(http::NodeAddress router, http::ParseNodeUrl(router_url_));
+  PD_ASSIGN_OR_RETURN(http::NodeAddress node, http::ParseNodeUrl(node_url_));
+  http::NodeCallOptions options;
+  options.connect_timeout = std::chrono::seconds(2);
+  options.timeout = std::chrono::seconds(2);
+  options.cluster_key = cluster_key_;
+  PD_ASSIGN_OR_RETURN(http::NodeReply res,
+                      http::NodePost(router, path_, http::RegistrationBody(node), options));
+  if (res.status < 200 || res.status >= 300) {
     // A refused proof (401/403) names a wrong or missing cluster key: worth the log line.
-    return Status::Unavailable("HTTP " + std::to_string(res->status) + " " +
-                               res->body.substr(0, 200));
+    return Status::Unavailable("HTTP " + std::to_string(res.status) + " " +
+                               res.body.substr(0, 200));
   }
   return Status::Ok();
 }

@@ -1,5 +1,6 @@
-// NodeRegistration: keeps a node registered with a router by POSTing
-// {"url": "<node url>"} to <router>/internal/register every few seconds from its own thread.
+// NodeRegistration: keeps a node registered with a router by POSTing its registration body
+// ({"url": "<node url>"}, http/registration_body.h) to <router>/internal/register every few
+// seconds from its own thread.
 // Failures are logged (once per change), never fatal. Construct and destroy from one thread;
 // the destructor stops the thread promptly.
 #pragma once

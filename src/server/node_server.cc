@@ -15,6 +15,7 @@
 #include "common/clock.h"
 #include "common/logging.h"
 #include "http/api_error.h"
+#include "http/registration_body.h"
 #include "http/server_setup.h"
 #include "http/sse.h"
 #include "server/openai_request.h"
@@ -392,12 +393,9 @@ void NodeServer::Impl::HandleJoin(const httplib::Request& req, httplib::Response
     return SendError(res, ApiError::NotFound("POST", req.path));
   }
   // The cluster proof was checked before routing (http/server_setup.h).
-  json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (!body.is_object() || !body.contains("url") || !body["url"].is_string()) {
-    return SendError(res, ApiError::InvalidRequest("expected {\"url\": \"http://host:port\"}",
-                                                   "url", "invalid_registration"));
-  }
-  if (Status s = model.role->Join(body["url"].get<std::string>()); !s.ok()) {
+  http::ApiResult<http::NodeAddress> node = http::ParseRegistrationBody(req.body);
+  if (!node.ok()) return SendError(res, node.error());
+  if (Status s = model.role->Join(node.value()); !s.ok()) {
     return SendError(res, ApiError::InvalidRequest(s.message(), "url", "invalid_registration"));
   }
   res.set_content(json{{"joined", true}}.dump(), "application/json");

@@ -32,7 +32,7 @@ Result<std::string> RoleFront::InternalRoute(std::string_view name) const {
   return Status::NotFound("no route " + std::string(name));
 }
 
-Status RoleFront::Join(const std::string&) {
+Status RoleFront::Join(const http::NodeAddress&) {
   return Status::NotFound("only a decode node takes joins");
 }
 

@@ -16,6 +16,7 @@
 #include "common/metrics_text.h"
 #include "common/status.h"
 #include "engine/engine.h"
+#include "http/node_url.h"
 
 namespace pdserve::server {
 
@@ -44,8 +45,9 @@ class RoleFront {
   virtual std::string Degraded() const { return ""; }
   // GET /internal/messenger/NAME's body; NotFound for a route the role does not serve.
   virtual Result<std::string> InternalRoute(std::string_view name) const;
-  // POST /internal/messenger/join from a prefill node at `url`; NotFound unless a decode node.
-  virtual Status Join(const std::string& url);
+  // POST /internal/messenger/join from a prefill node at `node` (its registration body,
+  // http/registration_body.h); NotFound unless a decode node.
+  virtual Status Join(const http::NodeAddress& node);
 };
 
 }  // namespace pdserve::server

@@ -3,6 +3,7 @@ pdserve_add_test(router_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/router_test.cc ${CMAKE_CURRENT_SOURCE_DIR}/up_test.cc
           ${CMAKE_CURRENT_SOURCE_DIR}/router_retry_test.cc
           ${CMAKE_CURRENT_SOURCE_DIR}/router_cancel_test.cc
+          ${CMAKE_CURRENT_SOURCE_DIR}/router_keepalive_test.cc
           ${CMAKE_CURRENT_SOURCE_DIR}/cluster_auth_test.cc
           ${CMAKE_CURRENT_SOURCE_DIR}/drain_test.cc
           ${CMAKE_CURRENT_SOURCE_DIR}/router_framing_test.cc
