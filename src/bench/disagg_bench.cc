@@ -294,10 +294,14 @@ std::string FormatDisaggTable(const DisaggBenchResult& result) {
                        fmt::format(fmt::runtime(format), s.min),
                        fmt::format(fmt::runtime(format), s.max));
   };
+  // KV bytes a token costs to move: what the plan writes over the tokens P prefills (whole pages,
+  // so a partly filled last page counts in full).
   std::string out = fmt::format(
-      "prompt {} tokens: P prefills {} ({} pages x {} layers); plan: {} writes, {} bytes\n\n",
+      "prompt {} tokens: P prefills {} ({} pages x {} layers); plan: {} writes, {} bytes, {:.0f} "
+      "bytes per prefilled token\n\n",
       result.prompt_len, result.prompt_len - 1, result.pages, result.num_layers, result.plan_writes,
-      result.plan_bytes);
+      result.plan_bytes,
+      static_cast<double>(result.plan_bytes) / std::max(1, result.prompt_len - 1));
   out += "| median [min, max] | streaming on | streaming off |\n| --- | --- | --- |\n";
   struct Row {
     const char* name;

@@ -233,6 +233,47 @@ TEST(TransferPlanTest, ReplicaAssignmentSpreadsOverAllSourceRanks) {
   }
 }
 
+// An MLA model's latent cache: one head of one component that every rank holds. P TP 2 -> D
+// TP 1 and P TP 4 -> D TP 2: each request's latent pages come from one chosen P rank per D rank
+// (one copy each, a whole block per page), and over 100 requests every P rank sends within 20%
+// of an even share.
+TEST(TransferPlanTest, LatentCacheComesOnceFromAnEvenlyChosenReplica) {
+  auto latent_side = [](int tp) {
+    KvSideLayout side = MakeSide(1, tp, 4);
+    for (KvLayout& l : side.ranks) {
+      l.kind = KvKind::kLatent;
+      l.head_dim = 576;
+    }
+    return side;
+  };
+  for (auto [p_tp, d_tp] : {std::pair{2, 1}, {4, 2}}) {
+    SCOPED_TRACE("P TP " + std::to_string(p_tp) + " -> D TP " + std::to_string(d_tp));
+    auto plan = TransferPlan::Create(latent_side(p_tp), latent_side(d_tp));
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    const std::vector<PagePair> pairs = {{0, 1}, {2, 3}};
+    const size_t block = plan->source().ranks[0].block_bytes();
+    EXPECT_EQ(block, size_t{kPageTokens} * 576 * 2);  // the latent rows of a page, nothing more
+    std::map<int, int> requests_by_source;
+    constexpr int kRequests = 100;
+    for (uint64_t seed = 0; seed < kRequests; ++seed) {
+      auto writes = plan->LayerWrites(pairs, 0, seed * 0x9e3779b97f4a7c15ull + 1);
+      ASSERT_TRUE(writes.ok());
+      ASSERT_EQ(writes->size(), pairs.size() * d_tp);  // one copy per D rank and page
+      std::set<int> senders;
+      for (const KvWrite& w : *writes) {
+        EXPECT_EQ(w.length, block);
+        senders.insert(w.src_rank);
+      }
+      for (int s : senders) ++requests_by_source[s];
+    }
+    const double even = static_cast<double>(kRequests) * d_tp / p_tp;
+    for (int r = 0; r < p_tp; ++r) {
+      EXPECT_GE(requests_by_source[r], 0.8 * even) << "P rank " << r;
+      EXPECT_LE(requests_by_source[r], 1.2 * even) << "P rank " << r;
+    }
+  }
+}
+
 // With as many replicas on D as on P, one request already uses every source replica.
 TEST(TransferPlanTest, DestinationReplicasTakeDifferentSourceReplicas) {
   auto plan = TransferPlan::Create(MakeSide(2, 4, 4), MakeSide(2, 4, 4));
