@@ -39,22 +39,30 @@ constexpr int kPairElems = 2 * kBlockCols;  // BF16 values of one k pair in one 
 
 // Packed FP8 layout (PackFP8): 64-column blocks as above; within a block, for each k block j
 // (kFp8BlockK = 128 values of k, the last one possibly shorter) first the 64 columns' scales of
-// block j (F32, each the row's scale times 256), then one 64-byte line per k index of block j:
-// the 64 columns' FP8 bytes side by side. Columns past n hold zero bytes and zero scales. A
-// block is one contiguous stream of Fp8BlockBytes(k) bytes, a multiple of 64.
+// block j (F32, each the row's scale times 2^60, in column order), then one 64-byte line per k
+// index of block j: the 64 columns' FP8 bytes, column 16q + d at byte 4d + q (byte q of the
+// line's 32-bit word d), so that one shift-and-mask per byte position q gives the 16 values of
+// 16-column group q in word order. Columns past n hold zero bytes and zero scales. A block is
+// one contiguous stream of Fp8BlockBytes(k) bytes, a multiple of 64.
 //
-// Widening: byte b becomes the F16 bits ((int8_t)b << 7) & 0xbfff (sign to bit 15, exponent
-// and mantissa to bits 13..7), which F16C's vcvtph2ps turns into exactly fp8(b) / 256,
-// subnormals included; the 256 is folded into the packed scales. Every path widens so
-// (kernels_generic.cc by table).
+// Widening, exact and without conversion instructions: a byte s|eeee|mmm placed at bits 31 and
+// 26..20 of an F32 (the rest zero) is the F32 fp8 * 2^-120 (an F32 denormal for an FP8
+// subnormal, as the exponents line up). The 2^-120 is undone by taking x times 2^60 and the
+// scales times 2^60. So every path computes (kernels_generic.cc spells it out):
 //
 // Order (every path, bit for bit): for each output (row t of x, column c) and each k block j
-// in order, part = 0 and for each k index i of the block in order part = fma(x[t][i], w8, part)
-// (w8: the widened byte); then acc = fma(part, scale[c][j], acc), acc starting at 0. So a value
-// depends only on its row of x and column of W, whatever the tile, batch or thread count.
+// in order, part = 0 and for each k index i of the block in order
+// part = fma(x[t][i] * 2^60, fp8 * 2^-120, part); then acc = fma(part, scale[c][j] * 2^60, acc),
+// acc starting at 0. So a value depends only on its row of x and column of W, whatever the
+// tile, batch or thread count. The powers of two change no value unless a partial sum falls
+// below 2^-66 (or |x| reaches 2^68), and then the same way on every path.
 constexpr int kFp8BlockK = 128;  // kernels::kFp8BlockK (kernels.cc checks they agree)
 constexpr int kFp8ScaleBytes = kBlockCols * static_cast<int>(sizeof(float));
 constexpr int kFp8LineBytes = kBlockCols;  // one byte per column
+// Byte of column c (of a block) in its line.
+constexpr int Fp8LinePosition(int c) { return 4 * (c % kGroupCols) + c / kGroupCols; }
+// The F32 bits that keep an FP8 byte placed at bits 31 and 26..20 (see above).
+constexpr uint32_t kFp8F32Mask = 0x87f00000u;
 
 // Attention: head_dim <= 16 * kMaxHeadChunks; at most kMaxGroup query heads share one pass.
 constexpr int kMaxHeadChunks = 16;

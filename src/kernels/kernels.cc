@@ -280,7 +280,7 @@ void PackFP8(const uint8_t* w, const float* row_scales, int n, int k, uint8_t* p
     for (int j = 0; j < k_blocks; ++j) {
       float scales[kBlockCols] = {};
       for (int c = 0; c < cols; ++c) {
-        scales[c] = row_scales[static_cast<size_t>(c0 + c) * k_blocks + j] * 256.0f;
+        scales[c] = row_scales[static_cast<size_t>(c0 + c) * k_blocks + j] * 0x1p60f;
       }
       std::memcpy(at, scales, sizeof(scales));
       at += kFp8ScaleBytes;
@@ -288,7 +288,8 @@ void PackFP8(const uint8_t* w, const float* row_scales, int n, int k, uint8_t* p
       std::memset(at, 0, static_cast<size_t>(kb) * kFp8LineBytes);
       for (int c = 0; c < cols; ++c) {
         const uint8_t* src = w + static_cast<size_t>(c0 + c) * k + k0;
-        for (int i = 0; i < kb; ++i) at[i * kFp8LineBytes + c] = src[i];
+        const int pos = internal::Fp8LinePosition(c);
+        for (int i = 0; i < kb; ++i) at[i * kFp8LineBytes + pos] = src[i];
       }
       at += static_cast<size_t>(kb) * kFp8LineBytes;
     }

@@ -49,13 +49,16 @@ void PackedTile(const uint16_t* x, const uint16_t* block, float* y, int n, int k
 
 // ---- FP8 products over packed weights (layout and order: kernel_table.h) ----
 
-// The widened value of every byte: the F16 bits ((int8_t)b << 7) & 0xbfff, i.e. fp8(b) / 256.
+// The widened value of every byte, fp8 * 2^-120: the F32 whose bits 31 and 26..20 are the
+// byte's (the avx paths' shifts and mask).
 struct Fp8Widened {
   float value[256];
   Fp8Widened() {
     for (int b = 0; b < 256; ++b) {
-      const auto bits = static_cast<uint16_t>(static_cast<int8_t>(b) * 128) & 0xbfffu;
-      value[b] = F16ToF32(static_cast<uint16_t>(bits));
+      const uint32_t bits =
+          (static_cast<uint32_t>(b & 0x80) << 24 | static_cast<uint32_t>(b & 0x7f) << 20) &
+          internal::kFp8F32Mask;
+      std::memcpy(&value[b], &bits, sizeof(float));
     }
   }
 };
@@ -75,8 +78,10 @@ void Fp8Tile(const float* x, const uint8_t* block, float* y, int n, int k, int c
       at += internal::kFp8ScaleBytes;
       for (int c = 0; c < cols; ++c) part[c] = 0.0f;
       for (int i = 0; i < kb; ++i) {
-        const float xi = row[k0 + i];
-        for (int c = 0; c < cols; ++c) part[c] = std::fma(xi, widened.value[at[c]], part[c]);
+        const float xi = row[k0 + i] * 0x1p60f;
+        for (int c = 0; c < cols; ++c) {
+          part[c] = std::fma(xi, widened.value[at[internal::Fp8LinePosition(c)]], part[c]);
+        }
         at += internal::kFp8LineBytes;
       }
       for (int c = 0; c < cols; ++c) acc[c] = std::fma(part[c], scales[c], acc[c]);
