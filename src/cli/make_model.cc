@@ -38,7 +38,8 @@ int RunMakeModel(const MakeModelFlags& f) {
   }
   const std::optional<DType> dtype = ParseDTypeFlag(f.dtype);
   if (!dtype.has_value()) {
-    std::fprintf(stderr, "error: --dtype %s is not a dtype (bf16, f16, f32)\n", f.dtype.c_str());
+    std::fprintf(stderr, "error: --dtype %s is not a dtype (bf16, f16, f32, fp8)\n",
+                 f.dtype.c_str());
     return 2;
   }
   const auto start = std::chrono::steady_clock::now();
@@ -65,8 +66,10 @@ void AddMakeModelCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--out", flags->out, "Output directory (created if needed)");
   cmd->add_option("--seed", flags->seed, "Random seed of the weights and tokenizer merges")
       ->capture_default_str();
-  cmd->add_option("--dtype", flags->dtype, "Stored dtype of the weights")
-      ->check(CLI::IsMember({"bf16", "f16", "f32"}))
+  cmd->add_option("--dtype", flags->dtype,
+                  "Stored dtype of the weights (fp8: the linear layers' weights F8_E4M3 with "
+                  "128x128 block scales, the rest bf16, as DeepSeek ships FP8 checkpoints)")
+      ->check(CLI::IsMember({"bf16", "f16", "f32", "fp8"}))
       ->capture_default_str();
   cmd->add_flag("--list", flags->list, "List the presets and exit");
   cmd->callback([flags, exit_code] { *exit_code = RunMakeModel(*flags); });

@@ -37,6 +37,33 @@ constexpr int kBlockGroups = 4;
 constexpr int kBlockCols = kGroupCols * kBlockGroups;
 constexpr int kPairElems = 2 * kBlockCols;  // BF16 values of one k pair in one block
 
+// Packed FP8 layout (PackFP8): 64-column blocks as above; within a block, for each k block j
+// (kFp8BlockK = 128 values of k, the last one possibly shorter) first the 64 columns' scales of
+// block j (F32, each the row's scale times 2^60, in column order), then one 64-byte line per k
+// index of block j: the 64 columns' FP8 bytes, column 16q + d at byte 4d + q (byte q of the
+// line's 32-bit word d), so that one shift-and-mask per byte position q gives the 16 values of
+// 16-column group q in word order. Columns past n hold zero bytes and zero scales. A block is
+// one contiguous stream of Fp8BlockBytes(k) bytes, a multiple of 64.
+//
+// Widening, exact and without conversion instructions: a byte s|eeee|mmm placed at bits 31 and
+// 26..20 of an F32 (the rest zero) is the F32 fp8 * 2^-120 (an F32 denormal for an FP8
+// subnormal, as the exponents line up). The 2^-120 is undone by taking x times 2^60 and the
+// scales times 2^60. So every path computes (kernels_generic.cc spells it out):
+//
+// Order (every path, bit for bit): for each output (row t of x, column c) and each k block j
+// in order, part = 0 and for each k index i of the block in order
+// part = fma(x[t][i] * 2^60, fp8 * 2^-120, part); then acc = fma(part, scale[c][j] * 2^60, acc),
+// acc starting at 0. So a value depends only on its row of x and column of W, whatever the
+// tile, batch or thread count. The powers of two change no value unless a partial sum falls
+// below 2^-66 (or |x| reaches 2^68), and then the same way on every path.
+constexpr int kFp8BlockK = 128;  // kernels::kFp8BlockK (kernels.cc checks they agree)
+constexpr int kFp8ScaleBytes = kBlockCols * static_cast<int>(sizeof(float));
+constexpr int kFp8LineBytes = kBlockCols;  // one byte per column
+// Byte of column c (of a block) in its line.
+constexpr int Fp8LinePosition(int c) { return 4 * (c % kGroupCols) + c / kGroupCols; }
+// The F32 bits that keep an FP8 byte placed at bits 31 and 26..20 (see above).
+constexpr uint32_t kFp8F32Mask = 0x87f00000u;
+
 // Attention: head_dim <= 16 * kMaxHeadChunks; at most kMaxGroup query heads share one pass.
 constexpr int kMaxHeadChunks = 16;
 constexpr int kMaxGroup = 8;
@@ -92,6 +119,11 @@ struct KernelTable {
   // FMA, then lane i + lane i+8, +4, +2, +1.
   void (*f32_tile)(const float* x, const float* w, float* y, int n, int k, int r0, int t0, int rows,
                    int tokens);
+  // One tile of MatMulFP8: `groups` 16-column groups of the packed FP8 block at `block` (first
+  // column c0) x `tokens` rows of x from t0, tokens <= kTokens, in the order stated with the
+  // layout above; `ahead` as for packed_tile.
+  void (*fp8_tile)(const float* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
+                   int groups, int tokens, BlockAhead ahead);
   // F32ToBF16 of n values on the calling thread.
   void (*to_bf16)(const float* src, uint16_t* dst, int64_t n);
   // One row of RmsNorm (16-lane FMA sum of squares, the same lane tree).
@@ -141,5 +173,7 @@ float SumLaneTree16(const float* v);
 // Pairs of the k dimension and 64-column blocks of a packed matrix.
 int Pairs(int k);
 int ColBlocks(int n);
+// Bytes of one 64-column block of a packed FP8 matrix of k columns.
+int64_t Fp8BlockBytes(int k);
 
 }  // namespace pdserve::kernels::internal

@@ -3,6 +3,7 @@
 #include "kernels/kernels.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -16,12 +17,15 @@ namespace {
 using internal::Active;
 using internal::kBlockCols;
 using internal::kBlockGroups;
+using internal::kFp8LineBytes;
+using internal::kFp8ScaleBytes;
 using internal::kGroupCols;
 using internal::kPairElems;
 using internal::kParallelMacs;
 using internal::kRows;
 using internal::kTokenBlock;
 using internal::kTokens;
+static_assert(internal::kFp8BlockK == kFp8BlockK);
 
 // body(i) for i in [0, n): split statically over the OpenMP team when `parallel`, otherwise on
 // the calling thread without opening a region at all. Even a one-thread region (an `if` clause
@@ -161,6 +165,10 @@ namespace internal {
 
 int Pairs(int k) { return (k + 1) / 2; }
 int ColBlocks(int n) { return (n + kBlockCols - 1) / kBlockCols; }
+int64_t Fp8BlockBytes(int k) {
+  const int64_t k_blocks = (k + kFp8BlockK - 1) / kFp8BlockK;
+  return k_blocks * kFp8ScaleBytes + static_cast<int64_t>(k) * kFp8LineBytes;
+}
 int QueryPairs(int hd) { return (hd + 1) / 2; }
 
 void RoundQueryHeads(const float* q, int heads, int hd, float* rounded, uint16_t* pairs) {
@@ -216,32 +224,87 @@ void UnpackRowBF16(const uint16_t* packed, int n, int k, int row, float* out) {
     out[i] = BF16ToF32(src[static_cast<size_t>(i / 2) * kPairElems + i % 2]);
 }
 
+namespace {
+
+// Within a token block, a weight block's first tile reads it from memory and every later tile
+// from L2, so the first tile waits on the memory while the later ones leave it idle. In a
+// token block of at least three tiles, the later tiles bring the next weight block (the
+// thread's next one under ParallelFor's static schedule) toward L2, in shares by rows, so that
+// its stream runs under their compute. With fewer rows the product is bound by the stream
+// itself and the hint only costs (measured: docs/kernels.md, "Products: the next weight block
+// toward L2"). The share of the tile of `tokens` rows from row t, whose first `first_rows` rows
+// are the first tile's; `next` is the next weight block (null: none).
+internal::BlockAhead NextBlockShare(const uint8_t* next, int64_t block_bytes, TokenBlock tb,
+                                    int first_rows, int t, int tokens) {
+  const int rows = tb.end - tb.first;
+  const int later = t - tb.first - first_rows;  // rows of the later tiles before this one
+  if (next == nullptr || rows < 3 * first_rows || later < 0) return {};
+  const int64_t from = block_bytes * later / (rows - first_rows) / 64 * 64;
+  const int64_t to = block_bytes * (later + tokens) / (rows - first_rows);
+  return {.at = next + from, .bytes = to - from};
+}
+
+int BlockGroups(int n, int c0) {
+  return std::min(kBlockGroups, (n - c0 + kGroupCols - 1) / kGroupCols);
+}
+
+}  // namespace
+
 void MatMulBF16(const uint16_t* x, const uint16_t* packed_w, float* y, int m, int n, int k) {
   const internal::KernelTable& path = Active();
   const size_t block_elems = static_cast<size_t>(internal::Pairs(k)) * kPairElems;
   const int blocks = internal::ColBlocks(n);
-  // Within a token block, a weight block's first tile reads it from memory and every later tile
-  // from L2, so the first tile waits on the memory while the later ones leave it idle. In a
-  // token block of at least three tiles, the later tiles bring the next weight block (the
-  // thread's next one under ParallelFor's static schedule) toward L2, in shares by rows, so that
-  // its stream runs under their compute. With fewer rows the product is bound by the stream
-  // itself and the hint only costs (measured: docs/kernels.md, "Products: the next weight block
-  // toward L2").
   const int first_rows = path.packed_tile_tokens;
   const int64_t block_bytes = static_cast<int64_t>(block_elems * sizeof(uint16_t));
   ForEachTile(m, n, k, blocks, first_rows, [&](int b, int t, int tokens, TokenBlock tb) {
     const int c0 = b * kBlockCols;
-    const int groups = std::min(kBlockGroups, (n - c0 + kGroupCols - 1) / kGroupCols);
-    const int rows = tb.end - tb.first;
-    const int later = t - tb.first - first_rows;  // rows of the later tiles before this one
-    internal::BlockAhead next;
-    if (rows >= 3 * first_rows && later >= 0 && b + 1 < blocks) {
-      const int64_t from = block_bytes * later / (rows - first_rows) / 64 * 64;
-      const int64_t to = block_bytes * (later + tokens) / (rows - first_rows);
-      next = {.at = reinterpret_cast<const uint8_t*>(packed_w + (b + 1) * block_elems) + from,
-              .bytes = to - from};
+    const auto* next = b + 1 < blocks
+                           ? reinterpret_cast<const uint8_t*>(packed_w + (b + 1) * block_elems)
+                           : nullptr;
+    path.packed_tile(x, packed_w + b * block_elems, y, n, k, c0, t, BlockGroups(n, c0), tokens,
+                     NextBlockShare(next, block_bytes, tb, first_rows, t, tokens));
+  });
+}
+
+size_t PackedFP8Bytes(int n, int k) {
+  return static_cast<size_t>(internal::ColBlocks(n)) * internal::Fp8BlockBytes(k);
+}
+
+void PackFP8(const uint8_t* w, const float* row_scales, int n, int k, uint8_t* packed) {
+  const int64_t block_bytes = internal::Fp8BlockBytes(k);
+  const int k_blocks = (k + kFp8BlockK - 1) / kFp8BlockK;
+  ParallelFor(internal::ColBlocks(n), static_cast<int64_t>(n) * k >= kParallelMacs, [&](int64_t b) {
+    uint8_t* at = packed + b * block_bytes;
+    const int c0 = static_cast<int>(b) * kBlockCols;
+    const int cols = std::min(kBlockCols, n - c0);
+    for (int j = 0; j < k_blocks; ++j) {
+      float scales[kBlockCols] = {};
+      for (int c = 0; c < cols; ++c) {
+        scales[c] = row_scales[static_cast<size_t>(c0 + c) * k_blocks + j] * 0x1p60f;
+      }
+      std::memcpy(at, scales, sizeof(scales));
+      at += kFp8ScaleBytes;
+      const int k0 = j * kFp8BlockK, kb = std::min(kFp8BlockK, k - k0);
+      std::memset(at, 0, static_cast<size_t>(kb) * kFp8LineBytes);
+      for (int c = 0; c < cols; ++c) {
+        const uint8_t* src = w + static_cast<size_t>(c0 + c) * k + k0;
+        const int pos = internal::Fp8LinePosition(c);
+        for (int i = 0; i < kb; ++i) at[i * kFp8LineBytes + pos] = src[i];
+      }
+      at += static_cast<size_t>(kb) * kFp8LineBytes;
     }
-    path.packed_tile(x, packed_w + b * block_elems, y, n, k, c0, t, groups, tokens, next);
+  });
+}
+
+void MatMulFP8(const float* x, const uint8_t* packed_w, float* y, int m, int n, int k) {
+  const internal::KernelTable& path = Active();
+  const int64_t block_bytes = internal::Fp8BlockBytes(k);
+  const int blocks = internal::ColBlocks(n);
+  ForEachTile(m, n, k, blocks, kTokens, [&](int b, int t, int tokens, TokenBlock tb) {
+    const int c0 = b * kBlockCols;
+    const uint8_t* next = b + 1 < blocks ? packed_w + (b + 1) * block_bytes : nullptr;
+    path.fp8_tile(x, packed_w + b * block_bytes, y, n, k, c0, t, BlockGroups(n, c0), tokens,
+                  NextBlockShare(next, block_bytes, tb, kTokens, t, tokens));
   });
 }
 

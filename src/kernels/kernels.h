@@ -31,10 +31,24 @@ size_t PackedBF16Elements(int n, int k);
 void PackBF16(const uint16_t* w, int n, int k, uint16_t* packed);
 void UnpackRowBF16(const uint16_t* packed, int n, int k, int row, float* out);
 
+// FP8 weight matrices (float8_e4m3fn, common/dtype.h) with an F32 scale per row and per
+// kFp8BlockK-wide block of k: w[r][c] = fp8[r][c] * row_scales[r][c / kFp8BlockK]. (A
+// checkpoint's 128 x 128 blocks give every row of a block the block's scale; a row keeps its
+// scales whatever rows it is packed with, so tensor-parallel shares and fused matrices may
+// start anywhere.) Packed once, at load, by PackFP8 (64-column blocks, one byte per weight plus
+// the scales; see kernel_table.h); PackedFP8Bytes is the packed size. Bytes 0x7f and 0xff (NaN)
+// must not occur: the kernels would read them as 480 (the loader refuses them).
+inline constexpr int kFp8BlockK = 128;
+size_t PackedFP8Bytes(int n, int k);
+// w [n][k] FP8 bytes (row-major, Hugging Face layout); row_scales [n][ceil(k / kFp8BlockK)].
+void PackFP8(const uint8_t* w, const float* row_scales, int n, int k, uint8_t* packed);
+
 // y[m][n] = sum_k x[m][k] * w[n][k]. BF16: x is BF16 too (activations are rounded to BF16
-// before a BF16 product) and w is packed by PackBF16. F32: w is [n][k] row-major.
+// before a BF16 product) and w is packed by PackBF16. F32: w is [n][k] row-major. FP8: x stays
+// F32 and w is packed by PackFP8; each FP8 value is widened exactly inside the kernel.
 void MatMulBF16(const uint16_t* x, const uint16_t* packed_w, float* y, int m, int n, int k);
 void MatMulF32(const float* x, const float* w, float* y, int m, int n, int k);
+void MatMulFP8(const float* x, const uint8_t* packed_w, float* y, int m, int n, int k);
 
 // Rounds n floats to BF16 (nearest even).
 void ToBF16(const float* src, uint16_t* dst, size_t n);

@@ -249,6 +249,8 @@ void PackedTile(const uint16_t* x, const uint16_t* block, float* y, int n, int k
   }
 }
 
+#include "kernels/kernels_avx2_fp8.inc"
+
 // ---- F32 products ----
 //
 // The 16 lanes of an avx512 accumulator are independent: the low half (elements kk..kk+7 of
@@ -720,6 +722,7 @@ const KernelTable kAvx2Kernels = {
     .packed_tile = PackedTile,
     .packed_tile_tokens = internal::kTokens,
     .f32_tile = F32Tile,
+    .fp8_tile = Fp8Tile,
     .to_bf16 = ToBF16Run,
     .rms_norm_row = RmsNormRow,
     .apply_rope = ApplyRope,

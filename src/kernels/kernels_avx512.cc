@@ -205,6 +205,8 @@ constexpr Array<Array<PackedTileFn, kTokens + 1>, kBlockGroups + 1> PackedTileTa
           PackedTiles<static_cast<int>(G) + 1>(std::make_index_sequence<kTokens>())...};
 }
 
+#include "kernels/kernels_avx512_fp8.inc"
+
 // F32ToBF16 of n values on the calling thread, 16 lanes at a time (bit for bit: round to
 // nearest even, NaN stays NaN).
 void ToBF16Run(const float* src, uint16_t* dst, int64_t n) {
@@ -273,6 +275,7 @@ const KernelTable kAvx512Kernels = {
     .packed_tile = PackedTile,
     .packed_tile_tokens = internal::kTokens,
     .f32_tile = F32Tile,
+    .fp8_tile = Fp8Tile,
     .to_bf16 = ToBF16Run,
     .rms_norm_row = RmsNormRow,
     .apply_rope = ApplyRope,

@@ -2,6 +2,7 @@
 // (kernel_table.h). Explicit std::fma where they fuse, and no contraction by the compiler
 // (-ffp-contract=off), so its values are those of its source on every architecture. Slow by
 // design; it is the fallback and the reference the other paths are tested against.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -40,6 +41,50 @@ void PackedTile(const uint16_t* x, const uint16_t* block, float* y, int n, int k
         acc[c] = acc[c] + xo * BF16ToF32(wp[2 * c + 1]);
         acc[c] = acc[c] + xe * BF16ToF32(wp[2 * c]);
       }
+    }
+    float* yr = y + static_cast<size_t>(t) * n + c0;
+    for (int c = 0; c < cols && c0 + c < n; ++c) yr[c] = acc[c];
+  }
+}
+
+// ---- FP8 products over packed weights (layout and order: kernel_table.h) ----
+
+// The widened value of every byte, fp8 * 2^-120: the F32 whose bits 31 and 26..20 are the
+// byte's (the avx paths' shifts and mask).
+struct Fp8Widened {
+  float value[256];
+  Fp8Widened() {
+    for (int b = 0; b < 256; ++b) {
+      const uint32_t bits =
+          (static_cast<uint32_t>(b & 0x80) << 24 | static_cast<uint32_t>(b & 0x7f) << 20) &
+          internal::kFp8F32Mask;
+      std::memcpy(&value[b], &bits, sizeof(float));
+    }
+  }
+};
+
+void Fp8Tile(const float* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
+             int groups, int tokens, internal::BlockAhead /*ahead: not used*/) {
+  static const Fp8Widened widened;
+  const int cols = groups * kGroupCols;
+  float acc[kBlockCols], part[kBlockCols], scales[kBlockCols];
+  for (int t = t0; t < t0 + tokens; ++t) {
+    const float* row = x + static_cast<size_t>(t) * k;
+    for (int c = 0; c < cols; ++c) acc[c] = 0.0f;
+    const uint8_t* at = block;
+    for (int k0 = 0; k0 < k; k0 += internal::kFp8BlockK) {
+      const int kb = std::min(internal::kFp8BlockK, k - k0);
+      std::memcpy(scales, at, sizeof(scales));
+      at += internal::kFp8ScaleBytes;
+      for (int c = 0; c < cols; ++c) part[c] = 0.0f;
+      for (int i = 0; i < kb; ++i) {
+        const float xi = row[k0 + i] * 0x1p60f;
+        for (int c = 0; c < cols; ++c) {
+          part[c] = std::fma(xi, widened.value[at[internal::Fp8LinePosition(c)]], part[c]);
+        }
+        at += internal::kFp8LineBytes;
+      }
+      for (int c = 0; c < cols; ++c) acc[c] = std::fma(part[c], scales[c], acc[c]);
     }
     float* yr = y + static_cast<size_t>(t) * n + c0;
     for (int c = 0; c < cols && c0 + c < n; ++c) yr[c] = acc[c];
@@ -225,6 +270,7 @@ const KernelTable kGenericKernels = {
     .packed_tile = PackedTile,
     .packed_tile_tokens = internal::kTokens,
     .f32_tile = F32Tile,
+    .fp8_tile = Fp8Tile,
     .to_bf16 = ToBF16Run,
     .rms_norm_row = RmsNormRow,
     .apply_rope = ApplyRope,

@@ -415,6 +415,55 @@ Status ParseMoe(const json& j, ModelConfig* c) {
   return Status::Ok();
 }
 
+// quantization_config: absent or null for plain checkpoints; DeepSeek's FP8 block scaling, or
+// an error naming the method (or field) the engine does not implement.
+Status ParseQuantization(const json& j, QuantizationConfig* q) {
+  auto it = j.find("quantization_config");
+  if (it == j.end() || it->is_null()) return Status::Ok();
+  if (!it->is_object()) return FieldError("quantization_config", "an object or null", *it);
+  const json& qc = *it;
+  auto method = qc.find("quant_method");
+  if (method == qc.end() || !method->is_string()) {
+    return Status::InvalidArgument(
+        "config.json: quantization_config needs 'quant_method' (a string; supported: \"fp8\")");
+  }
+  if (*method != "fp8") {
+    return Status::InvalidArgument("config.json: quantization_config.quant_method " +
+                                   method->dump() +
+                                   " is not supported (only \"fp8\", DeepSeek's block-scaled "
+                                   "float8_e4m3fn weights)");
+  }
+  auto fmt = qc.find("fmt");
+  if (fmt != qc.end() && !fmt->is_null() && *fmt != "e4m3") {
+    return Status::InvalidArgument("config.json: quantization_config.fmt " + fmt->dump() +
+                                   " is not supported (only \"e4m3\")");
+  }
+  // The engine computes activations in F32 and never quantises them, which serves "dynamic"
+  // (scales computed per token at run time); "static" would come with input scales it does not
+  // read.
+  auto scheme = qc.find("activation_scheme");
+  if (scheme != qc.end() && !scheme->is_null() && *scheme != "dynamic") {
+    return Status::InvalidArgument("config.json: quantization_config.activation_scheme " +
+                                   scheme->dump() + " is not supported (only \"dynamic\")");
+  }
+  auto block = qc.find("weight_block_size");
+  if (block == qc.end() || block->is_null()) {
+    return Status::InvalidArgument(
+        "config.json: quantization_config (fp8) needs 'weight_block_size' [rows, columns] "
+        "(per-tensor FP8 scales are not supported)");
+  }
+  if (!block->is_array() || block->size() != 2 || !(*block)[0].is_number_integer() ||
+      !(*block)[1].is_number_integer() || (*block)[0].get<int64_t>() <= 0 ||
+      (*block)[1].get<int64_t>() <= 0 || (*block)[0].get<int64_t>() > kMaxDim ||
+      (*block)[1].get<int64_t>() > kMaxDim) {
+    return FieldError("quantization_config.weight_block_size", "two positive integers", *block);
+  }
+  q->method = QuantizationConfig::Method::kFp8;
+  q->block_rows = (*block)[0].get<int>();
+  q->block_cols = (*block)[1].get<int>();
+  return Status::Ok();
+}
+
 Result<json> ParseJsonText(const std::string& text, const std::string& what) {
   try {
     json j = json::parse(text);
@@ -493,6 +542,10 @@ Status ModelConfig::Validate() const {
   }
   for (int id : eos_token_ids) {
     if (id < 0) return Status::InvalidArgument("config: eos_token_id must not be negative");
+  }
+  if (quantization.fp8()) {
+    PD_RETURN_IF_ERROR(Positive("weight_block_size[0]", quantization.block_rows));
+    PD_RETURN_IF_ERROR(Positive("weight_block_size[1]", quantization.block_cols));
   }
   return ValidateMlaAndMoe();
 }
@@ -607,6 +660,7 @@ Result<ModelConfig> ModelConfig::FromJson(const std::string& json_text) {
   PD_RETURN_IF_ERROR(ParseSizes(j, &c));
   PD_RETURN_IF_ERROR(ParseOptionalFields(j, &c));
   PD_RETURN_IF_ERROR(ParseMoe(j, &c));
+  PD_RETURN_IF_ERROR(ParseQuantization(j, &c.quantization));
   PD_RETURN_IF_ERROR(c.Validate());
   return c;
 }
@@ -732,6 +786,13 @@ std::string ModelConfig::ToJson() const {
     j["decoder_sparse_step"] = moe.sparse_step;
     j["mlp_only_layers"] = moe.dense_layers;
   }
+  if (quantization.fp8()) {
+    j["quantization_config"] = {
+        {"quant_method", "fp8"},
+        {"fmt", "e4m3"},
+        {"activation_scheme", "dynamic"},
+        {"weight_block_size", {quantization.block_rows, quantization.block_cols}}};
+  }
   return j.dump(2) + "\n";
 }
 
@@ -773,6 +834,10 @@ uint64_t ModelConfig::Fingerprint() const {
     std::snprintf(yarn, sizeof(yarn), " yarn=%.17g/%.17g/%.17g/%.17g", rope_scaling.beta_fast,
                   rope_scaling.beta_slow, rope_scaling.mscale, rope_scaling.mscale_all_dim);
     text += yarn;
+  }
+  if (quantization.fp8()) {  // appended only when quantised, as the experts above
+    text += " fp8=" + std::to_string(quantization.block_rows) + "x" +
+            std::to_string(quantization.block_cols);
   }
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a offset basis
   for (const char* p = text.c_str(); *p != '\0'; ++p) {

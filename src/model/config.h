@@ -84,6 +84,18 @@ struct MoeConfig {
 // 1 for other scalings.
 double RopeAttentionFactor(const RopeScaling& rs);
 
+// quantization_config from config.json: how the checkpoint stores its linear layers' weights.
+// Only DeepSeek's FP8 is implemented (quant_method "fp8", fmt "e4m3"): each such matrix is
+// float8_e4m3fn with an F32 `weight_scale_inv` per block of block_rows x block_cols
+// (weight_block_size), the real weight being the FP8 value times its block's scale. Other
+// methods are refused by FromJson, naming them.
+struct QuantizationConfig {
+  enum class Method : uint8_t { kNone, kFp8 } method = Method::kNone;
+  int block_rows = 0;  // weight_block_size[0]: along the output features
+  int block_cols = 0;  // weight_block_size[1]: along the input features
+  bool fp8() const { return method == Method::kFp8; }
+};
+
 struct ModelConfig {
   Architecture arch = Architecture::kLlama;
   std::string architecture_name;  // as in config.json, e.g. "Qwen2ForCausalLM"
@@ -105,9 +117,10 @@ struct ModelConfig {
   bool qk_norm = false;               // Qwen3: RMSNorm over each head of q and k before RoPE
   std::optional<int> sliding_window;  // Mistral; contexts are capped to it
   std::optional<int> bos_token_id;
-  std::vector<int> eos_token_ids;  // int or list in config.json / generation_config.json
-  std::string torch_dtype;         // informational
-  MoeConfig moe;                   // Qwen3-MoE, DeepSeek; num_experts 0 elsewhere
+  std::vector<int> eos_token_ids;   // int or list in config.json / generation_config.json
+  std::string torch_dtype;          // informational
+  MoeConfig moe;                    // Qwen3-MoE, DeepSeek; num_experts 0 elsewhere
+  QuantizationConfig quantization;  // kNone for checkpoints of plain BF16/F16/F32 weights
   // DeepSeek: kv_lora_rank > 0. Then num_kv_heads is 1 (the latent, which every TP rank holds
   // whole) and head_dim is the latent's width, kv_lora_rank + qk_rope_head_dim: the cache row.
   MlaConfig mla;

@@ -3,20 +3,27 @@
 #include <cstring>
 #include <utility>
 
+#include "common/check.h"
 #include "kernels/kernels.h"
 
 namespace pdserve {
 namespace {
 
-// Packed BF16 values of a matrix in the arena, rounded up to a whole cache line.
-size_t ArenaElements(int64_t n, int64_t k) {
-  constexpr size_t kLineElements = 64 / sizeof(uint16_t);
-  const size_t elems = kernels::PackedBF16Elements(static_cast<int>(n), static_cast<int>(k));
-  return (elems + kLineElements - 1) / kLineElements * kLineElements;
+// Bytes a packed BF16 or FP8 matrix takes in the arena, rounded up to a whole cache line; 0 for
+// an F32 one (kept apart).
+size_t ArenaBytes(DType dtype, int64_t n, int64_t k) {
+  size_t bytes = 0;
+  if (dtype == DType::kBF16) {
+    bytes =
+        kernels::PackedBF16Elements(static_cast<int>(n), static_cast<int>(k)) * sizeof(uint16_t);
+  } else if (dtype == DType::kF8E4M3) {
+    bytes = kernels::PackedFP8Bytes(static_cast<int>(n), static_cast<int>(k));
+  }
+  return (bytes + 63) / 64 * 64;
 }
 
-// Packs a BF16 matrix at *cursor in the arena (and advances it), or keeps an F32 one.
-Matrix ToMatrix(Tensor w, uint16_t** cursor) {
+// Packs a BF16 or FP8 matrix at *cursor in the arena (and advances it), or keeps an F32 one.
+Matrix ToMatrix(Tensor w, uint8_t** cursor) {
   Matrix m;
   m.n = static_cast<int>(w.dim(0));
   m.k = static_cast<int>(w.dim(1));
@@ -24,15 +31,34 @@ Matrix ToMatrix(Tensor w, uint16_t** cursor) {
     m.f32 = std::move(w);
     return m;
   }
-  m.bf16 = *cursor;
-  kernels::PackBF16(w.as<uint16_t>(), m.n, m.k, *cursor);
-  *cursor += ArenaElements(m.n, m.k);
+  if (w.dtype() == DType::kF8E4M3) {
+    m.fp8 = *cursor;
+    kernels::PackFP8(w.as<uint8_t>(), w.row_scales().as<float>(), m.n, m.k, *cursor);
+  } else {
+    PD_CHECK(w.dtype() == DType::kBF16);
+    m.bf16 = reinterpret_cast<const uint16_t*>(*cursor);
+    kernels::PackBF16(w.as<uint16_t>(), m.n, m.k, reinterpret_cast<uint16_t*>(*cursor));
+  }
+  *cursor += ArenaBytes(w.dtype(), m.n, m.k);
   return m;  // the unpacked original is freed here
+}
+
+// The rows of `parts` (all of one dtype) one after the other in `out`, [rows][row_bytes].
+void CopyRows(const std::vector<RowSlice>& parts, const Tensor& (*of)(const Tensor&), Tensor* out) {
+  auto* dst = static_cast<uint8_t*>(out->data());
+  for (const RowSlice& p : parts) {
+    const Tensor& t = of(*p.tensor);
+    const size_t row_bytes = t.nbytes() / static_cast<size_t>(t.dim(0));
+    std::memcpy(dst, static_cast<const uint8_t*>(t.data()) + p.rows.begin * row_bytes,
+                p.rows.size() * row_bytes);
+    dst += p.rows.size() * row_bytes;
+  }
 }
 
 }  // namespace
 
 size_t Matrix::bytes() const {
+  if (fp8 != nullptr) return kernels::PackedFP8Bytes(n, k);
   return bf16 == nullptr ? f32.nbytes() : kernels::PackedBF16Elements(n, k) * sizeof(uint16_t);
 }
 
@@ -42,16 +68,31 @@ Tensor TakeRows(const std::vector<RowSlice>& parts) {
       first.rows.end == first.tensor->dim(0)) {
     return std::exchange(*first.tensor, Tensor());
   }
+  // FP8 rows joined with rows of another dtype: dequantised to it, so one product reads them.
+  DType dtype = first.tensor->dtype();
+  for (const RowSlice& p : parts) {
+    if (p.tensor->dtype() != DType::kF8E4M3) dtype = p.tensor->dtype();
+  }
+  std::vector<Tensor> dequantised;
+  dequantised.reserve(parts.size());
+  std::vector<RowSlice> same = parts;
+  for (RowSlice& p : same) {
+    if (p.tensor->dtype() != dtype) {
+      dequantised.push_back(DequantiseFp8(*p.tensor, dtype));
+      p.tensor = &dequantised.back();
+    }
+  }
   std::vector<int64_t> shape = first.tensor->shape();
   shape[0] = 0;
-  for (const RowSlice& p : parts) shape[0] += p.rows.size();
-  Tensor out(first.tensor->dtype(), shape);
-  auto* dst = static_cast<uint8_t*>(out.data());
-  for (const RowSlice& p : parts) {
-    const size_t row_bytes = p.tensor->nbytes() / static_cast<size_t>(p.tensor->dim(0));
-    std::memcpy(dst, static_cast<const uint8_t*>(p.tensor->data()) + p.rows.begin * row_bytes,
-                p.rows.size() * row_bytes);
-    dst += p.rows.size() * row_bytes;
+  for (const RowSlice& p : same) shape[0] += p.rows.size();
+  Tensor out(dtype, shape);
+  CopyRows(
+      same, [](const Tensor& t) -> const Tensor& { return t; }, &out);
+  if (dtype == DType::kF8E4M3) {  // each row takes its own scales
+    Tensor scales(DType::kF32, {shape[0], first.tensor->row_scales().dim(1)});
+    CopyRows(
+        same, [](const Tensor& t) -> const Tensor& { return t.row_scales(); }, &scales);
+    out.set_row_scales(std::move(scales));
   }
   for (const RowSlice& p : parts) {
     if (!p.keep) *p.tensor = Tensor();
@@ -64,21 +105,24 @@ void MatrixPacker::Add(std::vector<RowSlice> parts, Matrix* out) {
 }
 
 Tensor MatrixPacker::Pack() {
-  size_t elements = 0;
+  size_t bytes = 0;
   for (const Pending& p : pending_) {
-    const Tensor& first = *p.parts.front().tensor;
-    if (first.dtype() == DType::kF32) continue;
+    // The dtype TakeRows will give: FP8 only when every part is FP8.
+    DType dtype = p.parts.front().tensor->dtype();
+    for (const RowSlice& s : p.parts) {
+      if (s.tensor->dtype() != DType::kF8E4M3) dtype = s.tensor->dtype();
+    }
     int64_t rows = 0;
     for (const RowSlice& s : p.parts) rows += s.rows.size();
-    elements += ArenaElements(rows, first.dim(1));
+    bytes += ArenaBytes(dtype, rows, p.parts.front().tensor->dim(1));
   }
   Tensor arena;
-  constexpr size_t kPageElements = (size_t{2} << 20) / sizeof(uint16_t);
-  if (elements > 0) {
-    elements = (elements + kPageElements - 1) / kPageElements * kPageElements;
-    arena = Tensor::Uninitialized(DType::kBF16, {static_cast<int64_t>(elements)});
+  constexpr size_t kPageBytes = size_t{2} << 20;
+  if (bytes > 0) {
+    bytes = (bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
+    arena = Tensor::Uninitialized(DType::kBF16, {static_cast<int64_t>(bytes / sizeof(uint16_t))});
   }
-  uint16_t* cursor = arena.empty() ? nullptr : arena.as<uint16_t>();
+  uint8_t* cursor = arena.empty() ? nullptr : arena.as<uint8_t>();
   for (const Pending& p : pending_) *p.out = ToMatrix(TakeRows(p.parts), &cursor);
   pending_.clear();
   return arena;

@@ -1,5 +1,5 @@
-// Matrix: a weight matrix in the form the kernels take; MatrixPacker: puts a model's BF16
-// matrices back to back into one arena, in the order a forward pass reads them.
+// Matrix: a weight matrix in the form the kernels take; MatrixPacker: puts a model's BF16 and
+// FP8 matrices back to back into one arena, in the order a forward pass reads them.
 // Matrix is read-only after packing (safe from any thread); MatrixPacker is used once, by the
 // thread that builds the model.
 #pragma once
@@ -13,10 +13,11 @@
 
 namespace pdserve {
 
-// A weight matrix [n][k]: BF16 packed by kernels::PackBF16 (inside a MatrixPacker's arena), or
-// F32 row-major.
+// A weight matrix [n][k]: BF16 packed by kernels::PackBF16 or FP8 with its scales packed by
+// kernels::PackFP8 (inside a MatrixPacker's arena), or F32 row-major.
 struct Matrix {
   const uint16_t* bf16 = nullptr;
+  const uint8_t* fp8 = nullptr;
   Tensor f32;
   int n = 0;
   int k = 0;
@@ -30,8 +31,9 @@ struct RowSlice {
   bool keep = false;  // the tensor lives on after (a tied embedding sliced for a TP rank)
 };
 
-// The given rows of tensors of equal column count (and dtype), concatenated; the tensors are
-// released unless kept. A single whole tensor is moved, not copied.
+// The given rows of tensors of equal column count, concatenated; the tensors are released
+// unless kept. A single whole tensor is moved, not copied. FP8 rows keep their row scales; FP8
+// parts joined with parts of another dtype are dequantised to it (DequantiseFp8).
 Tensor TakeRows(const std::vector<RowSlice>& parts);
 
 // Every packed BF16 matrix of a model, back to back in the order they were added, in one
@@ -46,8 +48,8 @@ class MatrixPacker {
   // tensors must stay where they are until Pack.
   void Add(std::vector<RowSlice> parts, Matrix* out);
   // Packs every added matrix (F32 ones are kept as they are) and returns the arena that holds
-  // them, empty when none is BF16. The arena's pages are touched only as each matrix is packed
-  // into it, while the unpacked originals are freed one by one, so loading still holds about
+  // them, empty when none is BF16 or FP8. The arena's pages are touched only as each matrix is
+  // packed into it, while the unpacked originals are freed one by one, so loading still holds about
   // one copy of the weights.
   Tensor Pack();
 

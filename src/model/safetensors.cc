@@ -54,6 +54,7 @@ std::optional<DType> ParseDType(const std::string& name) {
   if (name == "F32") return DType::kF32;
   if (name == "F16") return DType::kF16;
   if (name == "BF16") return DType::kBF16;
+  if (name == "F8_E4M3") return DType::kF8E4M3;
   return std::nullopt;
 }
 
@@ -177,7 +178,7 @@ Status SafetensorsFile::ParseEntry(const std::string& name, const json& entry,
   std::optional<DType> dtype = ParseDType(dt->get<std::string>());
   if (!dtype) {
     return Status::InvalidArgument(what + " has dtype " + dt->get<std::string>() +
-                                   "; supported: F32, F16, BF16");
+                                   "; supported: F32, F16, BF16, F8_E4M3");
   }
   TensorView view;
   view.name = name;

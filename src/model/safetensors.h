@@ -30,7 +30,7 @@ class SafetensorsFile;
 class SafetensorsSet {
  public:
   // Errors name the file: truncated header, offsets past the end, unsupported dtype
-  // (anything but F32/F16/BF16), overlapping or misaligned data, bad JSON.
+  // (anything but F32/F16/BF16/F8_E4M3), overlapping or misaligned data, bad JSON.
   static Result<std::unique_ptr<SafetensorsSet>> Open(const std::string& model_dir);
   ~SafetensorsSet();
   SafetensorsSet(const SafetensorsSet&) = delete;

@@ -6,10 +6,12 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "common/check.h"
 #include "model/safetensors.h"
 #include "tokenizer/tokenizer.h"
 
@@ -340,6 +342,8 @@ void FillChunk(const TensorInit& init, uint64_t seed, size_t index, size_t chunk
       }
       break;
     }
+    case DType::kF8E4M3:  // quantised per block from the F32 draws (Fp8Quantiser)
+      PD_CHECK_MSG(false, "FP8 tensors are drawn in F32 and quantised by blocks");
   }
 }
 
@@ -359,6 +363,126 @@ void FillTensor(const TensorInit& init, uint64_t seed, size_t index, DType dtype
   for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
   worker();
   for (std::thread& t : pool) t.join();
+}
+
+// ---- FP8 checkpoints ----
+
+// The tensors an FP8 checkpoint stores quantised, as DeepSeek's do: the linear layers' weights,
+// i.e. every matrix but the embedding, the lm_head and the MoE router (mlp.gate).
+bool IsQuantisedLinear(const TensorInit& t) {
+  const std::string_view name = t.name;
+  constexpr std::string_view kRouter = ".mlp.gate.weight";
+  return t.shape.size() == 2 && name != "model.embed_tokens.weight" && name != "lm_head.weight" &&
+         !(name.size() >= kRouter.size() && name.substr(name.size() - kRouter.size()) == kRouter);
+}
+
+constexpr int kFp8Block = 128;  // weight_block_size [128, 128], as DeepSeek-V3's
+
+// One matrix of an FP8 checkpoint: the F32 values the BF16 writer draws for it (before it
+// rounds them), in 128 x 128 blocks, each block's scale max|w| / 448 (so its values span the
+// format's range) and each value the nearest FP8 of w / scale.
+class Fp8Quantiser {
+ public:
+  Fp8Quantiser(const TensorInit& init, uint64_t seed, size_t index)
+      : rows_(init.shape[0]), cols_(init.shape[1]), values_(static_cast<size_t>(rows_ * cols_)) {
+    FillTensor(init, seed, index, DType::kF32, values_.data());
+  }
+  static std::vector<int64_t> ScaleShape(const std::vector<int64_t>& shape) {
+    return {(shape[0] + kFp8Block - 1) / kFp8Block, (shape[1] + kFp8Block - 1) / kFp8Block};
+  }
+  // weight_scale_inv: [ceil(rows / 128)][ceil(cols / 128)] F32.
+  void Scales(float* out) const {
+    const int64_t block_cols = (cols_ + kFp8Block - 1) / kFp8Block;
+    ForEachBlockRow([&](int64_t br) {
+      for (int64_t bc = 0; bc < block_cols; ++bc) out[br * block_cols + bc] = Scale(br, bc);
+    });
+  }
+  // The F8_E4M3 values, [rows][cols].
+  void Values(uint8_t* out) const {
+    const int64_t block_cols = (cols_ + kFp8Block - 1) / kFp8Block;
+    ForEachBlockRow([&](int64_t br) {
+      for (int64_t bc = 0; bc < block_cols; ++bc) {
+        const float scale = Scale(br, bc);
+        ForEachInBlock(br, bc, [&](size_t i) { out[i] = F32ToF8E4M3(values_[i] / scale); });
+      }
+    });
+  }
+
+ private:
+  float Scale(int64_t br, int64_t bc) const {
+    float max = 0.0f;
+    ForEachInBlock(br, bc, [&](size_t i) { max = std::max(max, std::fabs(values_[i])); });
+    return max > 0.0f ? max / 448.0f : 1.0f;
+  }
+  template <typename Fn>
+  void ForEachInBlock(int64_t br, int64_t bc, Fn&& fn) const {
+    for (int64_t r = br * kFp8Block; r < std::min(rows_, (br + 1) * kFp8Block); ++r) {
+      for (int64_t c = bc * kFp8Block; c < std::min(cols_, (bc + 1) * kFp8Block); ++c) {
+        fn(static_cast<size_t>(r * cols_ + c));
+      }
+    }
+  }
+  // fn(block_row) for every row of blocks, spread over threads (rows are independent).
+  template <typename Fn>
+  void ForEachBlockRow(Fn&& fn) const {
+    const int64_t block_rows = (rows_ + kFp8Block - 1) / kFp8Block;
+    std::atomic<int64_t> next{0};
+    auto worker = [&] {
+      for (int64_t br = next.fetch_add(1); br < block_rows; br = next.fetch_add(1)) fn(br);
+    };
+    const int64_t threads =
+        std::min<int64_t>({std::max(1u, std::thread::hardware_concurrency()), 16, block_rows});
+    std::vector<std::thread> pool;
+    for (int64_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+    worker();
+    for (std::thread& t : pool) t.join();
+  }
+
+  int64_t rows_, cols_;
+  std::vector<float> values_;
+};
+
+// The tensors of the file and how each is filled: in `dtype` from the draws of tensor `init`,
+// or (an FP8 checkpoint) its FP8 values or their scales.
+struct FileTensor {
+  enum class Kind : uint8_t { kDrawn, kFp8Values, kFp8Scales } kind;
+  size_t init;
+};
+
+Status WriteWeights(const std::string& path, const std::vector<TensorInit>& inits, uint64_t seed,
+                    DType dtype) {
+  std::vector<TensorToWrite> tensors;
+  std::vector<FileTensor> sources;
+  for (size_t i = 0; i < inits.size(); ++i) {
+    const TensorInit& t = inits[i];
+    if (dtype == DType::kF8E4M3 && IsQuantisedLinear(t)) {
+      tensors.push_back({t.name, DType::kF8E4M3, t.shape, nullptr});
+      sources.push_back({FileTensor::Kind::kFp8Values, i});
+      tensors.push_back(
+          {t.name + "_scale_inv", DType::kF32, Fp8Quantiser::ScaleShape(t.shape), nullptr});
+      sources.push_back({FileTensor::Kind::kFp8Scales, i});
+    } else {
+      // An FP8 checkpoint keeps the rest in BF16.
+      tensors.push_back({t.name, dtype == DType::kF8E4M3 ? DType::kBF16 : dtype, t.shape, nullptr});
+      sources.push_back({FileTensor::Kind::kDrawn, i});
+    }
+  }
+  return WriteSafetensorsStreamed(path, tensors, [&](size_t f, void* out) {
+    const FileTensor& source = sources[f];
+    const TensorInit& init = inits[source.init];
+    switch (source.kind) {
+      case FileTensor::Kind::kDrawn:
+        FillTensor(init, seed, source.init, tensors[f].dtype, out);
+        break;
+      case FileTensor::Kind::kFp8Values:
+        Fp8Quantiser(init, seed, source.init).Values(static_cast<uint8_t*>(out));
+        break;
+      case FileTensor::Kind::kFp8Scales:
+        Fp8Quantiser(init, seed, source.init).Scales(static_cast<float*>(out));
+        break;
+    }
+    return Status::Ok();
+  });
 }
 
 // ---- Files ----
@@ -445,6 +569,7 @@ const char* TorchDTypeName(DType dtype) {
     case DType::kF16:
       return "float16";
     case DType::kBF16:
+    case DType::kF8E4M3:  // as DeepSeek's FP8 configs: the unquantised tensors are BF16
       return "bfloat16";
   }
   return "bfloat16";
@@ -490,19 +615,16 @@ Status WriteSyntheticModelFromConfig(const ModelConfig& config_in, const std::st
   config.bos_token_id = bos;
   config.eos_token_ids = {eos};
   config.torch_dtype = TorchDTypeName(dtype);
+  if (dtype == DType::kF8E4M3) {
+    config.quantization = {.method = QuantizationConfig::Method::kFp8,
+                           .block_rows = kFp8Block,
+                           .block_cols = kFp8Block};
+  }
   PD_RETURN_IF_ERROR(WriteTextFile(out_dir + "/config.json", config.ToJson()));
   const json generation = {{"bos_token_id", bos}, {"eos_token_id", eos}};
   PD_RETURN_IF_ERROR(WriteTextFile(out_dir + "/generation_config.json", generation.dump(2) + "\n"));
 
-  const std::vector<TensorInit> inits = TensorInits(config);
-  std::vector<TensorToWrite> tensors;
-  tensors.reserve(inits.size());
-  for (const TensorInit& t : inits) tensors.push_back({t.name, dtype, t.shape, nullptr});
-  return WriteSafetensorsStreamed(out_dir + "/model.safetensors", tensors,
-                                  [&](size_t i, void* out) {
-                                    FillTensor(inits[i], seed, i, dtype, out);
-                                    return Status::Ok();
-                                  });
+  return WriteWeights(out_dir + "/model.safetensors", TensorInits(config), seed, dtype);
 }
 
 }  // namespace pdserve

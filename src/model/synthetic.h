@@ -29,7 +29,11 @@ std::vector<std::string> SyntheticPresetNames();
 Result<ModelConfig> SyntheticPresetConfig(const std::string& name);
 
 // Writes preset `preset` into out_dir (created if needed; existing files are replaced).
-// The same (preset, seed, dtype) always gives byte-identical files.
+// The same (preset, seed, dtype) always gives byte-identical files. DType::kF8E4M3 writes an FP8
+// checkpoint as DeepSeek ships one: the linear layers' weights (attention and MLP/expert
+// projections) F8_E4M3 with an F32 `weight_scale_inv` per 128 x 128 block (max|w| / 448),
+// quantised from the same draws as the BF16 checkpoint's; the rest BF16; a quantization_config
+// in config.json.
 Status WriteSyntheticModel(const std::string& preset, const std::string& out_dir, uint64_t seed,
                            DType dtype = DType::kBF16);
 

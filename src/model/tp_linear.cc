@@ -7,6 +7,10 @@
 namespace pdserve {
 
 void TpLinear::Linear(const float* x, int m, const Matrix& w, float* y) {
+  if (w.fp8 != nullptr) {  // x stays F32: the FP8 values are widened inside the kernel
+    kernels::MatMulFP8(x, w.fp8, y, m, w.n, w.k);
+    return;
+  }
   if (w.bf16 == nullptr) {
     kernels::MatMulF32(x, w.f32.as<float>(), y, m, w.n, w.k);
     return;

@@ -25,7 +25,7 @@ class TpLinear {
   void set_group(TpGroup* group) { group_ = group; }
   TpGroup* group() const { return group_; }
 
-  // y[m][n] = x[m][k] * w^T, in the weight's dtype.
+  // y[m][n] = x[m][k] * w^T, in the weight's dtype (BF16: x rounded to BF16; FP8: x as is).
   void Linear(const float* x, int m, const Matrix& w, float* y);
   // y[m][width] = x * W^T where this rank holds W's rows `cols` (as w): computes its columns
   // and gathers the others' (with one rank, a plain Linear into y).

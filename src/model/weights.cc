@@ -9,9 +9,11 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "common/check.h"
 #include "common/logging.h"
+#include "kernels/kernels.h"
 #include "model/safetensors.h"
 
 namespace pdserve {
@@ -56,6 +58,37 @@ Tensor::Tensor(DType dtype, std::vector<int64_t> shape)
   std::memset(data(), 0, nbytes());
 }
 
+const Tensor& Tensor::row_scales() const {
+  static const Tensor kNone;
+  return row_scales_ != nullptr ? *row_scales_ : kNone;
+}
+
+void Tensor::set_row_scales(Tensor scales) {
+  row_scales_ = scales.empty() ? nullptr : std::make_unique<Tensor>(std::move(scales));
+}
+
+Tensor DequantiseFp8(const Tensor& fp8, DType to) {
+  PD_CHECK(fp8.dtype() == DType::kF8E4M3 && fp8.shape().size() == 2 && !fp8.row_scales().empty());
+  PD_CHECK(to == DType::kF32 || to == DType::kBF16);
+  const int64_t rows = fp8.dim(0), cols = fp8.dim(1);
+  const int64_t k_blocks = fp8.row_scales().dim(1);
+  Tensor out = Tensor::Uninitialized(to, {rows, cols});
+  const auto* bytes = fp8.as<uint8_t>();
+  const auto* scales = fp8.row_scales().as<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v =
+          F8E4M3ToF32(bytes[r * cols + c]) * scales[r * k_blocks + c / kernels::kFp8BlockK];
+      if (to == DType::kF32) {
+        out.as<float>()[r * cols + c] = v;
+      } else {
+        out.as<uint16_t>()[r * cols + c] = F32ToBF16(v);
+      }
+    }
+  }
+  return out;
+}
+
 int64_t Tensor::numel() const {
   if (shape_.empty()) return 0;
   int64_t n = 1;
@@ -64,18 +97,20 @@ int64_t Tensor::numel() const {
 }
 
 size_t ModelWeights::MatrixBytes() const {
-  size_t total = output_matrix().nbytes();
+  // An FP8 matrix's scales are read with it.
+  auto bytes = [](const Tensor& t) { return t.nbytes() + t.row_scales().nbytes(); };
+  size_t total = bytes(output_matrix());
   for (const LayerWeights& l : layers) {
     for (const Tensor* t :
          {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.q_a_proj, &l.q_b_proj, &l.kv_a_proj,
           &l.kv_b_proj, &l.gate_proj, &l.up_proj, &l.down_proj, &l.router}) {
-      total += t->nbytes();
+      total += bytes(*t);
     }
     for (const ExpertWeights* e : {&l.shared}) {
-      total += e->gate_proj.nbytes() + e->up_proj.nbytes() + e->down_proj.nbytes();
+      total += bytes(e->gate_proj) + bytes(e->up_proj) + bytes(e->down_proj);
     }
     for (const ExpertWeights& e : l.experts) {
-      total += e.gate_proj.nbytes() + e.up_proj.nbytes() + e.down_proj.nbytes();
+      total += bytes(e.gate_proj) + bytes(e.up_proj) + bytes(e.down_proj);
     }
   }
   return total;
@@ -85,14 +120,57 @@ size_t ModelWeights::MatrixBytes() const {
 
 namespace {
 
-// One tensor to convert from the mapping into its destination.
+// The block scales of an FP8 matrix being dequantised: F32 [ceil(rows / block_rows)]
+// [ceil(cols / block_cols)] as the checkpoint's weight_scale_inv holds them.
+struct BlockScales {
+  std::vector<float> scale;
+  int64_t cols = 0;  // of the matrix
+  int block_rows = 0, block_cols = 0;
+  float At(size_t element) const {
+    const int64_t r = static_cast<int64_t>(element) / cols,
+                  c = static_cast<int64_t>(element) % cols;
+    const int64_t per_row = (cols + block_cols - 1) / block_cols;
+    return scale[(r / block_rows) * per_row + c / block_cols];
+  }
+};
+
+// One tensor to convert from the mapping into its destination: the same dtype copied, another
+// converted; an FP8 one with `dequantise` scales becomes fp8 * scale in F32 (rounded to BF16
+// for a BF16 destination).
 struct ConvertJob {
   TensorView src;
   Tensor* dst;
+  std::optional<BlockScales> dequantise;
 };
 
+// Dequantises FP8 elements [begin, end) of a job into F32 or BF16.
+void DequantiseRange(const ConvertJob& job, size_t begin, size_t end) {
+  const auto* src = static_cast<const uint8_t*>(job.src.data);
+  for (size_t e = begin; e < end; ++e) {
+    const float v = F8E4M3ToF32(src[e]) * job.dequantise->At(e);
+    if (job.dst->dtype() == DType::kF32) {
+      job.dst->as<float>()[e] = v;
+    } else {
+      job.dst->as<uint16_t>()[e] = F32ToBF16(v);
+    }
+  }
+}
+
+// The first element in [begin, end) of FP8 bytes that is a NaN (0x7f, 0xff), or `end`.
+size_t FirstFp8NaN(const uint8_t* bytes, size_t begin, size_t end) {
+  for (size_t e = begin; e < end; ++e) {
+    if ((bytes[e] & 0x7f) == 0x7f) return e;
+  }
+  return end;
+}
+
 // Converts elements [begin, end) of one job. BF16 from F16 goes through a small F32 buffer.
-void ConvertRange(const ConvertJob& job, size_t begin, size_t end) {
+// Returns the first FP8 NaN of a job that keeps FP8 (the kernels cannot read one), or `end`.
+size_t ConvertRange(const ConvertJob& job, size_t begin, size_t end) {
+  if (job.dequantise.has_value()) {
+    DequantiseRange(job, begin, end);
+    return end;
+  }
   const DType from = job.src.dtype, to = job.dst->dtype();
   const size_t in_size = DTypeSize(from), out_size = DTypeSize(to);
   const auto* src = static_cast<const uint8_t*>(job.src.data) + begin * in_size;
@@ -100,6 +178,9 @@ void ConvertRange(const ConvertJob& job, size_t begin, size_t end) {
   const size_t n = end - begin;
   if (from == to) {
     std::memcpy(dst, src, n * in_size);
+    if (from == DType::kF8E4M3) {
+      return FirstFp8NaN(static_cast<const uint8_t*>(job.src.data), begin, end);
+    }
   } else if (to == DType::kF32) {
     ConvertToF32(from, src, reinterpret_cast<float*>(dst), n);
   } else if (from == DType::kF32) {
@@ -113,11 +194,13 @@ void ConvertRange(const ConvertJob& job, size_t begin, size_t end) {
       ConvertFromF32(to, tmp, dst + i * out_size, m);
     }
   }
+  return end;
 }
 
 // Runs every job, split into chunks that worker threads pull from a shared counter. The
-// first touch of each destination page happens here, spread over the threads.
-void ConvertAll(const std::vector<ConvertJob>& jobs) {
+// first touch of each destination page happens here, spread over the threads. Errors: an FP8
+// NaN in a matrix kept FP8 (the first found, naming the tensor).
+Status ConvertAll(const std::vector<ConvertJob>& jobs) {
   constexpr size_t kChunk = size_t{1} << 20;  // elements
   struct Chunk {
     const ConvertJob* job;
@@ -129,9 +212,16 @@ void ConvertAll(const std::vector<ConvertJob>& jobs) {
     for (size_t b = 0; b < n; b += kChunk) chunks.push_back({&job, b, std::min(n, b + kChunk)});
   }
   std::atomic<size_t> next{0};
+  std::atomic<size_t> nan_chunk{chunks.size()};  // the first chunk holding an FP8 NaN
+  std::vector<size_t> nan_at(chunks.size());
   auto worker = [&] {
     for (size_t i = next.fetch_add(1); i < chunks.size(); i = next.fetch_add(1)) {
-      ConvertRange(*chunks[i].job, chunks[i].begin, chunks[i].end);
+      nan_at[i] = ConvertRange(*chunks[i].job, chunks[i].begin, chunks[i].end);
+      if (nan_at[i] != chunks[i].end) {
+        size_t seen = nan_chunk.load();
+        while (i < seen && !nan_chunk.compare_exchange_weak(seen, i)) {
+        }
+      }
     }
   };
   const size_t threads =
@@ -140,39 +230,138 @@ void ConvertAll(const std::vector<ConvertJob>& jobs) {
   for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
   worker();
   for (std::thread& t : pool) t.join();
+  if (const size_t i = nan_chunk.load(); i < chunks.size()) {
+    const TensorView& src = chunks[i].job->src;
+    return Status::InvalidArgument(fmt::format(
+        "tensor '{}' in {} holds an FP8 NaN (0x{:02x}) at element {}: FP8 weights kept in "
+        "memory must be numbers (load with --dtype bf16 to dequantise them)",
+        src.name, src.file, static_cast<const uint8_t*>(src.data)[nan_at[i]], nan_at[i]));
+  }
+  return Status::Ok();
 }
 
-// Looks tensors up with their expected shapes and queues their conversion.
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+// Looks tensors up with their expected shapes and queues their conversion. A matrix stored as
+// F8_E4M3 (config.quantization fp8) comes with its `weight_scale_inv`: kept FP8 with row scales
+// when `keep_fp8`, else dequantised to the matrix dtype.
 class WeightCollector {
  public:
-  WeightCollector(const SafetensorsSet& set, DType matrix_dtype)
-      : set_(set), matrix_dtype_(matrix_dtype) {}
+  WeightCollector(const SafetensorsSet& set, const QuantizationConfig& quantization,
+                  DType matrix_dtype, bool keep_fp8)
+      : set_(set), quantization_(quantization), matrix_dtype_(matrix_dtype), keep_fp8_(keep_fp8) {}
 
   Status Matrix(const std::string& name, std::vector<int64_t> shape, Tensor* out) {
-    return Add(name, std::move(shape), matrix_dtype_, out);
+    return Add(name, std::move(shape), matrix_dtype_, keep_fp8_, out);
+  }
+  // The token embedding: a matrix read row by row (never FP8 in memory).
+  Status Embedding(const std::string& name, std::vector<int64_t> shape, Tensor* out) {
+    return Add(name, std::move(shape), matrix_dtype_, false, out);
   }
   Status Vector(const std::string& name, int64_t size, Tensor* out) {
-    return Add(name, {size}, DType::kF32, out);
+    return Add(name, {size}, DType::kF32, false, out);
   }
   // A matrix held in F32 whatever the model's matrix dtype (the MoE router: its choices must
   // not hang on the rounding of the activations, see MoeMlp).
   Status F32Matrix(const std::string& name, std::vector<int64_t> shape, Tensor* out) {
-    return Add(name, std::move(shape), DType::kF32, out);
+    return Add(name, std::move(shape), DType::kF32, false, out);
   }
   const std::vector<ConvertJob>& jobs() const { return jobs_; }
-  size_t count() const { return jobs_.size(); }
+  // Tensors of the checkpoint used: converted ones and FP8 scales.
+  size_t count() const { return jobs_.size() + scales_used_; }
 
  private:
-  Status Add(const std::string& name, std::vector<int64_t> shape, DType dtype, Tensor* out) {
+  Status Add(const std::string& name, std::vector<int64_t> shape, DType dtype, bool keep_fp8,
+             Tensor* out) {
     PD_ASSIGN_OR_RETURN(TensorView view, set_.FindWithShape(name, shape));
+    if (view.dtype == DType::kF8E4M3) return AddFp8(std::move(view), dtype, keep_fp8, out);
     *out = Tensor::Uninitialized(dtype, std::move(shape));
-    jobs_.push_back({std::move(view), out});
+    jobs_.push_back({std::move(view), out, std::nullopt});
     return Status::Ok();
   }
 
+  Status AddFp8(TensorView view, DType dtype, bool keep_fp8, Tensor* out) {
+    if (!quantization_.fp8()) {
+      return Status::InvalidArgument(fmt::format(
+          "tensor '{}' in {} is F8_E4M3, but config.json has no quantization_config (quant_method "
+          "\"fp8\" with weight_block_size) to say how it is scaled",
+          view.name, view.file));
+    }
+    if (view.shape.size() != 2) {
+      return Status::InvalidArgument(
+          fmt::format("tensor '{}' in {} is F8_E4M3 with shape {}: only weight matrices may be FP8",
+                      view.name, view.file, ShapeText(view.shape)));
+    }
+    PD_ASSIGN_OR_RETURN(BlockScales scales, ReadScales(view));
+    if (!keep_fp8) {
+      *out = Tensor::Uninitialized(dtype, view.shape);
+      jobs_.push_back({std::move(view), out, std::move(scales)});
+      return Status::Ok();
+    }
+    if (quantization_.block_cols % kernels::kFp8BlockK != 0) {
+      return Status::InvalidArgument(fmt::format(
+          "quantization_config.weight_block_size [{}, {}]: FP8 matrices stay FP8 in memory only "
+          "with column blocks of a multiple of {} (load with --dtype bf16 to dequantise them)",
+          quantization_.block_rows, quantization_.block_cols, kernels::kFp8BlockK));
+    }
+    // Each row's scale of each 128-wide column block: its block's.
+    const int64_t rows = view.shape[0], cols = view.shape[1];
+    const int64_t k_blocks = (cols + kernels::kFp8BlockK - 1) / kernels::kFp8BlockK;
+    Tensor row_scales = Tensor::Uninitialized(DType::kF32, {rows, k_blocks});
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < k_blocks; ++j) {
+        row_scales.as<float>()[r * k_blocks + j] =
+            scales.At(static_cast<size_t>(r * cols + j * kernels::kFp8BlockK));
+      }
+    }
+    *out = Tensor::Uninitialized(DType::kF8E4M3, view.shape);
+    out->set_row_scales(std::move(row_scales));
+    jobs_.push_back({std::move(view), out, std::nullopt});
+    return Status::Ok();
+  }
+
+  // `weight`'s weight_scale_inv as F32, checked against the config's blocks.
+  Result<BlockScales> ReadScales(const TensorView& weight) {
+    const std::string name = weight.name + "_scale_inv";
+    Result<TensorView> found = set_.Find(name);
+    if (!found.ok()) {
+      return Status::NotFound(fmt::format(
+          "FP8 tensor '{}' in {} has no scale tensor '{}' (quantization_config fp8 needs one "
+          "per quantised matrix)",
+          weight.name, weight.file, name));
+    }
+    const TensorView& view = *found;
+    const int bo = quantization_.block_rows, bi = quantization_.block_cols;
+    const std::vector<int64_t> want = {(weight.shape[0] + bo - 1) / bo,
+                                       (weight.shape[1] + bi - 1) / bi};
+    if (view.shape != want) {
+      return Status::InvalidArgument(fmt::format(
+          "scale tensor '{}' in {} has shape {}, but weight '{}' of shape {} in blocks of {} x {} "
+          "(quantization_config.weight_block_size) needs {}",
+          name, view.file, ShapeText(view.shape), weight.name, ShapeText(weight.shape), bo, bi,
+          ShapeText(want)));
+    }
+    if (view.dtype == DType::kF8E4M3) {
+      return Status::InvalidArgument(fmt::format(
+          "scale tensor '{}' in {} is F8_E4M3; scales must be F32, BF16 or F16", name, view.file));
+    }
+    BlockScales scales{.scale = std::vector<float>(static_cast<size_t>(view.numel())),
+                       .cols = weight.shape[1],
+                       .block_rows = bo,
+                       .block_cols = bi};
+    ConvertToF32(view.dtype, view.data, scales.scale.data(), scales.scale.size());
+    ++scales_used_;
+    return scales;
+  }
+
   const SafetensorsSet& set_;
+  const QuantizationConfig& quantization_;
   DType matrix_dtype_;
+  bool keep_fp8_;
   std::vector<ConvertJob> jobs_;
+  size_t scales_used_ = 0;
 };
 
 // An attention block's tensors: GQA's q/k/v/o (with Qwen2's biases, Qwen3's norms) or MLA's.
@@ -266,7 +455,9 @@ Result<DType> ChooseMatrixDType(const SafetensorsSet& set, std::optional<DType> 
   if (wanted.has_value()) {
     if (*wanted == DType::kF32 || *wanted == DType::kBF16) return *wanted;
     return Status::InvalidArgument(
-        fmt::format("weight matrices cannot be held in {} (f32 or bf16)", DTypeFlagName(*wanted)));
+        fmt::format("weight matrices cannot be held in {} (f32 or bf16; the matrices of an FP8 "
+                    "checkpoint stay FP8 unless one of those is asked for)",
+                    DTypeFlagName(*wanted)));
   }
   // The checkpoint's own precision decides: F32 models (e.g. stories260K) stay exact.
   PD_ASSIGN_OR_RETURN(TensorView embed, set.Find("model.embed_tokens.weight"));
@@ -281,9 +472,10 @@ Result<ModelWeights> LoadWeights(const ModelConfig& config, const std::string& m
   PD_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsSet> set, SafetensorsSet::Open(model_dir));
   ModelWeights w;
   PD_ASSIGN_OR_RETURN(w.matrix_dtype, ChooseMatrixDType(*set, matrix_dtype));
-  WeightCollector collect(*set, w.matrix_dtype);
+  WeightCollector collect(*set, config.quantization, w.matrix_dtype,
+                          /*keep_fp8=*/!matrix_dtype.has_value());
   const int64_t vocab = config.vocab_size, hidden = config.hidden_size;
-  PD_RETURN_IF_ERROR(collect.Matrix("model.embed_tokens.weight", {vocab, hidden}, &w.embed));
+  PD_RETURN_IF_ERROR(collect.Embedding("model.embed_tokens.weight", {vocab, hidden}, &w.embed));
   w.layers.resize(config.num_layers);
   for (int i = 0; i < config.num_layers; ++i) {
     PD_RETURN_IF_ERROR(CollectLayer(config, i, collect, &w.layers[i]));
@@ -304,7 +496,7 @@ Result<ModelWeights> LoadWeights(const ModelConfig& config, const std::string& m
     PD_LOG_WARN("{}: {} tensors in the checkpoint are not used by {}", model_dir, unused,
                 config.architecture_name);
   }
-  ConvertAll(collect.jobs());
+  PD_RETURN_IF_ERROR(ConvertAll(collect.jobs()));
   return w;
 }
 

@@ -1,5 +1,6 @@
 // ModelWeights: every tensor of a Llama-family model, owned in memory in the engine's
-// weight dtype (matrices: BF16 or F32; norms and biases: always F32).
+// weight dtype (matrices: BF16 or F32, or FP8 with their scales as an FP8 checkpoint ships them;
+// norms and biases: always F32).
 // Immutable after LoadWeights: safe to read from any thread.
 #pragma once
 
@@ -44,6 +45,14 @@ class Tensor {
     return static_cast<const T*>(data());
   }
 
+  // An FP8 matrix (DType::kF8E4M3, [rows][cols]) carries its scales: F32 [rows][ceil(cols /
+  // kernels::kFp8BlockK)], element (r, j) multiplying row r's values in columns [128j,
+  // 128j + 128). They are the checkpoint's block scales, repeated for every row of a block, so
+  // that any rows of the matrix can be taken with their scales (model/matrix.h). Empty for
+  // every other tensor.
+  const Tensor& row_scales() const;
+  void set_row_scales(Tensor scales);
+
  private:
   struct FreeDeleter {
     void operator()(void* p) const;
@@ -51,7 +60,12 @@ class Tensor {
   DType dtype_ = DType::kF32;
   std::vector<int64_t> shape_;
   std::unique_ptr<void, FreeDeleter> data_;
+  std::unique_ptr<Tensor> row_scales_;
 };
+
+// An FP8 matrix (with its row scales) as F32 or BF16: each value fp8 * scale in F32, exactly as
+// the kernels weigh it, then rounded to BF16 (nearest even) for BF16.
+Tensor DequantiseFp8(const Tensor& fp8, DType to);
 
 // One SwiGLU expert of an MoE layer: [expert_intermediate, hidden] x2, [hidden, ...].
 struct ExpertWeights {
@@ -88,10 +102,10 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  DType matrix_dtype = DType::kBF16;
-  Tensor embed;       // [vocab, hidden], matrix dtype
-  Tensor final_norm;  // [hidden] F32
-  Tensor lm_head;     // [vocab, hidden]; empty when tied (use embed)
+  DType matrix_dtype = DType::kBF16;  // of every matrix not kept in FP8
+  Tensor embed;                       // [vocab, hidden], matrix dtype
+  Tensor final_norm;                  // [hidden] F32
+  Tensor lm_head;                     // [vocab, hidden]; empty when tied (use embed)
   std::vector<LayerWeights> layers;
 
   const Tensor& output_matrix() const { return lm_head.empty() ? embed : lm_head; }
@@ -105,6 +119,13 @@ struct ModelWeights {
 // Tensor names follow Hugging Face ("model.layers.N.self_attn.q_proj.weight", ...).
 // matrix_dtype: what the matrices are held in, F32 or BF16 (F16 is refused: no kernel reads it);
 // nullopt lets the checkpoint decide (F32 checkpoints stay F32, F16/BF16 ones become BF16).
+// FP8 checkpoints (config.quantization): with nullopt, the matrices stored as F8_E4M3 stay FP8
+// in memory, with their `weight_scale_inv` as row scales (the others follow the rule above; an
+// embedding is dequantised, since it is read row by row); with F32 or BF16 they are dequantised
+// exactly (fp8 * scale in F32, then rounded to BF16 for BF16). Errors also name: an F8_E4M3
+// tensor in a checkpoint without quantization_config, a missing `weight_scale_inv`, a scale
+// shape other than the config's blocks give, an FP8 NaN byte in a matrix kept FP8, column
+// blocks the FP8 kernels cannot keep (not a multiple of 128).
 Result<ModelWeights> LoadWeights(const ModelConfig& config, const std::string& model_dir,
                                  std::optional<DType> matrix_dtype = std::nullopt);
 

@@ -109,14 +109,17 @@ void ExpectCacheIsSliceOf(const KvCache& whole, const KvCache& rank_cache, const
 struct Case {
   const char* preset;
   int tp;
-  friend void PrintTo(const Case& c, std::ostream* os) { *os << c.preset << " TP " << c.tp; }
+  DType dtype = DType::kBF16;  // of the checkpoint (kF8E4M3: its matrices stay FP8)
+  friend void PrintTo(const Case& c, std::ostream* os) {
+    *os << c.preset << " TP " << c.tp << " " << DTypeFlagName(c.dtype);
+  }
 };
 
 class TpForwardTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TpForwardTest, RanksReproduceOneRankBitForBit) {
   const Case c = GetParam();
-  const std::string path = SyntheticModelDir(c.preset, DType::kBF16);
+  const std::string path = SyntheticModelDir(c.preset, c.dtype);
   Rank whole = LoadRank(path, 0, 1);
   std::vector<Rank> ranks;
   SharedGather shared(c.tp);
@@ -163,9 +166,17 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny-qwen3", 2}, Case{"tiny-mistral", 2}, Case{"tiny-llama3", 2},
                       Case{"tiny-llama3", 4}, Case{"qwen3-moe-tiny", 2}, Case{"qwen3-moe-tiny", 4},
                       Case{"deepseek-v3-tiny", 2}, Case{"deepseek-v3-tiny", 4},
-                      Case{"deepseek-v2-lite-tiny", 2}),
+                      Case{"deepseek-v2-lite-tiny", 2},
+                      // FP8: shares of 64 rows cut the 128-row scale blocks (tiny's hidden and
+                      // intermediate at TP 4, the experts' at TP 2), and tiny-qwen3's q|k|v
+                      // joins q's 192 rows to k's.
+                      Case{"tiny", 2, DType::kF8E4M3}, Case{"tiny", 4, DType::kF8E4M3},
+                      Case{"tiny-qwen3", 2, DType::kF8E4M3},
+                      Case{"qwen3-moe-tiny", 2, DType::kF8E4M3}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string name = std::string(info.param.preset) + "_tp" + std::to_string(info.param.tp);
+      if (info.param.dtype != DType::kBF16)
+        name += "_" + std::string(DTypeFlagName(info.param.dtype));
       for (char& ch : name) {
         if (ch == '-' || ch == '.') ch = '_';
       }

@@ -1,0 +1,204 @@
+// A model written with `make-model --dtype fp8` through the engine: its linear layers stay FP8
+// in memory (one byte per weight plus the scales), its logits are those of the same model
+// dequantised to F32 at load up to the order of the additions, and it generates through the
+// engine's batching with the same tokens alone and in a batch. Tensor parallelism of FP8
+// models is in tp_forward_test.cc.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <optional>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "engine_test_util.h"
+#include "kernels/kernels.h"
+#include "model/model_dir.h"
+#include "model/safetensors.h"
+#include "testing/test_paths.h"
+
+namespace pdserve {
+namespace {
+
+using testing::EngineFixture;
+using testing::SyntheticModelDir;
+
+std::vector<int32_t> RandomTokens(int n, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (int32_t& x : t) x = static_cast<int32_t>(rng() % vocab);
+  return t;
+}
+
+ModelDir Load(const std::string& path, std::optional<DType> dtype) {
+  ModelDirOptions options;
+  options.load_tokenizer = false;
+  options.weight_dtype = dtype;
+  options.transformer.threads = 1;
+  auto dir = LoadModelDir(path, options);
+  EXPECT_TRUE(dir.ok()) << dir.status().ToString();
+  return std::move(*dir);
+}
+
+// The last position's logits of `prompt`, prefilled in chunks of 7 over pages of 4.
+std::vector<float> Logits(ModelDir& dir, const std::vector<int32_t>& prompt) {
+  Transformer& model = *dir.transformer;
+  constexpr int kPageTokens = 4;
+  const int pages = static_cast<int>((prompt.size() + kPageTokens - 1) / kPageTokens);
+  auto cache = KvCache::Create(model.MakeKvLayout(pages, kPageTokens));
+  EXPECT_TRUE(cache.ok());
+  std::vector<PageId> table(pages);
+  for (int i = 0; i < pages; ++i) table[i] = i;
+  std::vector<float> logits;
+  for (size_t start = 0; start < prompt.size(); start += 7) {
+    const size_t count = std::min<size_t>(7, prompt.size() - start);
+    SequenceChunk c{.tokens = std::span<const int32_t>(prompt).subspan(start, count),
+                    .start = static_cast<int64_t>(start),
+                    .pages = table,
+                    .want_logits = start + count == prompt.size()};
+    Status s = model.Forward(std::span<const SequenceChunk>(&c, 1), **cache, &logits);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  return logits;
+}
+
+// The tiny preset's matrices: q|k|v, o, gate|up, down per layer, n x k each.
+struct Shape {
+  int n, k;
+};
+std::vector<Shape> LayerMatrices(const ModelConfig& c) {
+  const int q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  return {{q + 2 * kv, c.hidden_size},
+          {c.hidden_size, q},
+          {2 * c.intermediate_size, c.hidden_size},
+          {c.hidden_size, c.intermediate_size}};
+}
+
+TEST(Fp8EngineTest, MatricesStayFp8OneBytePerWeightPlusScales) {
+  const std::string path = SyntheticModelDir("tiny", DType::kF8E4M3);
+  ModelDir fp8 = Load(path, std::nullopt);
+  ModelDir f32 = Load(path, DType::kF32);
+  const ModelConfig& c = fp8.config;
+  ASSERT_TRUE(c.quantization.fp8());
+  size_t want = 0, weights = 0;
+  for (const Shape& m : LayerMatrices(c)) {
+    // 64-column blocks: rows padded to 64, a byte per weight and an F32 scale per row and 128
+    // columns of k.
+    const size_t rows = (m.n + 63) / 64 * 64, k_blocks = (m.k + 127) / 128;
+    ASSERT_EQ(kernels::PackedFP8Bytes(m.n, m.k), rows * m.k + rows * k_blocks * 4);
+    want += kernels::PackedFP8Bytes(m.n, m.k);
+    weights += static_cast<size_t>(m.n) * m.k;
+  }
+  want *= c.num_layers;
+  weights *= c.num_layers;
+  // The (tied) lm_head stays BF16, as in DeepSeek's checkpoints.
+  const size_t lm_head = kernels::PackedBF16Elements(c.vocab_size, c.hidden_size) * 2;
+  EXPECT_EQ(fp8.transformer->WeightBytes(), want + lm_head);
+  // The scales take 4 bytes per 128 weights of a row (3.1%), the padding of gate|up's 1376 rows
+  // to 1408 the rest.
+  EXPECT_LT(static_cast<double>(want), 1.05 * static_cast<double>(weights));
+  EXPECT_EQ(f32.transformer->WeightBytes(),
+            4 * (weights + static_cast<size_t>(c.vocab_size) * c.hidden_size));
+}
+
+// The tiny FP8 model with its BF16 embedding widened to F32 (exactly), so that under --dtype
+// auto its lm_head is an F32 product too: then the FP8 model and the same model dequantised to
+// F32 at load differ only in how the FP8 kernel orders and scales its sums.
+std::string Fp8ModelWithF32Embedding() {
+  namespace fs = std::filesystem;
+  const std::string fp8 = SyntheticModelDir("tiny", DType::kF8E4M3);
+  const std::string dir = testing::BinaryPath("test-models/tiny-F8_E4M3-f32-embed");
+  if (fs::exists(dir + "/config.json")) return dir;
+  const std::string tmp = dir + ".tmp." + std::to_string(getpid());
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  for (const auto& entry : fs::directory_iterator(fp8)) {
+    if (entry.path().extension() != ".safetensors") fs::copy(entry.path(), tmp);
+  }
+  auto set = SafetensorsSet::Open(fp8);
+  EXPECT_TRUE(set.ok());
+  std::vector<TensorToWrite> tensors;
+  std::vector<float> embed;
+  for (const std::string& name : (*set)->Names()) {
+    const TensorView view = *(*set)->Find(name);
+    if (name == "model.embed_tokens.weight") {
+      embed.resize(view.numel());
+      ConvertToF32(view.dtype, view.data, embed.data(), embed.size());
+      tensors.push_back({name, DType::kF32, view.shape, embed.data()});
+    } else {
+      tensors.push_back({name, view.dtype, view.shape, view.data});
+    }
+  }
+  EXPECT_TRUE(WriteSafetensors(tmp + "/model.safetensors", tensors).ok());
+  std::error_code ec;
+  fs::rename(tmp, dir, ec);
+  if (ec) fs::remove_all(tmp);
+  return dir;
+}
+
+// Tolerance: both models use the very same dequantised weights (fp8 * scale, exact in F32 up to
+// one rounding), so only the order of the F32 additions differs (per 128-wide block, then the
+// scaled blocks, against 16 lanes and a lane tree), a few units of 2^-24 per product, grown
+// through 4 layers of norms and residuals: 1e-4 of the largest logit leaves a margin of
+// more than ten times what is measured (about 1e-6 relative).
+TEST(Fp8EngineTest, LogitsMatchTheModelDequantisedToF32) {
+  const std::string path = Fp8ModelWithF32Embedding();
+  ModelDir fp8 = Load(path, std::nullopt);
+  ModelDir f32 = Load(path, DType::kF32);
+  ASSERT_LT(fp8.transformer->WeightBytes(), f32.transformer->WeightBytes() / 2);
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    const std::vector<int32_t> prompt = RandomTokens(20 + 5 * seed, fp8.config.vocab_size, seed);
+    const std::vector<float> a = Logits(fp8, prompt);
+    const std::vector<float> b = Logits(f32, prompt);
+    ASSERT_EQ(a.size(), b.size());
+    float largest = 0, worst = 0;
+    for (float v : b) largest = std::max(largest, std::fabs(v));
+    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+    EXPECT_LE(worst, 1e-4f * largest) << "seed " << seed;
+    EXPECT_GT(largest, 0.5f);
+    std::printf("seed %u: largest logit %.3f, largest difference %.3g (%.2g relative)\n", seed,
+                largest, worst, worst / largest);
+  }
+}
+
+// As shipped (BF16 lm_head, whose product rounds its input to BF16): a few units of 2^-9 of
+// the logits' spread from the F32-dequantised model.
+TEST(Fp8EngineTest, AsShippedLogitsAreCloseToTheDequantisedModel) {
+  const std::string path = SyntheticModelDir("tiny", DType::kF8E4M3);
+  ModelDir fp8 = Load(path, std::nullopt);
+  ModelDir f32 = Load(path, DType::kF32);
+  const std::vector<int32_t> prompt = RandomTokens(30, fp8.config.vocab_size, 7);
+  const std::vector<float> a = Logits(fp8, prompt);
+  const std::vector<float> b = Logits(f32, prompt);
+  ASSERT_EQ(a.size(), b.size());
+  float largest = 0, worst = 0;
+  for (float v : b) largest = std::max(largest, std::fabs(v));
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+  EXPECT_LE(worst, 2e-2f * largest);
+}
+
+TEST(Fp8EngineTest, GeneratesTheSameTokensAloneAndInABatch) {
+  const std::string path = SyntheticModelDir("tiny", DType::kF8E4M3);
+  testing::FixtureOptions options;
+  options.page_tokens = 8;
+  options.max_batch_tokens = 24;  // prompts prefilled in chunks across steps
+  const int vocab = 2048;
+  const std::vector<std::vector<int32_t>> prompts = {
+      RandomTokens(5, vocab, 11), RandomTokens(40, vocab, 12), RandomTokens(17, vocab, 13)};
+  std::vector<std::vector<int32_t>> alone;
+  {
+    EngineFixture fixture(path, options);
+    for (const auto& p : prompts) alone.push_back(fixture.Greedy(p, 12));
+  }
+  EngineFixture fixture(path, options);
+  const auto together = fixture.GreedyBatch(prompts, 12);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(alone[i].size(), 12u);
+    EXPECT_EQ(together[i], alone[i]) << "prompt " << i;
+  }
+}
+
+}  // namespace
+}  // namespace pdserve
