@@ -127,17 +127,25 @@ struct Bounds {
 class HfReferenceTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HfReferenceTest, EngineMatchesTheFloat64Reference) {
-  const std::string dir = testing::SyntheticModelDir(GetParam(), DType::kBF16);
+  // "PRESET" (a BF16 checkpoint) or "PRESET@fp8" (DeepSeek's FP8 format: the second run keeps
+  // the matrices FP8 in memory, the first dequantises them at load).
+  const std::string param = GetParam();
+  const bool fp8 = param.ends_with("@fp8");
+  const std::string preset = param.substr(0, param.find('@'));
+  const std::string dir = testing::SyntheticModelDir(preset, fp8 ? DType::kF8E4M3 : DType::kBF16);
   Result<json> reference = RunReference(dir);
   ASSERT_TRUE(reference.ok()) << "REFERENCE NOT RUN: " << reference.status().ToString();
   const json& cases = (*reference)["prompts"];
   ASSERT_EQ(cases.size(), Prompts().size());
 
   for (Bounds bounds : {Bounds{DType::kF32, 1e-3, 0.0}, Bounds{DType::kBF16, 0.1, 0.05}}) {
-    SCOPED_TRACE(bounds.weights == DType::kF32 ? "F32 matrices" : "BF16 matrices");
+    SCOPED_TRACE(bounds.weights == DType::kF32 ? "F32 matrices"
+                 : fp8                         ? "FP8 matrices"
+                                               : "BF16 matrices");
     ModelDirOptions options;
     options.load_tokenizer = false;
     options.weight_dtype = bounds.weights;
+    if (fp8 && bounds.weights == DType::kBF16) options.weight_dtype.reset();  // FP8 kept
     options.transformer.threads = 1;
     auto model = LoadModelDir(dir, options);
     ASSERT_TRUE(model.ok()) << model.status().ToString();
@@ -192,8 +200,8 @@ TEST_P(HfReferenceTest, EngineMatchesTheFloat64Reference) {
     if (bounds.weights == DType::kBF16 && routing_compared > 0) {
       // BF16 rounding reaches the router's input through every product before it; a flip
       // needs a near-tie there. A broken router or grouping would differ nearly everywhere.
-      std::printf("%s, BF16 matrices: %d of %d routing choices differ from float64\n",
-                  GetParam().c_str(), routing_differs, routing_compared);
+      std::printf("%s, %s matrices: %d of %d routing choices differ from float64\n", param.c_str(),
+                  fp8 ? "FP8" : "BF16", routing_differs, routing_compared);
       EXPECT_LE(routing_differs * 10, routing_compared)
           << routing_differs << " of " << routing_compared << " routing choices differ";
     }
@@ -206,10 +214,13 @@ TEST_P(HfReferenceTest, EngineMatchesTheFloat64Reference) {
 INSTANTIATE_TEST_SUITE_P(Presets, HfReferenceTest,
                          ::testing::Values("tiny", "tiny-qwen2", "tiny-qwen3", "tiny-mistral",
                                            "tiny-llama3", "qwen3-moe-tiny", "deepseek-v3-tiny",
-                                           "deepseek-v2-lite-tiny"),
+                                           "deepseek-v2-lite-tiny", "qwen3-moe-tiny@fp8",
+                                           "deepseek-v3-tiny@fp8"),
                          [](const auto& info) {
                            std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
+                           for (char& ch : name) {
+                             if (ch == '-' || ch == '@') ch = '_';
+                           }
                            return name;
                          });
 

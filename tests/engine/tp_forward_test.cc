@@ -172,7 +172,8 @@ INSTANTIATE_TEST_SUITE_P(
                       // joins q's 192 rows to k's.
                       Case{"tiny", 2, DType::kF8E4M3}, Case{"tiny", 4, DType::kF8E4M3},
                       Case{"tiny-qwen3", 2, DType::kF8E4M3},
-                      Case{"qwen3-moe-tiny", 2, DType::kF8E4M3}),
+                      Case{"qwen3-moe-tiny", 2, DType::kF8E4M3},
+                      Case{"deepseek-v3-tiny", 2, DType::kF8E4M3}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string name = std::string(info.param.preset) + "_tp" + std::to_string(info.param.tp);
       if (info.param.dtype != DType::kBF16)
