@@ -152,7 +152,8 @@ class Child {
 constexpr int kRepeats = 3;
 constexpr int kWindow = 8;  // paged writes in flight (the raw loop gets as many writes)
 
-struct Row {
+// One message size's figures: a row of the table.
+struct SizeRow {
   size_t size = 0;
   double engine_gbps = 0, p50_us = 0, p99_us = 0, raw_gbps = 0, memcpy_gbps = 0;
 };
@@ -211,9 +212,9 @@ class WriteWindow {
   Status first_error_ GUARDED_BY(mu_);
 };
 
-Result<Row> MeasureEngine(fabric::TransferEngine& engine, fabric::RegionId region,
-                          fabric::PeerId peer, const fabric::MemoryDescriptor& dst, size_t size,
-                          uint32_t pages, uint64_t transfers, uint32_t imm) {
+Result<SizeRow> MeasureEngine(fabric::TransferEngine& engine, fabric::RegionId region,
+                              fabric::PeerId peer, const fabric::MemoryDescriptor& dst, size_t size,
+                              uint32_t pages, uint64_t transfers, uint32_t imm) {
   std::vector<uint32_t> list(pages);
   for (uint32_t i = 0; i < pages; ++i) list[i] = i;
   fabric::PagedWrite w;
@@ -244,7 +245,7 @@ Result<Row> MeasureEngine(fabric::TransferEngine& engine, fabric::RegionId regio
                       window->Finish(transfers, Clock::now() + kStallLimit));
   const double seconds = SecondsSince(start);
   std::sort(latency_us.begin(), latency_us.end());
-  Row row;
+  SizeRow row;
   row.engine_gbps = Gbps(transfers * pages * size, seconds);
   row.p50_us = latency_us[transfers / 2];
   row.p99_us = latency_us[std::min<uint64_t>(transfers - 1, transfers * 99 / 100)];
@@ -294,7 +295,7 @@ double MeasureMemcpy(std::byte* src, std::byte* dst, size_t size, uint32_t pages
   return Gbps(count * size, seconds);
 }
 
-void PrintTable(const FabricBenchOptions& flags, const std::vector<Row>& rows) {
+void PrintTable(const FabricBenchOptions& flags, const std::vector<SizeRow>& rows) {
   std::printf(
       "\nfabric bench: provider %s, %u pages per paged write, 8 paged writes in flight, "
       "best of %d runs\n",
@@ -303,7 +304,7 @@ void PrintTable(const FabricBenchOptions& flags, const std::vector<Row>& rows) {
       "| page | engine GB/s | p50 us | p99 us | raw fi_writedata GB/s | engine/raw | "
       "memcpy GB/s | engine/memcpy |\n");
   std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-  for (const Row& r : rows) {
+  for (const SizeRow& r : rows) {
     const std::string page =
         r.size >= (1u << 20) ? fmt::format("{}M", r.size >> 20) : fmt::format("{}K", r.size >> 10);
     std::printf("| %s | %.2f | %.0f | %.0f | %.2f | %.0f%% | %.2f | %.0f%% |\n", page.c_str(),
@@ -358,7 +359,7 @@ Status RunFabricBench(const FabricBenchOptions& flags) {
   const fabric::RawWriteProbe::Target raw_target{
       .endpoint = raw_name, .base = raw_base, .key = raw_key};
 
-  std::vector<Row> rows;
+  std::vector<SizeRow> rows;
   uint32_t imm = 100;
   for (size_t size : sizes) {
     const uint64_t total = flags.mib_per_size << 20;
@@ -373,10 +374,10 @@ Status RunFabricBench(const FabricBenchOptions& flags) {
     PD_RETURN_IF_ERROR(
         MeasureRaw(child, *raw, raw_peer, raw_target, size, flags.pages, flags.pages).status());
     // Best of kRepeats for each path: this damps noise from other processes on the host.
-    Row row;
+    SizeRow row;
     for (int rep = 0; rep < kRepeats; ++rep) {
-      PD_ASSIGN_OR_RETURN(
-          Row run, MeasureEngine(*engine, region, peer, dst, size, flags.pages, transfers, imm));
+      PD_ASSIGN_OR_RETURN(SizeRow run, MeasureEngine(*engine, region, peer, dst, size, flags.pages,
+                                                     transfers, imm));
       PD_RETURN_IF_ERROR(WaitLanded(child, imm++, writes));
       if (run.engine_gbps > row.engine_gbps) row = run;
       PD_ASSIGN_OR_RETURN(double raw_gbps,

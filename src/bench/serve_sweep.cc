@@ -35,13 +35,6 @@ Result<double> RateFromJson(const json& value) {
   return Status::InvalidArgument("request_rate is neither a number nor \"inf\"");
 }
 
-Status WriteFile(const fs::path& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  if (!out.flush()) return Status::IoError("cannot write " + path.string());
-  return Status::Ok();
-}
-
 // Order of the latency columns: metric, then statistic (mean, median, std, percentiles).
 std::pair<int, double> MsColumnOrder(const std::string& key) {
   static const char* kMetrics[] = {"ttft", "tpot", "itl", "e2el"};
@@ -157,8 +150,8 @@ Result<std::vector<SweepRun>> RunServeSweep(const SweepOptions& options) {
       SweepRun run{d.name, rate, std::move(result.json)};
       run.result["deployment"] = d.name;
       run.result["base_url"] = d.base_url;
-      PD_RETURN_IF_ERROR(WriteFile(runs_dir / (d.name + "_rate-" + RateLabel(rate) + ".json"),
-                                   run.result.dump() + "\n"));
+      PD_RETURN_IF_ERROR(WriteTextFile(runs_dir / (d.name + "_rate-" + RateLabel(rate) + ".json"),
+                                       run.result.dump() + "\n"));
       runs.push_back(std::move(run));
     }
   }
@@ -221,6 +214,13 @@ std::vector<std::string> SweepCsvColumns(const std::vector<SweepRun>& runs) {
   return columns;
 }
 
+Status WriteTextFile(const fs::path& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  if (!out.flush()) return Status::IoError("cannot write " + path.string());
+  return Status::Ok();
+}
+
 Status WriteSweepSummary(const std::vector<SweepRun>& runs, const std::string& result_dir) {
   json summary = json::array();
   for (const SweepRun& run : runs) {
@@ -232,7 +232,7 @@ Status WriteSweepSummary(const std::vector<SweepRun>& runs, const std::string& r
     summary.push_back(std::move(row));
   }
   PD_RETURN_IF_ERROR(
-      WriteFile(fs::path(result_dir) / "sweep.json", json{{"runs", summary}}.dump(2) + "\n"));
+      WriteTextFile(fs::path(result_dir) / "sweep.json", json{{"runs", summary}}.dump(2) + "\n"));
 
   const std::vector<std::string> columns = SweepCsvColumns(runs);
   std::string csv;
@@ -245,7 +245,7 @@ Status WriteSweepSummary(const std::vector<SweepRun>& runs, const std::string& r
     }
     csv += "\n";
   }
-  return WriteFile(fs::path(result_dir) / "sweep.csv", csv);
+  return WriteTextFile(fs::path(result_dir) / "sweep.csv", csv);
 }
 
 }  // namespace pdserve::bench

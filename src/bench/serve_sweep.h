@@ -13,6 +13,7 @@
 // Call from one thread (RunServeSweep runs the requests on threads of its own).
 #pragma once
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,9 @@ Result<std::vector<SweepRun>> LoadSweepRuns(const std::string& result_dir);
 
 // sweep.json and sweep.csv from `runs`.
 Status WriteSweepSummary(const std::vector<SweepRun>& runs, const std::string& result_dir);
+
+// Writes `text` as the whole of `path`; IoError if it cannot (the sweep's and its plots' files).
+Status WriteTextFile(const std::filesystem::path& path, const std::string& text);
 
 // The CSV's columns: deployment, request_rate, then the scalar metrics present in the runs.
 std::vector<std::string> SweepCsvColumns(const std::vector<SweepRun>& runs);

@@ -71,13 +71,6 @@ std::string Num(const json& result, const std::string& key) {
   return fmt::format("{:.6g}", it->get<double>());
 }
 
-Status WriteFile(const fs::path& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  if (!out.flush()) return Status::IoError("cannot write " + path.string());
-  return Status::Ok();
-}
-
 // NAME_vs_rate.dat: one row per rate of that deployment.
 std::string RateData(const std::vector<SweepRun>& runs, const std::string& name, double inf_at,
                      const std::string& ttft_tail, const std::string& itl_tail) {
@@ -256,13 +249,13 @@ Result<SweepPlots> DrawSweepPlots(const std::vector<SweepRun>& runs, const std::
   std::vector<std::string> cdf_names;
   bool has_goodput = false;
   for (const std::string& name : names) {
-    PD_RETURN_IF_ERROR(WriteFile(dir / (name + "_vs_rate.dat"),
-                                 RateData(runs, name, inf_at, ttft_tail, itl_tail)));
+    PD_RETURN_IF_ERROR(WriteTextFile(dir / (name + "_vs_rate.dat"),
+                                     RateData(runs, name, inf_at, ttft_tail, itl_tail)));
   }
   for (const SweepRun& r : runs) {
     has_goodput = has_goodput || r.result.value("request_goodput", json()).is_number();
     if (r.rate == plots.cdf_rate) {
-      PD_RETURN_IF_ERROR(WriteFile(dir / ("itl_cdf_" + r.deployment + ".dat"), CdfData(r)));
+      PD_RETURN_IF_ERROR(WriteTextFile(dir / ("itl_cdf_" + r.deployment + ".dat"), CdfData(r)));
       cdf_names.push_back(r.deployment);
     }
   }
@@ -270,8 +263,9 @@ Result<SweepPlots> DrawSweepPlots(const std::vector<SweepRun>& runs, const std::
     return Status::InvalidArgument("--cdf-rate " + RateLabel(plots.cdf_rate) +
                                    ": no deployment ran at that rate");
   }
-  PD_RETURN_IF_ERROR(WriteFile(dir / "sweep.gp", Script(runs, names, cdf_names, plots.cdf_rate,
-                                                        inf_at, ttft_tail, itl_tail, has_goodput)));
+  PD_RETURN_IF_ERROR(WriteTextFile(
+      dir / "sweep.gp",
+      Script(runs, names, cdf_names, plots.cdf_rate, inf_at, ttft_tail, itl_tail, has_goodput)));
   PD_RETURN_IF_ERROR(RunGnuplot(options, dir));
   for (const char* png :
        {"itl_cdf.png", "ttft_vs_rate.png", "itl_vs_rate.png", "goodput_vs_rate.png"}) {

@@ -12,6 +12,11 @@ void ByteWriter::Little(uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 
+void ByteWriter::I32s(std::span<const int32_t> values) {
+  out_.reserve(out_.size() + 4 * values.size());
+  for (int32_t v : values) Little(static_cast<uint32_t>(v), 4);
+}
+
 void ByteWriter::Bytes(std::string_view bytes) {
   PD_CHECK(bytes.size() <= std::numeric_limits<uint32_t>::max());
   U32(static_cast<uint32_t>(bytes.size()));
@@ -68,6 +73,12 @@ Status ByteReader::NonNegativeI32(const char* field, int32_t* v) {
     return Status::ProtocolError(fmt::format("{} is {} (negative or too large)", field, x));
   }
   *v = static_cast<int32_t>(x);
+  return Status::Ok();
+}
+
+Status ByteReader::NonNegativeI32s(const char* field, std::span<int32_t> values) {
+  if (in_.size() / 4 < values.size()) return Truncated(field, 4 * values.size());
+  for (int32_t& v : values) PD_RETURN_IF_ERROR(NonNegativeI32(field, &v));
   return Status::Ok();
 }
 

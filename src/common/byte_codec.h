@@ -4,12 +4,14 @@
 // strings behind a u32 length. ByteReader never reads past its input and never trusts a
 // length: counts are capped by the caller and checked against the bytes left before anything
 // is allocated; a short or out-of-range input is a ProtocolError naming the field.
-// Used by the fabric's descriptors and message header and by the messenger's protocol.
+// Used by the fabric's descriptors and message header, the messenger's protocol and the
+// tensor-parallel step message (engine/rank_workers.h).
 // Thread-compatible value types.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -25,6 +27,9 @@ class ByteWriter {
   void U32(uint32_t v) { Little(v, 4); }
   void U64(uint64_t v) { Little(v, 8); }
   void Raw(std::string_view bytes) { out_.append(bytes); }
+  // Each value as a U32 of its two's complement bits, one after the other, no count (write the
+  // count first, or let the reader know it otherwise).
+  void I32s(std::span<const int32_t> values);
   // u32 length, then the bytes. Precondition: at most 4 GiB - 1 bytes.
   void Bytes(std::string_view bytes);
   // Overwrites 4 bytes at `offset` (a length known only after the body is written).
@@ -51,6 +56,9 @@ class ByteReader {
   Status U64(const char* field, uint64_t* v);
   // A u32 that must lie in [0, INT32_MAX] (token ids, page ids, sizes).
   Status NonNegativeI32(const char* field, int32_t* v);
+  // values.size() of them, one after the other (as ByteWriter::I32s writes them): refused whole,
+  // before anything is read, if the bytes left cannot hold them all.
+  Status NonNegativeI32s(const char* field, std::span<int32_t> values);
   Status Raw(const char* field, size_t n, std::string_view* bytes);
   // A length-prefixed string of at most `max` bytes.
   Status Bytes(const char* field, size_t max, std::string* bytes);

@@ -2,100 +2,93 @@
 
 #include <signal.h>
 
-#include <cstring>
+#include <cstdint>
+#include <limits>
 
 #include <fmt/format.h>
 
+#include "common/byte_codec.h"
 #include "common/logging.h"
 
 namespace pdserve {
 
 namespace {
 
-template <typename T>
-void Put(std::string* out, T v) {
-  out->append(reinterpret_cast<const char*>(&v), sizeof(v));
-}
-
-// Reads POD values off the front of `bytes`; false once it runs short.
-class Reader {
- public:
-  explicit Reader(std::string_view bytes) : bytes_(bytes) {}
-  template <typename T>
-  bool Get(T* v) {
-    if (bytes_.size() < sizeof(T)) return false;
-    std::memcpy(v, bytes_.data(), sizeof(T));
-    bytes_.remove_prefix(sizeof(T));
-    return true;
-  }
-  template <typename T>
-  bool GetArray(T* out, size_t n) {
-    if (bytes_.size() / sizeof(T) < n) return false;
-    std::memcpy(out, bytes_.data(), n * sizeof(T));
-    bytes_.remove_prefix(n * sizeof(T));
-    return true;
-  }
-  bool empty() const { return bytes_.empty(); }
-
- private:
-  std::string_view bytes_;
-};
+// Per chunk: start (u64), token count (u32), page count (u32), want_logits (u8).
+constexpr size_t kChunkHeaderBytes = 8 + 4 + 4 + 1;
 
 struct ChunkHeader {
-  int64_t start;
-  uint32_t tokens;
-  uint32_t pages;
-  uint32_t want_logits;
+  int64_t start = 0;
+  uint32_t tokens = 0;
+  uint32_t pages = 0;
+  bool want_logits = false;
 };
+
+Status ReadStep(ByteReader& r, DecodedStep* step) {
+  uint32_t n = 0;
+  PD_RETURN_IF_ERROR(
+      r.Count("chunk count", std::numeric_limits<uint32_t>::max(), kChunkHeaderBytes, &n));
+  std::vector<ChunkHeader> headers(n);
+  uint64_t tokens = 0, pages = 0;
+  for (ChunkHeader& h : headers) {
+    uint64_t start = 0;
+    uint8_t want_logits = 0;
+    PD_RETURN_IF_ERROR(r.U64("chunk start", &start));
+    PD_RETURN_IF_ERROR(r.U32("chunk tokens", &h.tokens));
+    PD_RETURN_IF_ERROR(r.U32("chunk pages", &h.pages));
+    PD_RETURN_IF_ERROR(r.U8("chunk want_logits", &want_logits));
+    if (want_logits > 1) return Status::ProtocolError("chunk want_logits is neither 0 nor 1");
+    h.start = static_cast<int64_t>(start);
+    h.want_logits = want_logits != 0;
+    tokens += h.tokens;
+    pages += h.pages;
+  }
+  // Checked before anything is allocated: lying counts cost nothing.
+  if ((tokens + pages) * 4 != r.remaining()) {
+    return Status::ProtocolError(
+        fmt::format("{} tokens and {} pages do not fill {} bytes", tokens, pages, r.remaining()));
+  }
+  step->tokens.resize(tokens);
+  step->pages.resize(pages);
+  step->chunks.reserve(n);
+  std::span<int32_t> all_tokens(step->tokens), all_pages(step->pages);
+  for (const ChunkHeader& h : headers) {
+    std::span<int32_t> chunk_tokens = all_tokens.first(h.tokens);
+    std::span<PageId> chunk_pages = all_pages.first(h.pages);
+    PD_RETURN_IF_ERROR(r.NonNegativeI32s("chunk token ids", chunk_tokens));
+    PD_RETURN_IF_ERROR(r.NonNegativeI32s("chunk page ids", chunk_pages));
+    step->chunks.push_back({.tokens = chunk_tokens,
+                            .start = h.start,
+                            .pages = chunk_pages,
+                            .want_logits = h.want_logits});
+    all_tokens = all_tokens.subspan(h.tokens);
+    all_pages = all_pages.subspan(h.pages);
+  }
+  return Status::Ok();
+}
 
 }  // namespace
 
 std::string EncodeStep(std::span<const SequenceChunk> chunks) {
-  std::string out;
-  Put(&out, static_cast<uint32_t>(chunks.size()));
+  ByteWriter w;
+  w.U32(static_cast<uint32_t>(chunks.size()));
   for (const SequenceChunk& c : chunks) {
-    Put(&out, ChunkHeader{c.start, static_cast<uint32_t>(c.tokens.size()),
-                          static_cast<uint32_t>(c.pages.size()), c.want_logits ? 1u : 0u});
+    w.U64(static_cast<uint64_t>(c.start));
+    w.U32(static_cast<uint32_t>(c.tokens.size()));
+    w.U32(static_cast<uint32_t>(c.pages.size()));
+    w.U8(c.want_logits ? 1 : 0);
   }
   for (const SequenceChunk& c : chunks) {
-    out.append(reinterpret_cast<const char*>(c.tokens.data()), c.tokens.size_bytes());
-    out.append(reinterpret_cast<const char*>(c.pages.data()), c.pages.size_bytes());
+    w.I32s(c.tokens);
+    w.I32s(c.pages);
   }
-  return out;
+  return w.Take();
 }
 
 Result<DecodedStep> DecodeStep(std::string_view bytes) {
-  Reader r(bytes);
-  uint32_t n = 0;
-  if (!r.Get(&n) || n > bytes.size() / sizeof(ChunkHeader)) {
-    return Status::InvalidArgument("step message: bad chunk count");
-  }
-  std::vector<ChunkHeader> headers(n);
-  if (!r.GetArray(headers.data(), n)) return Status::InvalidArgument("step message: truncated");
-  size_t tokens = 0, pages = 0;
-  for (const ChunkHeader& h : headers) {
-    tokens += h.tokens;
-    pages += h.pages;
-  }
-  if (tokens + pages > bytes.size() / sizeof(int32_t)) {
-    return Status::InvalidArgument("step message: counts exceed its size");
-  }
+  ByteReader r(bytes);
   DecodedStep step;
-  step.tokens.resize(tokens);
-  step.pages.resize(pages);
-  size_t t = 0, p = 0;
-  for (const ChunkHeader& h : headers) {
-    if (!r.GetArray(&step.tokens[t], h.tokens) || !r.GetArray(&step.pages[p], h.pages)) {
-      return Status::InvalidArgument("step message: truncated");
-    }
-    step.chunks.push_back({.tokens = std::span<const int32_t>(&step.tokens[t], h.tokens),
-                           .start = h.start,
-                           .pages = std::span<const PageId>(&step.pages[p], h.pages),
-                           .want_logits = h.want_logits != 0});
-    t += h.tokens;
-    p += h.pages;
-  }
-  if (!r.empty()) return Status::InvalidArgument("step message: trailing bytes");
+  if (Status s = ReadStep(r, &step); !s.ok()) return s.WithContext("step message");
   return step;
 }
 

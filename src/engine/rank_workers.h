@@ -92,14 +92,15 @@ class RankWorkers {
   std::thread watcher_;
 };
 
-// A step's chunks as bytes, and back. The decoded chunks point into the DecodedStep.
+// A step's chunks as bytes of the one codec (common/byte_codec.h), and back. The decoded chunks
+// point into the DecodedStep.
 std::string EncodeStep(std::span<const SequenceChunk> chunks);
 struct DecodedStep {
   std::vector<int32_t> tokens;
   std::vector<PageId> pages;
   std::vector<SequenceChunk> chunks;
 };
-// Errors: truncated or inconsistent bytes.
+// Errors (ProtocolError): truncated or inconsistent bytes, a negative token or page id.
 Result<DecodedStep> DecodeStep(std::string_view bytes);
 
 // A worker's life after loading: MarkReady(fingerprint), then the leader's steps, each run

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "node_process.h"
+#include "testing/node_process.h"
 #include "testing/test_paths.h"
 
 namespace pdserve {

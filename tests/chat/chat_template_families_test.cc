@@ -2,8 +2,6 @@
 // in fixtures/) and the real Qwen2 template from ../shared, comparing with the
 // exact strings each template's logic produces (derived by hand from the template source).
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,16 +16,10 @@ namespace pdserve {
 namespace {
 
 using nlohmann::json;
+using ::pdserve::testing::ReadFile;
 
 // 26 Jul 2024 12:00 UTC: strftime_now's fixed clock.
 constexpr int64_t kJul26 = 1721995200;
-
-std::string ReadFile(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 ChatTemplate LoadFixture(const std::string& name) {
   std::filesystem::path dir = std::filesystem::path(PDSERVE_CHAT_FIXTURES);

@@ -8,8 +8,6 @@
 // they are stale, skipping loudly where it has not.
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -24,17 +22,11 @@
 namespace pdserve::chat {
 namespace {
 
+using ::pdserve::testing::ReadFile;
 using ojson = nlohmann::ordered_json;
 
 const std::filesystem::path kFixtures = PDSERVE_CHAT_FIXTURES;
 constexpr char kSharedPrefix[] = "shared:";
-
-std::string ReadFile(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // Parsed in document order, as the server parses requests.
 ojson ReadJson(const std::filesystem::path& path) {

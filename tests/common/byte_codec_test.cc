@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -124,6 +125,42 @@ TEST(ByteCodecTest, NonNegativeI32RefusesTheTopBit) {
             StatusCode::kProtocolError);
   ASSERT_TRUE(ByteReader("\xff\xff\xff\x7f"s).NonNegativeI32("token", &v).ok());
   EXPECT_EQ(v, std::numeric_limits<int32_t>::max());
+}
+
+TEST(ByteCodecTest, I32ArraysAreU32sOfTheirBitsAndReadBackWhole) {
+  ByteWriter w;
+  const std::vector<int32_t> values = {0x04030201, 0, std::numeric_limits<int32_t>::max()};
+  w.I32s(values);
+  w.I32s({});
+  w.I32s(std::vector<int32_t>{-1});
+  const std::string bytes = w.Take();
+  EXPECT_EQ(bytes,
+            "\x01\x02\x03\x04"s + "\x00\x00\x00\x00"s + "\xff\xff\xff\x7f"s + "\xff\xff\xff\xff"s);
+
+  ByteReader r(bytes);
+  std::vector<int32_t> back(3);
+  ASSERT_TRUE(r.NonNegativeI32s("tokens", back).ok());
+  EXPECT_EQ(back, values);
+  ASSERT_TRUE(r.NonNegativeI32s("none", {}).ok());
+  // The top bit set is a negative value: refused like NonNegativeI32, naming the field.
+  int32_t negative[1] = {7};
+  const Status s = r.NonNegativeI32s("pages", negative);
+  EXPECT_EQ(s.code(), StatusCode::kProtocolError);
+  EXPECT_NE(s.message().find("pages"), std::string::npos) << s.message();
+}
+
+TEST(ByteCodecTest, AnI32ArrayLongerThanItsInputReadsNothing) {
+  const std::string seven = "\x01\x00\x00\x00\x02\x00\x00"s;
+  ByteReader r(seven);
+  int32_t two[2] = {-5, -5};
+  const Status s = r.NonNegativeI32s("tokens", two);
+  EXPECT_EQ(s.code(), StatusCode::kProtocolError);
+  EXPECT_NE(s.message().find("tokens"), std::string::npos) << s.message();
+  EXPECT_EQ(two[0], -5);  // refused before the first element
+  EXPECT_EQ(r.remaining(), 7u);
+  // And with nothing left at all.
+  std::vector<int32_t> one(1);
+  EXPECT_EQ(ByteReader("").NonNegativeI32s("x", one).code(), StatusCode::kProtocolError);
 }
 
 }  // namespace

@@ -13,6 +13,9 @@
 
 namespace pdserve::testing {
 
+// The shared model whose golden.json holds reference greedy continuations (golden tests).
+inline constexpr char kGoldenModel[] = "models/stories260K";
+
 struct FixtureOptions {
   int page_tokens = 16;
   int max_batch_tokens = 512;

@@ -22,10 +22,9 @@
 namespace pdserve {
 namespace {
 
-constexpr char kModel[] = "models/stories260K";
-
 nlohmann::json ReadGolden() {
-  std::ifstream in(::pdserve::testing::SharedPath(std::string(kModel) + "/golden.json"));
+  std::ifstream in(
+      ::pdserve::testing::SharedPath(std::string(testing::kGoldenModel) + "/golden.json"));
   return nlohmann::json::parse(in);
 }
 
@@ -35,7 +34,7 @@ testing::CommandRun GenerateCase(const nlohmann::json& c, const std::vector<std:
                                  std::vector<std::pair<std::string, std::string>> env = {}) {
   std::vector<std::string> args{"generate",
                                 "--model",
-                                ::pdserve::testing::SharedPath(kModel),
+                                ::pdserve::testing::SharedPath(testing::kGoldenModel),
                                 "--prompt",
                                 c["prompt"].get<std::string>(),
                                 "--max-tokens",
@@ -55,8 +54,8 @@ class GoldenTest : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(GoldenTest, EngineReproducesEveryGreedyContinuation) {
-  PD_REQUIRE_SHARED(kModel);
-  const std::string dir = ::pdserve::testing::SharedPath(kModel);
+  PD_REQUIRE_SHARED(testing::kGoldenModel);
+  const std::string dir = ::pdserve::testing::SharedPath(testing::kGoldenModel);
   ::pdserve::testing::EngineFixture fx(dir, {.page_tokens = 4, .max_batch_tokens = 16});
   nlohmann::json golden = ReadGolden();
   ASSERT_EQ(golden["cases"].size(), 5u);
@@ -76,8 +75,8 @@ TEST_P(GoldenTest, EngineReproducesEveryGreedyContinuation) {
 }
 
 TEST_P(GoldenTest, LastPositionLogitsWithinOneThousandthRelative) {
-  PD_REQUIRE_SHARED(kModel);
-  const std::string dir = ::pdserve::testing::SharedPath(kModel);
+  PD_REQUIRE_SHARED(testing::kGoldenModel);
+  const std::string dir = ::pdserve::testing::SharedPath(testing::kGoldenModel);
   const nlohmann::json golden = ReadGolden();
   ASSERT_EQ(golden["cases"].size(), 5u);
   for (const auto& c : golden["cases"]) {
@@ -94,7 +93,7 @@ TEST_P(GoldenTest, LastPositionLogitsWithinOneThousandthRelative) {
 }
 
 TEST_P(GoldenTest, GenerateCommandPrintsTheGoldenTokens) {
-  PD_REQUIRE_SHARED(kModel);
+  PD_REQUIRE_SHARED(testing::kGoldenModel);
   const nlohmann::json golden = ReadGolden();
   ASSERT_EQ(golden["cases"].size(), 5u);
   for (const auto& c : golden["cases"]) {
@@ -121,7 +120,7 @@ INSTANTIATE_TEST_SUITE_P(Paths, GoldenTest,
 // tokens again, for TP 2 (two KV heads a rank), 3 (uneven: 2, 1, 1) and 4. The node's log must
 // show every worker rank holding its heads, so a --tp that did nothing could not pass.
 TEST(GoldenTpTest, RankWorkersGenerateTheGoldenTokens) {
-  PD_REQUIRE_SHARED(kModel);
+  PD_REQUIRE_SHARED(testing::kGoldenModel);
   const nlohmann::json golden = ReadGolden();
   for (int tp : {2, 3, 4}) {
     for (const auto& c : golden["cases"]) {
@@ -149,8 +148,8 @@ TEST(GoldenTpTest, RankWorkersGenerateTheGoldenTokens) {
 // The model's fingerprint names the kernel path it was loaded on, and it refuses to run on
 // another: a KV cache is reproduced bit for bit only by the path that wrote it.
 TEST(GoldenFingerprintTest, TransformerIsPinnedToItsKernelPath) {
-  PD_REQUIRE_SHARED(kModel);
-  const std::string dir = ::pdserve::testing::SharedPath(kModel);
+  PD_REQUIRE_SHARED(testing::kGoldenModel);
+  const std::string dir = ::pdserve::testing::SharedPath(testing::kGoldenModel);
   ModelDirOptions options;
   options.load_tokenizer = false;
   ASSERT_TRUE(kernels::SelectPath("generic").ok());

@@ -14,13 +14,12 @@
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
+#include "engine_test_util.h"
 #include "testing/processes.h"
 #include "testing/test_paths.h"
 
 namespace pdserve {
 namespace {
-
-constexpr char kModel[] = "models/stories260K";
 
 bool HaveQemu() { return std::system("command -v qemu-x86_64 >/dev/null 2>&1") == 0; }
 
@@ -40,8 +39,9 @@ class QemuGoldenTest : public ::testing::Test {
       GTEST_SKIP() << "QEMU NOT INSTALLED: qemu-x86_64 (Debian qemu-user) is needed to run "
                       "pdserve on emulated CPUs; scripts/install-deps.sh installs it";
     }
-    PD_REQUIRE_SHARED(kModel);
-    std::ifstream in(::pdserve::testing::SharedPath(std::string(kModel) + "/golden.json"));
+    PD_REQUIRE_SHARED(testing::kGoldenModel);
+    std::ifstream in(
+        ::pdserve::testing::SharedPath(std::string(testing::kGoldenModel) + "/golden.json"));
     const nlohmann::json golden = nlohmann::json::parse(in);
     // A case with a prompt, so the tokenizer and a prefill run too.
     for (const auto& c : golden["cases"]) {
@@ -60,8 +60,8 @@ class QemuGoldenTest : public ::testing::Test {
     env.emplace_back("OMP_NUM_THREADS", "1");
     return testing::RunToCompletion(
         {"qemu-x86_64", "-cpu", cpu, ::pdserve::testing::BinaryPath("src/cli/pdserve"), "generate",
-         "--model", ::pdserve::testing::SharedPath(kModel), "--prompt", prompt_, "--max-tokens",
-         std::to_string(want_.size()), "--ignore-eos", "--json"},
+         "--model", ::pdserve::testing::SharedPath(testing::kGoldenModel), "--prompt", prompt_,
+         "--max-tokens", std::to_string(want_.size()), "--ignore-eos", "--json"},
         Deadline::AfterMs(300'000), {.env = std::move(env), .separate_stderr = true});
   }
 

@@ -65,17 +65,17 @@ std::vector<float> RandomFloats(size_t count, std::mt19937& rng) {
   return v;
 }
 
-struct Shape {
+struct Fp8Shape {
   int m, n, k;
 };
 
 // Ragged on purpose: partial 16-column groups and 64-column blocks, k blocks cut short, k
 // below one block, exactly one and just past one; m from 1 to 40 (tiles of every row count).
-const Shape kShapes[] = {{1, 1, 1},      {3, 17, 33},   {7, 64, 128},  {13, 100, 129},
+const Fp8Shape kFp8Shapes[] = {{1, 1, 1},      {3, 17, 33},   {7, 64, 128},  {13, 100, 129},
                          {1, 130, 257},  {20, 65, 200}, {40, 48, 300}, {6, 200, 1025},
                          {37, 129, 384}, {2, 16, 127}};
 
-class Fp8MatMulTest : public ::testing::TestWithParam<std::tuple<std::string, Shape>> {
+class Fp8MatMulTest : public ::testing::TestWithParam<std::tuple<std::string, Fp8Shape>> {
  protected:
   void SetUp() override { UseKernelPath(std::get<0>(GetParam())); }
   void TearDown() override { (void)kernels::SelectPath("auto"); }
@@ -107,9 +107,9 @@ TEST_P(Fp8MatMulTest, MatchesFloat64LoopsOverTheDequantisedWeights) {
 
 INSTANTIATE_TEST_SUITE_P(Paths, Fp8MatMulTest,
                          ::testing::Combine(::testing::ValuesIn(KernelPathNames()),
-                                            ::testing::ValuesIn(kShapes)),
+                                            ::testing::ValuesIn(kFp8Shapes)),
                          [](const auto& info) {
-                           const Shape& s = std::get<1>(info.param);
+                           const Fp8Shape& s = std::get<1>(info.param);
                            return KernelPathTestName(std::get<0>(info.param)) + "_" +
                                   std::to_string(s.m) + "x" + std::to_string(s.n) + "x" +
                                   std::to_string(s.k);
@@ -212,7 +212,7 @@ TEST_P(Fp8PathTest, AgreesWithTheGenericPathBitForBit) {
   if (GetParam() == "generic") GTEST_SKIP() << "generic is the reference of this test";
   auto run = [] {
     std::vector<float> all;
-    for (const Shape& s : kShapes) {
+    for (const Fp8Shape& s : kFp8Shapes) {
       std::mt19937 rng(s.m + 7 * s.n + 13 * s.k);
       const Fp8Matrix w(s.n, s.k, rng);
       const std::vector<float> x = RandomFloats(static_cast<size_t>(s.m) * s.k, rng);

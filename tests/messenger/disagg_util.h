@@ -1,5 +1,5 @@
 // Helpers of the disaggregation tests: a prefill node, a decode node pointed at it and a
-// colocated reference node, all real `pdserve serve` processes (tests/server/node_process.h),
+// colocated reference node, all real `pdserve serve` processes (testing/node_process.h),
 // and greedy completions by token ids over HTTP. Used from the test's main thread.
 #pragma once
 
@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "node_process.h"
+#include "testing/node_process.h"
 
 namespace pdserve::testing {
 

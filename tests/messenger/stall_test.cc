@@ -13,7 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "disagg_util.h"
-#include "router_test_util.h"
+#include "testing/cluster_processes.h"
 #include "testing/test_paths.h"
 
 namespace pdserve::testing {

@@ -12,10 +12,8 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <future>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <regex>
@@ -42,11 +40,6 @@ namespace {
 // inside one.
 const std::vector<std::string> kNodeFlags = {"--threads",          "1", "--page-size", "4",
                                              "--max-batch-tokens", "16"};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
 
 double SecondsSince(TimePoint start) {
   return std::chrono::duration<double>(Clock::now() - start).count();

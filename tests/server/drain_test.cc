@@ -15,7 +15,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-#include "server/router_test_util.h"
+#include "testing/cluster_processes.h"
 #include "testing/test_paths.h"
 
 namespace pdserve::testing {

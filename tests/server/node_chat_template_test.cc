@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "node_process.h"
+#include "testing/node_process.h"
 #include "testing/test_paths.h"
 
 namespace pdserve::testing {

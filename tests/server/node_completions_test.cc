@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "node_process.h"
+#include "testing/node_process.h"
 
 namespace pdserve::testing {
 namespace {

@@ -12,8 +12,8 @@
 
 #include <gtest/gtest.h>
 
-#include "node_process.h"
-#include "server/raw_http_client.h"
+#include "testing/node_process.h"
+#include "testing/raw_http_client.h"
 
 namespace pdserve::testing {
 namespace {

@@ -13,20 +13,15 @@
 
 #include <gtest/gtest.h>
 
-#include "node_process.h"
-#include "server/raw_http_client.h"
+#include "testing/node_process.h"
 #include "testing/processes.h"
+#include "testing/raw_http_client.h"
 #include "testing/test_paths.h"
 
 namespace pdserve::testing {
 namespace {
 
 using json = nlohmann::json;
-
-int StatusOf(const std::string& answer) {
-  return answer.starts_with("HTTP/1.1 ") && answer.size() >= 12 ? std::stoi(answer.substr(9, 3))
-                                                                : 0;
-}
 
 // User plus system CPU seconds `pid` has used, from /proc/PID/stat; -1 if unreadable. Less
 // sensitive to a loaded machine than wall time.

@@ -7,19 +7,14 @@
 
 #include <gtest/gtest.h>
 
-#include "node_process.h"
-#include "server/raw_http_client.h"
+#include "testing/node_process.h"
 #include "testing/processes.h"
+#include "testing/raw_http_client.h"
 
 namespace pdserve::testing {
 namespace {
 
 using json = nlohmann::json;
-
-int StatusOf(const std::string& answer) {
-  return answer.starts_with("HTTP/1.1 ") && answer.size() >= 12 ? std::stoi(answer.substr(9, 3))
-                                                                : 0;
-}
 
 class NodeLimitsTest : public ::testing::Test {
  protected:

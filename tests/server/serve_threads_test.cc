@@ -20,7 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "node_process.h"
+#include "testing/node_process.h"
 
 namespace pdserve::testing {
 namespace {

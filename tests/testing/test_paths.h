@@ -17,6 +17,8 @@ bool SharedPathExists(const std::string& relative);
 std::string BinaryPath(const std::string& relative);
 // A fresh, empty temporary directory (removed by the caller or left in /tmp).
 std::string MakeTempDir(const std::string& prefix);
+// The whole of the file at `path`, byte for byte ("" if it cannot be read).
+std::string ReadFile(const std::string& path);
 
 }  // namespace pdserve::testing
 

@@ -1,6 +1,5 @@
 // Byte-level BPE against the real Qwen2 tokenizer.json in ../shared/tokenizers/qwen2: the 47
 // conformance cases of the reference implementation, special tokens, NFC, round trips.
-#include <fstream>
 #include <random>
 #include <sstream>
 #include <string>
@@ -16,14 +15,8 @@
 namespace pdserve {
 namespace {
 
+using ::pdserve::testing::ReadFile;
 constexpr const char* kQwen2 = "tokenizers/qwen2";
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 std::vector<std::string> Split(const std::string& text, const std::string& separator) {
   std::vector<std::string> parts;

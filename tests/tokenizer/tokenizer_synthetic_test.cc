@@ -1,9 +1,7 @@
 // WriteSyntheticTokenizer: the written tokenizer.json loads through the real loader, has
 // exactly the requested ids, decodes every id and round-trips any text and any bytes.
 #include <filesystem>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +14,7 @@
 namespace pdserve {
 namespace {
 
+using ::pdserve::testing::ReadFile;
 std::unique_ptr<Tokenizer> MakeSynthetic(int32_t vocab_size, uint64_t seed, std::string* dir_out) {
   const std::string dir = testing::MakeTempDir("pd_synth_tok_");
   if (dir_out != nullptr) *dir_out = dir;
@@ -24,13 +23,6 @@ std::unique_ptr<Tokenizer> MakeSynthetic(int32_t vocab_size, uint64_t seed, std:
   auto tokenizer = Tokenizer::Load(dir);
   EXPECT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
   return tokenizer.ok() ? std::move(tokenizer).value() : nullptr;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 // Random code points from all planes (no surrogates), as UTF-8.

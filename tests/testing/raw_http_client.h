@@ -57,6 +57,9 @@ class RawHttpClient {
   std::string unparsed_;  // ReadResponses: the start of a response not yet whole
 };
 
+// The code of the HTTP/1.1 status line `answer` starts with, or 0 when it starts with none.
+int StatusOf(std::string_view answer);
+
 // `bytes` with CR, LF and other bytes outside printable ASCII escaped (\r, \n, \xNN), for
 // failure messages.
 std::string PrintableText(std::string_view bytes);

@@ -13,7 +13,8 @@
 
 #include "http/cluster_auth.h"
 #include "router/router.h"
-#include "server/router_test_util.h"
+#include "router/router_in_process.h"
+#include "testing/cluster_processes.h"
 #include "testing/processes.h"
 #include "testing/test_paths.h"
 
@@ -23,15 +24,6 @@ namespace {
 using nlohmann::json;
 
 constexpr char kRegister[] = "/internal/register";
-
-std::unique_ptr<Router> StartRouter(RouterOptions options) {
-  options.port = 0;
-  auto router = Router::Create(std::move(options));
-  EXPECT_TRUE(router.ok()) << router.status().ToString();
-  if (!router.ok()) return nullptr;
-  EXPECT_TRUE((*router)->Start().ok());
-  return std::move(*router);
-}
 
 std::string RegistrationBody(const std::string& node_url) { return json{{"url", node_url}}.dump(); }
 

@@ -16,9 +16,10 @@
 
 #include "http/cluster_auth.h"
 #include "router/router.h"
+#include "router/router_in_process.h"
 #include "router/router_nodes.h"
-#include "server/raw_http_client.h"
-#include "server/router_test_util.h"
+#include "testing/cluster_processes.h"
+#include "testing/raw_http_client.h"
 #include "testing/test_paths.h"
 
 namespace pdserve::router {
@@ -234,15 +235,6 @@ RouterOptions WithNodes(std::vector<std::string> nodes) {
   RouterOptions options;
   options.nodes = std::move(nodes);
   return options;
-}
-
-std::unique_ptr<Router> StartRouter(RouterOptions options) {
-  options.port = 0;
-  auto router = Router::Create(std::move(options));
-  EXPECT_TRUE(router.ok()) << router.status().ToString();
-  if (!router.ok()) return nullptr;
-  EXPECT_TRUE((*router)->Start().ok());
-  return std::move(*router);
 }
 
 // Waits (bounded) until the router counts `n` healthy nodes.

@@ -165,7 +165,7 @@ std::unique_ptr<Router> StartRouterFor(const std::string& node_url) {
   return std::move(*router);
 }
 
-httplib::Client ClientFor(const Router& router) {
+httplib::Client RouterClient(const Router& router) {
   httplib::Client client("127.0.0.1", router.port());
   client.set_read_timeout(30, 0);
   return client;
@@ -173,7 +173,7 @@ httplib::Client ClientFor(const Router& router) {
 
 // A streamed chat completion through the router, read whole; its body.
 std::string StreamWhole(const Router& router) {
-  auto client = ClientFor(router);
+  auto client = RouterClient(router);
   auto res = client.Post("/v1/chat/completions", "{}", "application/json");
   if (!res) return "<no response>";
   return res->body;
@@ -184,7 +184,7 @@ TEST(RouterKeepAliveTest, SequentialRequestsReuseOneNodeConnection) {
   auto router = StartRouterFor(node.url());
   ASSERT_TRUE(router);
   for (int i = 0; i < 3; ++i) {
-    auto client = ClientFor(*router);
+    auto client = RouterClient(*router);
     auto res = client.Post("/v1/completions", "{}", "application/json");
     ASSERT_TRUE(res);
     EXPECT_EQ(res->status, 200) << res->body;
@@ -201,7 +201,7 @@ TEST(RouterKeepAliveTest, SequentialRequestsReuseOneNodeConnection) {
   EXPECT_EQ(stats.reused, 5);
   EXPECT_EQ(stats.idle, 1u);
   // And /metrics says so.
-  auto metrics = ClientFor(*router).Get("/metrics");
+  auto metrics = RouterClient(*router).Get("/metrics");
   ASSERT_TRUE(metrics);
   EXPECT_NE(metrics->body.find("pdserve:router_node_connections_opened_total 1\n"),
             std::string::npos)
@@ -342,7 +342,7 @@ TEST(RouterKeepAliveTest, KeptConnectionClosedBeforeAnAnswerIsReplaced) {
   auto router = StartRouterFor(node.url());
   ASSERT_TRUE(router);
   for (int i = 0; i < 3; ++i) {
-    auto res = ClientFor(*router).Post("/v1/completions", "{}", "application/json");
+    auto res = RouterClient(*router).Post("/v1/completions", "{}", "application/json");
     ASSERT_TRUE(res);
     EXPECT_EQ(res->status, 200) << i << ": " << res->body;
     EXPECT_EQ(res->body, "{}");

@@ -21,7 +21,7 @@
 #include "http/request_id.h"
 #include "http/server_setup.h"
 #include "http/sse.h"
-#include "server/raw_http_client.h"
+#include "testing/raw_http_client.h"
 
 namespace pdserve::http {
 namespace {
@@ -306,12 +306,7 @@ TEST_F(ServerSetupTest, AcceptedSocketsHaveTcpNoDelay) {
 using testing::Chunk;
 using testing::ChunkedPostHead;
 using testing::RawHttpClient;
-
-// The status line's code of a raw answer, or 0.
-int StatusOf(const std::string& answer) {
-  return answer.starts_with("HTTP/1.1 ") && answer.size() >= 12 ? std::stoi(answer.substr(9, 3))
-                                                                : 0;
-}
+using testing::StatusOf;
 
 const char kAuth[] = "Authorization: Bearer sekret\r\n";
 

@@ -10,17 +10,13 @@
 #include <httplib.h>
 
 #include "http/server_setup.h"
-#include "server/raw_http_client.h"
+#include "testing/raw_http_client.h"
 
 namespace pdserve::http {
 namespace {
 
 using testing::RawHttpClient;
-
-int StatusOf(const std::string& answer) {
-  return answer.starts_with("HTTP/1.1 ") && answer.size() >= 12 ? std::stoi(answer.substr(9, 3))
-                                                                : 0;
-}
+using testing::StatusOf;
 
 size_t Count(const std::string& text, const std::string& what) {
   size_t n = 0;

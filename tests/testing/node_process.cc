@@ -1,4 +1,4 @@
-#include "node_process.h"
+#include "testing/node_process.h"
 
 #include <signal.h>
 

@@ -1,4 +1,4 @@
-#include "server/router_test_util.h"
+#include "testing/cluster_processes.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

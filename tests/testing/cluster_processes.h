@@ -1,6 +1,6 @@
-// Helpers for the router and `pdserve up` tests: child processes with a piped stdout, the tiny
-// synthetic model, free ports and HTTP polling. Test-only; each helper object is used from
-// one thread.
+// Helpers for the tests that start a cluster's processes (the router, `pdserve up`, nodes being
+// drained or stalled): child processes with a piped stdout, the tiny synthetic model, free
+// ports and HTTP polling. Test-only; each helper object is used from one thread.
 #pragma once
 
 #include <sys/types.h>

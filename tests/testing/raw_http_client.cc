@@ -1,4 +1,4 @@
-#include "server/raw_http_client.h"
+#include "testing/raw_http_client.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -126,6 +126,12 @@ size_t Dechunk(std::string_view bytes, std::string* body) {
 }
 
 }  // namespace
+
+int StatusOf(std::string_view answer) {
+  return answer.starts_with("HTTP/1.1 ") && answer.size() >= 12
+             ? std::stoi(std::string(answer.substr(9, 3)))
+             : 0;
+}
 
 std::vector<RawResponse> ParseResponses(std::string_view bytes, size_t* consumed,
                                         size_t max_count) {

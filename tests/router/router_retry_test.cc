@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "router/router.h"
-#include "server/router_test_util.h"
+#include "testing/cluster_processes.h"
 #include "testing/test_paths.h"
 
 namespace pdserve::router {

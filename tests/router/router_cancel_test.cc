@@ -21,7 +21,7 @@
 
 #include "http/lingering_close.h"
 #include "router/router.h"
-#include "server/router_test_util.h"
+#include "testing/cluster_processes.h"
 #include "testing/test_paths.h"
 
 namespace pdserve::router {

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "router/router.h"
-#include "server/raw_http_client.h"
+#include "testing/raw_http_client.h"
 
 namespace pdserve::router {
 namespace {

@@ -1,0 +1,80 @@
+// The step message the TP leader publishes to its rank workers (engine/rank_workers.h): the
+// bytes of the one codec (common/byte_codec.h), read back to the same chunks, and every
+// truncated, padded or inconsistent message refused rather than run.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine/rank_workers.h"
+
+namespace pdserve {
+namespace {
+
+using namespace std::string_literals;
+
+TEST(StepMessageTest, ChunksReadBackWithTheirTokensPagesStartsAndLogitWishes) {
+  const std::vector<int32_t> tokens_a = {5, 6, 7}, tokens_b = {9};
+  const std::vector<PageId> pages_a = {3, 4}, pages_b = {0};
+  const std::vector<SequenceChunk> chunks = {
+      {.tokens = tokens_a, .start = 0, .pages = pages_a, .want_logits = false},
+      {.tokens = tokens_b, .start = (int64_t{1} << 40) + 17, .pages = pages_b, .want_logits = true},
+      {.tokens = {}, .start = 3, .pages = {}, .want_logits = false}};
+
+  Result<DecodedStep> step = DecodeStep(EncodeStep(chunks));
+  ASSERT_TRUE(step.ok()) << step.status().ToString();
+  ASSERT_EQ(step->chunks.size(), chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const SequenceChunk& got = step->chunks[i];
+    EXPECT_EQ(std::vector<int32_t>(got.tokens.begin(), got.tokens.end()),
+              std::vector<int32_t>(chunks[i].tokens.begin(), chunks[i].tokens.end()));
+    EXPECT_EQ(std::vector<PageId>(got.pages.begin(), got.pages.end()),
+              std::vector<PageId>(chunks[i].pages.begin(), chunks[i].pages.end()));
+    EXPECT_EQ(got.start, chunks[i].start);
+    EXPECT_EQ(got.want_logits, chunks[i].want_logits);
+  }
+  EXPECT_TRUE(DecodeStep(EncodeStep({})).ok());
+}
+
+TEST(StepMessageTest, BytesAreLittleEndianWithNoPadding) {
+  const std::vector<int32_t> tokens = {0x01020304};
+  const std::vector<PageId> pages = {2};
+  const std::vector<SequenceChunk> chunks = {
+      {.tokens = tokens, .start = 0x0102, .pages = pages, .want_logits = true}};
+  EXPECT_EQ(EncodeStep(chunks),
+            "\x01\x00\x00\x00"s                  // one chunk
+            "\x02\x01\x00\x00\x00\x00\x00\x00"s  // start
+            "\x01\x00\x00\x00\x01\x00\x00\x00"s  // 1 token, 1 page
+            "\x01"s                              // want_logits
+            "\x04\x03\x02\x01\x02\x00\x00\x00"s);
+}
+
+TEST(StepMessageTest, TruncatedPaddedOrNegativeMessagesAreRefused) {
+  const std::vector<int32_t> tokens = {1, 2};
+  const std::vector<PageId> pages = {0};
+  const std::vector<SequenceChunk> chunks = {
+      {.tokens = tokens, .start = 0, .pages = pages, .want_logits = false}};
+  const std::string bytes = EncodeStep(chunks);
+
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_EQ(DecodeStep(bytes.substr(0, n)).status().code(), StatusCode::kProtocolError) << n;
+  }
+  EXPECT_EQ(DecodeStep(bytes + "\0"s).status().code(), StatusCode::kProtocolError);
+  // A count of chunks the bytes cannot hold allocates nothing.
+  EXPECT_EQ(DecodeStep("\xff\xff\xff\xff"s + bytes.substr(4)).status().code(),
+            StatusCode::kProtocolError);
+
+  std::string negative = bytes;
+  negative[negative.size() - 1] = '\x80';  // the page id's top bit
+  const Status s = DecodeStep(negative).status();
+  EXPECT_EQ(s.code(), StatusCode::kProtocolError);
+  EXPECT_NE(s.message().find("step message"), std::string::npos) << s.message();
+
+  std::string bad_flag = bytes;
+  bad_flag[4 + 16] = '\x02';  // want_logits
+  EXPECT_EQ(DecodeStep(bad_flag).status().code(), StatusCode::kProtocolError);
+}
+
+}  // namespace
+}  // namespace pdserve
