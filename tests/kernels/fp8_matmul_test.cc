@@ -72,8 +72,8 @@ struct Fp8Shape {
 // Ragged on purpose: partial 16-column groups and 64-column blocks, k blocks cut short, k
 // below one block, exactly one and just past one; m from 1 to 40 (tiles of every row count).
 const Fp8Shape kFp8Shapes[] = {{1, 1, 1},      {3, 17, 33},   {7, 64, 128},  {13, 100, 129},
-                         {1, 130, 257},  {20, 65, 200}, {40, 48, 300}, {6, 200, 1025},
-                         {37, 129, 384}, {2, 16, 127}};
+                               {1, 130, 257},  {20, 65, 200}, {40, 48, 300}, {6, 200, 1025},
+                               {37, 129, 384}, {2, 16, 127}};
 
 class Fp8MatMulTest : public ::testing::TestWithParam<std::tuple<std::string, Fp8Shape>> {
  protected:
