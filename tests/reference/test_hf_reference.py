@@ -34,8 +34,11 @@ def shared_models_dir():
     for c in candidates:
         if os.path.isdir(os.path.join(c, "stories260K")):
             return os.path.abspath(c)
-    raise AssertionError("stories260K not found: set PDSERVE_SHARED to the shared folder "
-                         f"(tried {', '.join(candidates)})")
+    # Loud, and a skip (ctest reports the hf_reference_stories260k test as skipped, not passed).
+    message = ("MISSING TEST DATA: stories260K not found; set PDSERVE_SHARED to the shared folder "
+               f"(tried {', '.join(candidates)})")
+    print("\n" + message, file=sys.stderr)
+    raise unittest.SkipTest(message)
 
 
 # Tiny configs with every feature on.
