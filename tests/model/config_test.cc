@@ -184,6 +184,23 @@ TEST(ConfigTest, ParsesQwen3WithQkNormAndExplicitHeadDim) {
   EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-6);
 }
 
+// Each case edits one top-level field of `base` (an empty value removes it); the config must be
+// refused with a message naming `field`.
+using FieldEdits = std::vector<std::pair<std::pair<std::string, std::string>, std::string>>;
+void ExpectFieldErrors(const char* base, const FieldEdits& cases) {
+  for (const auto& [edit, field] : cases) {
+    nlohmann::json j = nlohmann::json::parse(base);
+    if (edit.second.empty()) {
+      j.erase(edit.first);
+    } else {
+      j[edit.first] = nlohmann::json::parse(edit.second);
+    }
+    Result<ModelConfig> c = ModelConfig::FromJson(j.dump());
+    ASSERT_FALSE(c.ok()) << edit.first << " = " << edit.second;
+    EXPECT_TRUE(Mentions(c.status().message(), field)) << c.status().ToString();
+  }
+}
+
 TEST(ConfigTest, ParsesQwen3MoeExperts) {
   ModelConfig c = ParseOk(kQwen3Moe);
   EXPECT_EQ(c.arch, Architecture::kQwen3Moe);
@@ -258,7 +275,7 @@ TEST(ConfigTest, ParsesDeepseekV3LatentAttentionAndRouting) {
 }
 
 TEST(ConfigTest, BadDeepseekFieldsAreNamed) {
-  const std::vector<std::pair<std::pair<std::string, std::string>, std::string>> cases = {
+  const FieldEdits cases = {
       {{"n_group", "7"}, "n_group"},  // does not divide 256 experts
       {{"topk_group", "9"}, "topk_group"},
       {{"kv_lora_rank", ""}, "kv_lora_rank"},
@@ -267,21 +284,11 @@ TEST(ConfigTest, BadDeepseekFieldsAreNamed) {
       {{"scoring_func", "\"tanh\""}, "scoring_func"},
       {{"num_experts_per_tok", ""}, "num_experts_per_tok"},
   };
-  for (const auto& [edit, field] : cases) {
-    nlohmann::json j = nlohmann::json::parse(kDeepseekV3);
-    if (edit.second.empty()) {
-      j.erase(edit.first);
-    } else {
-      j[edit.first] = nlohmann::json::parse(edit.second);
-    }
-    Result<ModelConfig> c = ModelConfig::FromJson(j.dump());
-    ASSERT_FALSE(c.ok()) << edit.first << " = " << edit.second;
-    EXPECT_TRUE(Mentions(c.status().message(), field)) << c.status().ToString();
-  }
+  ExpectFieldErrors(kDeepseekV3, cases);
 }
 
 TEST(ConfigTest, BadQwen3MoeFieldsAreNamed) {
-  const std::vector<std::pair<std::pair<std::string, std::string>, std::string>> cases = {
+  const FieldEdits cases = {
       {{"num_experts_per_tok", ""}, "num_experts_per_tok"},
       {{"num_experts_per_tok", "129"}, "num_experts_per_tok"},
       {{"moe_intermediate_size", "0"}, "moe_intermediate_size"},
@@ -290,17 +297,7 @@ TEST(ConfigTest, BadQwen3MoeFieldsAreNamed) {
       {{"mlp_only_layers", "\"all\""}, "mlp_only_layers"},
       {{"num_experts", ""}, "num_experts"},
   };
-  for (const auto& [edit, field] : cases) {
-    nlohmann::json j = nlohmann::json::parse(kQwen3Moe);
-    if (edit.second.empty()) {
-      j.erase(edit.first);
-    } else {
-      j[edit.first] = nlohmann::json::parse(edit.second);
-    }
-    Result<ModelConfig> c = ModelConfig::FromJson(j.dump());
-    ASSERT_FALSE(c.ok()) << edit.first << " = " << edit.second;
-    EXPECT_TRUE(Mentions(c.status().message(), field)) << c.status().ToString();
-  }
+  ExpectFieldErrors(kQwen3Moe, cases);
 }
 
 TEST(ConfigTest, RejectsAttentionBiasOutsideQwen2) {
