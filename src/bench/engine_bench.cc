@@ -46,7 +46,8 @@ double LayerMacsPerToken(const ModelConfig& c) {
   return macs;
 }
 
-double Median(std::vector<double> v) {
+// The middle value of `v` (the upper one of an even count). Precondition: `v` is not empty.
+double UpperMedian(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
@@ -73,7 +74,7 @@ Result<RunTimes> TimeRuns(int min_runs, double window, Fn&& once, Between&& betw
     PD_RETURN_IF_ERROR(once());
     runs.push_back(Seconds(t0));
   }
-  return RunTimes{.best = *std::min_element(runs.begin(), runs.end()), .median = Median(runs)};
+  return RunTimes{.best = *std::min_element(runs.begin(), runs.end()), .median = UpperMedian(runs)};
 }
 
 // Times one decode step of `batch` sequences that each already hold `context` tokens, in turn
@@ -304,8 +305,8 @@ Status RunEngineBench(ModelDir& dir, const EngineBenchOptions& f) {
   std::printf(
       "ceilings (median of the per-round measurements): oneDNN %s GEMM %.1f GFLOP/s "
       "(m=%d n=%d k=%d); memory read %.1f GB/s\n",
-      std::string(DTypeFlagName(gemm_type)).c_str(), Median(gemm_rates) / 1e9, f.prompt_len,
-      2 * c.intermediate_size, c.hidden_size, Median(bandwidths) / 1e9);
+      std::string(DTypeFlagName(gemm_type)).c_str(), UpperMedian(gemm_rates) / 1e9, f.prompt_len,
+      2 * c.intermediate_size, c.hidden_size, UpperMedian(bandwidths) / 1e9);
   std::printf(
       "medians of %d rounds; in each round the best run of a %.1f s window, against the best run "
       "of its ceiling in a window as long (a prefill: measured just before; a decode step: its "
@@ -323,12 +324,12 @@ Status RunEngineBench(ModelDir& dir, const EngineBenchOptions& f) {
     char of_bandwidth[16] = "-";
     if (!row.bandwidth_ratio.empty()) {
       std::snprintf(of_bandwidth, sizeof(of_bandwidth), "%.0f%%",
-                    100 * Median(row.bandwidth_ratio));
+                    100 * UpperMedian(row.bandwidth_ratio));
     }
     std::printf("| %s | %s | %d | %.1f | %.1f | %.1f %s | %.1f | %.0f%% | %s | %s |\n",
-                phase.c_str(), path.c_str(), batch, Median(row.best_tps), Median(row.median_tps),
-                Median(row.achieved), unit, Median(row.ceiling_tps), 100 * Median(row.ratio), bound,
-                of_bandwidth);
+                phase.c_str(), path.c_str(), batch, UpperMedian(row.best_tps),
+                UpperMedian(row.median_tps), UpperMedian(row.achieved), unit,
+                UpperMedian(row.ceiling_tps), 100 * UpperMedian(row.ratio), bound, of_bandwidth);
   };
   print_row("prefill " + std::to_string(f.prompt_len), 1, prefill, "GFLOP/s", "GEMM");
   for (const DecodeRow& d : decode) {
