@@ -112,7 +112,7 @@ int RunFabricBenchPeer(fabric::Provider provider, uint64_t bytes) {
 namespace {
 
 // The receiving process, driven by one-line commands over its stdin and stdout.
-class Child {
+class ReceiverProcess {
  public:
   Status Start(const std::vector<std::string>& command, fabric::Provider provider, uint64_t bytes) {
     SubprocessOptions options;
@@ -126,7 +126,7 @@ class Child {
     process_ = std::move(process);
     return Status::Ok();
   }
-  ~Child() {
+  ~ReceiverProcess() {
     if (!process_) return;
     // Bounded: give it a moment to close its fabric cleanly; Subprocess kills it after.
     (void)process_->WriteStdin("quit\n", Deadline::AfterMs(1000));
@@ -253,7 +253,7 @@ Result<SizeRow> MeasureEngine(fabric::TransferEngine& engine, fabric::RegionId r
 }
 
 // Waits until the peer engine has counted `expected` immediates `imm` (all writes landed).
-Status WaitLanded(Child& child, uint32_t imm, uint64_t expected) {
+Status WaitLanded(ReceiverProcess& child, uint32_t imm, uint64_t expected) {
   const Deadline deadline = Deadline::AfterMs(60000);
   while (true) {
     PD_ASSIGN_OR_RETURN(std::string reply, child.Ask(fmt::format("count {}", imm)));
@@ -265,7 +265,7 @@ Status WaitLanded(Child& child, uint32_t imm, uint64_t expected) {
   }
 }
 
-Result<double> MeasureRaw(Child& child, fabric::RawWriteProbe& raw,
+Result<double> MeasureRaw(ReceiverProcess& child, fabric::RawWriteProbe& raw,
                           fabric::RawWriteProbe::PeerAddress peer,
                           const fabric::RawWriteProbe::Target& target, size_t size, uint32_t pages,
                           uint64_t count) {
@@ -330,7 +330,7 @@ Status RunFabricBench(const FabricBenchOptions& flags) {
   }
   const size_t max_size = *std::max_element(sizes.begin(), sizes.end());
   const uint64_t bytes = static_cast<uint64_t>(max_size) * flags.pages;
-  Child child;
+  ReceiverProcess child;
   PD_RETURN_IF_ERROR(child.Start(flags.peer_command, provider, bytes));
   PD_ASSIGN_OR_RETURN(std::string ready, child.ReadLine());
   std::istringstream in(ready);

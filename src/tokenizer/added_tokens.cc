@@ -3,14 +3,9 @@
 #include <algorithm>
 #include <utility>
 
+#include "tokenizer/utf8.h"
+
 namespace pdserve {
-namespace {
-
-bool IsAsciiSpace(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
-}
-
-}  // namespace
 
 AddedTokenMatcher::AddedTokenMatcher(std::vector<Token> tokens) : tokens_(std::move(tokens)) {
   std::erase_if(tokens_, [](const Token& t) { return t.content.empty(); });
@@ -45,13 +40,14 @@ void AddedTokenMatcher::Encode(std::string_view text, const PlainEncoder& encode
     }
     size_t segment_end = pos;
     if (token->lstrip) {
-      while (segment_end > segment_start && IsAsciiSpace(text[segment_end - 1])) --segment_end;
+      while (segment_end > segment_start && utf8::IsAsciiSpace(text[segment_end - 1]))
+        --segment_end;
     }
     plain(segment_start, segment_end);
     ids.push_back(token->id);
     pos += token->content.size();
     if (token->rstrip) {
-      while (pos < text.size() && IsAsciiSpace(text[pos])) ++pos;
+      while (pos < text.size() && utf8::IsAsciiSpace(text[pos])) ++pos;
     }
     segment_start = pos;
   }

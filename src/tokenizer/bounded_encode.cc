@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "tokenizer/utf8.h"
+
 namespace pdserve {
 namespace {
 
@@ -10,16 +12,13 @@ namespace {
 constexpr size_t kFirstPrefixBytesPerToken = 8;
 constexpr size_t kMinFirstPrefixBytes = 4096;
 
-bool IsAsciiSpace(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
-}
-
 }  // namespace
 
 size_t PrefixCut(std::string_view text, size_t from, size_t to) {
   if (text.size() < 3) return std::string_view::npos;
   for (size_t i = std::min(to, text.size() - 2); i > from; --i) {
-    if (text[i] == ' ' && !IsAsciiSpace(text[i - 1]) && !IsAsciiSpace(text[i + 1])) return i;
+    if (text[i] == ' ' && !utf8::IsAsciiSpace(text[i - 1]) && !utf8::IsAsciiSpace(text[i + 1]))
+      return i;
   }
   return std::string_view::npos;
 }
@@ -31,7 +30,7 @@ std::optional<std::vector<int32_t>> EncodeWithin(const Tokenizer& tokenizer, std
   if (const size_t bound = tokenizer.max_text_bytes_per_token();
       bound > 0 && text.size() / bound > max_tokens) {
     const auto counted = static_cast<size_t>(
-        std::count_if(text.begin(), text.end(), [](char c) { return !IsAsciiSpace(c); }));
+        std::count_if(text.begin(), text.end(), [](char c) { return !utf8::IsAsciiSpace(c); }));
     if (counted / bound > max_tokens) return std::nullopt;
   }
   size_t prefix = std::max(kMinFirstPrefixBytes, max_tokens * kFirstPrefixBytesPerToken);

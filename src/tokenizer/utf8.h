@@ -11,6 +11,12 @@ namespace pdserve::utf8 {
 
 inline constexpr char32_t kReplacement = 0xFFFD;
 
+// True for the ASCII whitespace bytes (space, \t, \n, \r, \f, \v: C's isspace in the "C"
+// locale), whatever the process's locale.
+inline bool IsAsciiSpace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
+
 // Outcome of decoding the code point that starts at a position.
 struct Decoded {
   enum class Kind : uint8_t {

@@ -14,7 +14,6 @@
 namespace pdserve::testing {
 namespace {
 
-constexpr int kPage = 4;
 // Small chunks on the prefill node, so that long prompts take several forward passes.
 const std::vector<std::string> kModelFlags = {"--page-size", std::to_string(kPage),
                                               "--max-batch-tokens", "8"};

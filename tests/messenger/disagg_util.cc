@@ -42,6 +42,13 @@ std::string ErrorMessage(const Completion& c) {
   return c.body.is_object() && c.body.contains("error") ? c.body["error"].dump() : c.body.dump();
 }
 
+std::vector<std::string> With(std::vector<std::string> args, const std::vector<std::string>& more) {
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+std::string PeerName(const NodeProcess& node) { return "127.0.0.1:" + std::to_string(node.port()); }
+
 double NodeMetric(int port, const std::string& name) {
   httplib::Client client("127.0.0.1", port);
   client.set_read_timeout(5, 0);

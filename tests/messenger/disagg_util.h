@@ -27,6 +27,15 @@ inline constexpr bool kThreadSanitizer = false;
 #endif
 // A prompt whose prefill in chunks of 16 tokens lasts seconds in this build (~2-7 s).
 inline constexpr int kLongPromptTokens = kThreadSanitizer ? 385 : 2049;
+// Tokens per KV page of the nodes whose tests count pages.
+inline constexpr int kPage = 4;
+// How long a decode node waits for a request's KV (retries included). It bounds a hang, it
+// does not measure speed: long enough for a long prompt on a loaded host in a TSan build.
+inline constexpr int kPrefillTimeoutMs = 60000;
+// Flags of nodes that notice a lost peer quickly: a heartbeat every 100 ms, a peer silent for
+// 1.5 s is removed (pages of 4 tokens, one thread).
+inline const std::vector<std::string> kQuickPeerLossFlags = {
+    "--page-size", "4", "--threads", "1", "--heartbeat-ms", "100", "--peer-timeout-ms", "1500"};
 
 struct Completion {
   int status = 0;
@@ -41,6 +50,11 @@ Completion Complete(int port, const std::vector<int32_t>& prompt, int max_tokens
                     const httplib::Headers& headers = {});
 // A failed completion's "error" object as JSON text (the whole body if it has none).
 std::string ErrorMessage(const Completion& c);
+
+// `args`, then `more`.
+std::vector<std::string> With(std::vector<std::string> args, const std::vector<std::string>& more);
+// "127.0.0.1:PORT", the node as a decode node names a prefill peer.
+std::string PeerName(const NodeProcess& node);
 
 // A metric of a node (-1 if absent or the node does not answer).
 double NodeMetric(int port, const std::string& name);

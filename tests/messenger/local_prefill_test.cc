@@ -11,16 +11,11 @@ namespace pdserve::testing {
 namespace {
 
 constexpr int kLocalMax = 8;
-const std::vector<std::string> kModelFlags = {"--page-size", "4", "--max-batch-tokens", "8"};
-
-std::vector<std::string> With(std::vector<std::string> args, const std::vector<std::string>& more) {
-  args.insert(args.end(), more.begin(), more.end());
-  return args;
-}
+const std::vector<std::string> kLocalPrefillFlags = {"--page-size", "4", "--max-batch-tokens", "8"};
 
 TEST(LocalPrefillTest, ShortPromptsPrefillLocallyLongOnesRemotelyBothMatchColocated) {
   const std::string model = TinyModelDir();
-  NodeProcess prefill(model, PrefillArgs("tcp", kModelFlags));
+  NodeProcess prefill(model, PrefillArgs("tcp", kLocalPrefillFlags));
   ASSERT_TRUE(prefill.ok()) << prefill.error();
   // Built here rather than with DecodeArgs, which turns local prefill off.
   std::vector<std::string> decode_args = {"--role",
@@ -33,9 +28,9 @@ TEST(LocalPrefillTest, ShortPromptsPrefillLocallyLongOnesRemotelyBothMatchColoca
                                           "127.0.0.1:" + std::to_string(prefill.port()),
                                           "--local-prefill-max-tokens",
                                           std::to_string(kLocalMax)};
-  NodeProcess decode(model, With(decode_args, kModelFlags));
+  NodeProcess decode(model, With(decode_args, kLocalPrefillFlags));
   ASSERT_TRUE(decode.ok()) << decode.error();
-  NodeProcess colocated(model, kModelFlags);
+  NodeProcess colocated(model, kLocalPrefillFlags);
   ASSERT_TRUE(colocated.ok()) << colocated.error();
   ASSERT_EQ(WaitForMetric(decode.port(), "pdserve:messenger_peers_ready", 1, 30000), 1);
 

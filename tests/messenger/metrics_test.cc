@@ -16,14 +16,8 @@
 namespace pdserve::testing {
 namespace {
 
-constexpr int kPage = 4;
-const std::vector<std::string> kFlags = {"--page-size", std::to_string(kPage), "--kv-dtype",
-                                         "bf16",        "--max-batch-tokens",  "8"};
-
-std::vector<std::string> With(std::vector<std::string> args, const std::vector<std::string>& more) {
-  args.insert(args.end(), more.begin(), more.end());
-  return args;
-}
+const std::vector<std::string> kMetricsFlags = {"--page-size", std::to_string(kPage), "--kv-dtype",
+                                                "bf16",        "--max-batch-tokens",  "8"};
 
 // Bytes of the KV of `tokens` prefilled tokens: whole pages of every layer, K and V of every
 // KV head, BF16 (TP 1: one write per page and layer).
@@ -45,9 +39,9 @@ std::string MetricsText(int port) {
 }
 
 TEST(MessengerMetricsTest, BothNodesCountTheSameTransfer) {
-  NodeProcess prefill(TinyModelDir(), With(PrefillArgs("tcp"), kFlags));
+  NodeProcess prefill(TinyModelDir(), With(PrefillArgs("tcp"), kMetricsFlags));
   ASSERT_TRUE(prefill.ok()) << prefill.error();
-  NodeProcess decode(TinyModelDir(), DecodeArgs("tcp", {prefill.port()}, kFlags));
+  NodeProcess decode(TinyModelDir(), DecodeArgs("tcp", {prefill.port()}, kMetricsFlags));
   ASSERT_TRUE(decode.ok()) << decode.error();
   Result<ModelConfig> config = ModelConfig::Load(TinyModelDir());
   ASSERT_TRUE(config.ok()) << config.status().ToString();
@@ -113,11 +107,12 @@ TEST(MessengerMetricsTest, BothNodesCountTheSameTransfer) {
 }
 
 TEST(MessengerMetricsTest, StreamingOffGivesTheSameTokens) {
-  NodeProcess on(TinyModelDir(), With(PrefillArgs("tcp"), kFlags));
+  NodeProcess on(TinyModelDir(), With(PrefillArgs("tcp"), kMetricsFlags));
   ASSERT_TRUE(on.ok()) << on.error();
-  NodeProcess off(TinyModelDir(), With(PrefillArgs("tcp", {"--kv-streaming", "off"}), kFlags));
+  NodeProcess off(TinyModelDir(),
+                  With(PrefillArgs("tcp", {"--kv-streaming", "off"}), kMetricsFlags));
   ASSERT_TRUE(off.ok()) << off.error();
-  NodeProcess decode(TinyModelDir(), DecodeArgs("tcp", {on.port(), off.port()}, kFlags));
+  NodeProcess decode(TinyModelDir(), DecodeArgs("tcp", {on.port(), off.port()}, kMetricsFlags));
   ASSERT_TRUE(decode.ok()) << decode.error();
   const std::vector<int32_t> prompt = RandomPrompt(45, 3);
   auto via = [&](int port) {

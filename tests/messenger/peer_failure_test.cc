@@ -17,17 +17,13 @@
 namespace pdserve::testing {
 namespace {
 
-const std::vector<std::string> kFlags = {"--page-size",    "4",   "--threads",         "1",
-                                         "--heartbeat-ms", "100", "--peer-timeout-ms", "1500"};
 constexpr int kLongPrompt = kLongPromptTokens;  // prefill steps of 16 tokens: seconds
-// How long a decode node waits for a request's KV (retries included). It bounds a hang, it
-// does not measure speed: long enough for a long prompt on a loaded host in a TSan build. Only
-// the test that waits for a request to fail for want of a peer uses a short one.
-constexpr int kPrefillTimeoutMs = 60000;
+// kPrefillTimeoutMs (disagg_util.h) bounds a hang; only the test that waits for a request to
+// fail for want of a peer uses a short one.
 
 std::unique_ptr<NodeProcess> StartPrefill(const std::string& listen = "127.0.0.1:0") {
   auto args = PrefillArgs("tcp", {"--max-batch-tokens", "16"});
-  args.insert(args.end(), kFlags.begin(), kFlags.end());
+  args.insert(args.end(), kQuickPeerLossFlags.begin(), kQuickPeerLossFlags.end());
   return std::make_unique<NodeProcess>(TinyModelDir(), args, listen);
 }
 
@@ -37,7 +33,7 @@ std::unique_ptr<NodeProcess> StartDecode(const std::vector<int>& prefill_ports,
                                          const std::vector<std::string>& extra = {}) {
   auto decode = std::make_unique<NodeProcess>(
       TinyModelDir(), DecodeArgs("tcp", prefill_ports, [&extra] {
-        auto a = kFlags;
+        auto a = kQuickPeerLossFlags;
         a.insert(a.end(), {"--prefill-timeout-ms", std::to_string(kPrefillTimeoutMs)});
         a.insert(a.end(), extra.begin(), extra.end());
         return a;

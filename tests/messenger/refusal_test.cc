@@ -21,17 +21,12 @@
 namespace pdserve::testing {
 namespace {
 
-const std::vector<std::string> kFlags = {"--page-size",    "4",   "--threads",         "1",
-                                         "--heartbeat-ms", "100", "--peer-timeout-ms", "1500"};
-
 std::unique_ptr<NodeProcess> StartPrefill(const std::string& model_dir, const std::string& key) {
   std::vector<std::string> args = {"--role",        "prefill", "--fabric-provider",  "tcp",
                                    "--cluster-key", key,       "--max-batch-tokens", "16"};
-  args.insert(args.end(), kFlags.begin(), kFlags.end());
+  args.insert(args.end(), kQuickPeerLossFlags.begin(), kQuickPeerLossFlags.end());
   return std::make_unique<NodeProcess>(model_dir, args);
 }
-
-std::string Name(const NodeProcess& node) { return "127.0.0.1:" + std::to_string(node.port()); }
 
 // The tiny preset with weights of another seed: the same config, another checkpoint.
 std::string OtherCheckpointDir() {
@@ -70,10 +65,10 @@ TEST(MessengerRefusalTest, WrongClusterKeyIsRefusedAndTheGoodPeerServes) {
   ASSERT_TRUE(good->ok()) << good->error();
   ASSERT_TRUE(bad->ok()) << bad->error();
   auto decode = std::make_unique<NodeProcess>(
-      TinyModelDir(), DecodeArgs("tcp", {bad->port(), good->port()}, kFlags));
+      TinyModelDir(), DecodeArgs("tcp", {bad->port(), good->port()}, kQuickPeerLossFlags));
   ASSERT_TRUE(decode->ok()) << decode->error();
 
-  const nlohmann::json refused = WaitUntilRefused(decode->port(), Name(*bad));
+  const nlohmann::json refused = WaitUntilRefused(decode->port(), PeerName(*bad));
   ASSERT_FALSE(refused.is_discarded()) << GetJson(decode->port(), "/internal/messenger/peers");
   EXPECT_NE(refused.value("last_error", "").find("did not prove the cluster secret"),
             std::string::npos)
@@ -90,7 +85,7 @@ TEST(MessengerRefusalTest, WrongClusterKeyIsRefusedAndTheGoodPeerServes) {
   // A request pinned to the refused node fails at once with the reason, not at its deadline.
   const auto start = std::chrono::steady_clock::now();
   const Completion pinned =
-      Complete(decode->port(), RandomPrompt(9, 5), 3, {{"X-Prefill-Peer", Name(*bad)}});
+      Complete(decode->port(), RandomPrompt(9, 5), 3, {{"X-Prefill-Peer", PeerName(*bad)}});
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
   EXPECT_NE(pinned.status, 200);
   EXPECT_NE(ErrorMessage(pinned).find("did not prove the cluster secret"), std::string::npos)
@@ -110,20 +105,20 @@ TEST(MessengerRefusalTest, IncompatibleModelsAreRefusedNamingTheDifference) {
   // Without local fallback, so that a request with no usable peer is refused, naming why.
   auto decode = std::make_unique<NodeProcess>(
       TinyModelDir(), DecodeArgs("tcp", {checkpoint->port(), shape->port()}, [] {
-        auto flags = kFlags;
+        auto flags = kQuickPeerLossFlags;
         flags.insert(flags.end(), {"--local-prefill-fallback", "off"});
         return flags;
       }()));
   ASSERT_TRUE(decode->ok()) << decode->error();
 
-  const nlohmann::json other_weights = WaitUntilRefused(decode->port(), Name(*checkpoint));
+  const nlohmann::json other_weights = WaitUntilRefused(decode->port(), PeerName(*checkpoint));
   ASSERT_FALSE(other_weights.is_discarded())
       << GetJson(decode->port(), "/internal/messenger/peers");
   const std::string weights_error = other_weights.value("last_error", "");
   EXPECT_NE(weights_error.find("model weights differ"), std::string::npos) << weights_error;
   EXPECT_EQ(weights_error.find("config differs"), std::string::npos) << weights_error;
 
-  const nlohmann::json other_shape = WaitUntilRefused(decode->port(), Name(*shape));
+  const nlohmann::json other_shape = WaitUntilRefused(decode->port(), PeerName(*shape));
   ASSERT_FALSE(other_shape.is_discarded()) << GetJson(decode->port(), "/internal/messenger/peers");
   const std::string shape_error = other_shape.value("last_error", "");
   EXPECT_NE(shape_error.find("model config differs"), std::string::npos) << shape_error;

@@ -17,8 +17,6 @@
 namespace pdserve::testing {
 namespace {
 
-std::string Name(const NodeProcess& node) { return "127.0.0.1:" + std::to_string(node.port()); }
-
 class MessengerResumedPeerTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MessengerResumedPeerTest, ResumedHungPrefillCannotWriteIntoReusedPages) {
@@ -46,8 +44,8 @@ TEST_P(MessengerResumedPeerTest, ResumedHungPrefillCannotWriteIntoReusedPages) {
   ASSERT_EQ(WaitForMetric(decode->port(), "pdserve:messenger_peers_ready", 2, 20000), 2);
   const int d = decode->port();
   const std::vector<int32_t> a = RandomPrompt(400, 31), b = RandomPrompt(400, 32);
-  const httplib::Headers via_p1 = {{"X-Prefill-Peer", Name(*p1)}};
-  const httplib::Headers via_p2 = {{"X-Prefill-Peer", Name(*p2)}};
+  const httplib::Headers via_p1 = {{"X-Prefill-Peer", PeerName(*p1)}};
+  const httplib::Headers via_p2 = {{"X-Prefill-Peer", PeerName(*p2)}};
   const Completion want = Complete(d, b, 100, via_p2);
   ASSERT_EQ(want.status, 200) << want.body.dump();
 

@@ -21,10 +21,6 @@ namespace {
 
 using std::chrono::steady_clock;
 
-const std::vector<std::string> kFlags = {"--page-size",    "4",   "--threads",         "1",
-                                         "--heartbeat-ms", "100", "--peer-timeout-ms", "1500"};
-// A bound on a hang, not a speed check: long enough for a loaded host in a TSan build.
-constexpr int kPrefillTimeoutMs = 60000;
 // How long a resumed peer may take to be used again. D asks a removed peer's HTTP API again
 // after at most a second (messenger::kMaxReconnectBackoff; a paused node's answer is usually
 // already awaited) and the handshake is four messages: a bound with room for a loaded host.
@@ -41,10 +37,10 @@ struct Cluster {
 Cluster StartCluster(const std::vector<std::string>& decode_extra = {}) {
   Cluster c;
   auto p_args = PrefillArgs("tcp", {"--max-batch-tokens", "16"});
-  p_args.insert(p_args.end(), kFlags.begin(), kFlags.end());
+  p_args.insert(p_args.end(), kQuickPeerLossFlags.begin(), kQuickPeerLossFlags.end());
   c.prefill = std::make_unique<NodeProcess>(TinyModelDir(), p_args);
   if (!c.prefill->ok()) return c;
-  auto d_args = kFlags;
+  auto d_args = kQuickPeerLossFlags;
   d_args.insert(d_args.end(), {"--prefill-timeout-ms", std::to_string(kPrefillTimeoutMs)});
   d_args.insert(d_args.end(), decode_extra.begin(), decode_extra.end());
   c.decode =
