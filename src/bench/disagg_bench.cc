@@ -121,7 +121,7 @@ class Waiter {
   RequestOutput out_ GUARDED_BY(mu_);
 };
 
-double Seconds(TimePoint from, TimePoint to) {
+double SecondsBetween(TimePoint from, TimePoint to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
@@ -159,10 +159,10 @@ Result<DisaggRun> ReadRun(const std::vector<Event>& p_events, const std::vector<
   }
   const TimePoint compute_end = last_layer_done.at(scheduled.rbegin()->first);
   run.steps = static_cast<int>(scheduled.size());
-  run.compute_s = Seconds(scheduled.begin()->second, compute_end);
-  run.tail_s = Seconds(compute_end, landed);
-  run.transfer_s = Seconds(first_post, landed);
-  run.latency_s = Seconds(sent, landed);
+  run.compute_s = SecondsBetween(scheduled.begin()->second, compute_end);
+  run.tail_s = SecondsBetween(compute_end, landed);
+  run.transfer_s = SecondsBetween(first_post, landed);
+  run.latency_s = SecondsBetween(sent, landed);
   return run;
 }
 

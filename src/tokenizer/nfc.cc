@@ -31,7 +31,7 @@ constexpr char32_t kSBase = 0xAC00, kLBase = 0x1100, kVBase = 0x1161, kTBase = 0
 constexpr char32_t kLCount = 19, kVCount = 21, kTCount = 28, kNCount = kVCount * kTCount;
 constexpr char32_t kSCount = kLCount * kNCount;
 
-uint64_t PairKey(char32_t a, char32_t b) { return (static_cast<uint64_t>(a) << 32) | b; }
+uint64_t CompositionKey(char32_t a, char32_t b) { return (static_cast<uint64_t>(a) << 32) | b; }
 
 // Lookup maps built once from the generated arrays.
 struct Maps {
@@ -40,7 +40,7 @@ struct Maps {
   Maps() {
     for (const Decomposition& d : kDecompositions) {
       decompose.emplace(d.cp, std::make_pair(d.first, d.second));
-      if (d.composes) compose.emplace(PairKey(d.first, d.second), d.cp);
+      if (d.composes) compose.emplace(CompositionKey(d.first, d.second), d.cp);
     }
   }
 };
@@ -108,7 +108,7 @@ std::optional<char32_t> ComposePair(char32_t a, char32_t b, const Maps& maps) {
       b < kTBase + kTCount) {
     return a + (b - kTBase);
   }
-  auto it = maps.compose.find(PairKey(a, b));
+  auto it = maps.compose.find(CompositionKey(a, b));
   if (it == maps.compose.end()) return std::nullopt;
   return it->second;
 }

@@ -17,8 +17,8 @@ namespace {
 
 using nlohmann::json;
 
-const char* const kFixtures[] = {"llama3_1.jinja", "llama3_2.jinja", "qwen2_5.jinja", "qwen3.jinja",
-                                 "mistral_v0_3.jinja"};
+const char* const kFixtureTemplates[] = {"llama3_1.jinja", "llama3_2.jinja", "qwen2_5.jinja",
+                                         "qwen3.jinja", "mistral_v0_3.jinja"};
 
 std::string ReadFixture(const std::string& name) {
   std::ifstream in(std::filesystem::path(PDSERVE_CHAT_FIXTURES) / name, std::ios::binary);
@@ -56,7 +56,7 @@ void ExpectOkOrInvalidArgument(const Result<std::string>& out, const std::string
 }
 
 TEST(ChatTemplateFuzzTest, OddMessagesNeverCrash) {
-  for (const char* name : kFixtures) {
+  for (const char* name : kFixtureTemplates) {
     auto tmpl = ChatTemplate::Parse(ReadFixture(name));
     ASSERT_TRUE(tmpl.ok()) << name;
     for (const json& messages : Conversations()) {
@@ -74,7 +74,7 @@ TEST(ChatTemplateFuzzTest, MutatedTemplatesNeverCrash) {
   const std::string alphabet = "{}%#-+()[]'\"|.,:~=!<>*/ \n\tabcxyz019_";
   const std::vector<json> conversations = Conversations();
   int parsed = 0, total = 0;
-  for (const char* name : kFixtures) {
+  for (const char* name : kFixtureTemplates) {
     const std::string original = ReadFixture(name);
     ASSERT_FALSE(original.empty()) << name;
     for (int round = 0; round < 150; ++round) {

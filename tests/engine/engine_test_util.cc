@@ -1,10 +1,17 @@
 #include "engine_test_util.h"
 
+#include <fstream>
+
 #include <gtest/gtest.h>
 
 #include "testing/test_paths.h"
 
 namespace pdserve::testing {
+
+nlohmann::json ReadGolden() {
+  std::ifstream in(SharedPath(std::string(kGoldenModel) + "/golden.json"));
+  return nlohmann::json::parse(in);
+}
 
 EngineFixture::EngineFixture(const std::string& model_dir, const FixtureOptions& options) {
   ModelDirOptions mo;

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/dtype.h"
 #include "engine/engine.h"
 #include "model/model_dir.h"
@@ -15,6 +17,8 @@ namespace pdserve::testing {
 
 // The shared model whose golden.json holds reference greedy continuations (golden tests).
 inline constexpr char kGoldenModel[] = "models/stories260K";
+// kGoldenModel's golden.json: its cases (prompts and their greedy continuations, logits).
+nlohmann::json ReadGolden();
 
 struct FixtureOptions {
   int page_tokens = 16;

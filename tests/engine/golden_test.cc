@@ -3,7 +3,6 @@
 // greedy continuation token for token and the last-position top-5 logits within 1e-3 relative,
 // on every kernel path this CPU runs (kernels/dispatch.h; a path it lacks is SKIPPED loudly).
 // The checkpoint is F32: amx_engine_test.cc runs a BF16 copy, whose products reach the AMX tiles.
-#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,11 +21,7 @@
 namespace pdserve {
 namespace {
 
-nlohmann::json ReadGolden() {
-  std::ifstream in(
-      ::pdserve::testing::SharedPath(std::string(testing::kGoldenModel) + "/golden.json"));
-  return nlohmann::json::parse(in);
-}
+using testing::ReadGolden;
 
 // `pdserve generate --json` of a golden case's prompt, greedy for the case's length, with
 // `extra` flags and `env` set; its log (stderr) apart from its JSON (stdout).

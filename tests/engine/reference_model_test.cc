@@ -7,9 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <numbers>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,23 +21,14 @@
 namespace pdserve::testing {
 namespace {
 
-constexpr char kStories[] = "models/stories260K";
-
-nlohmann::json ReadGolden() {
-  std::ifstream in(SharedPath(std::string(kStories) + "/golden.json"));
-  std::stringstream text;
-  text << in.rdbuf();
-  return nlohmann::json::parse(text.str());
-}
-
 // Loaded once for all tests of this file (the load widens every weight to double).
 const Result<ReferenceModel>& Stories() {
-  static const Result<ReferenceModel> model = ReferenceModel::Load(SharedPath(kStories));
+  static const Result<ReferenceModel> model = ReferenceModel::Load(SharedPath(kGoldenModel));
   return model;
 }
 
 TEST(ReferenceModelTest, ReproducesStoriesGoldenGreedyAndLogits) {
-  PD_REQUIRE_SHARED(kStories);
+  PD_REQUIRE_SHARED(kGoldenModel);
   ASSERT_TRUE(Stories().ok()) << Stories().status().ToString();
   const ReferenceModel& model = *Stories();
   const nlohmann::json golden = ReadGolden();
@@ -70,7 +59,7 @@ TEST(ReferenceModelTest, ReproducesStoriesGoldenGreedyAndLogits) {
 // Logits, AllLogits and Greedy run the same forward through different loops; they must agree
 // exactly, and the greedy path (one cached step per token) must pick the argmax of every row.
 TEST(ReferenceModelTest, EntryPointsAgree) {
-  PD_REQUIRE_SHARED(kStories);
+  PD_REQUIRE_SHARED(kGoldenModel);
   ASSERT_TRUE(Stories().ok()) << Stories().status().ToString();
   const ReferenceModel& model = *Stories();
   const std::vector<int32_t> prompt = {1, 317, 269, 274, 287, 263};

@@ -36,7 +36,7 @@ struct PagesShape {
   std::vector<int64_t> contexts;  // one run: a query per entry
 };
 
-std::string ShapeName(const PagesShape& s) {
+std::string PagesShapeName(const PagesShape& s) {
   return std::to_string(s.heads) + "heads" + std::to_string(s.head_dim) + "dim" +
          std::to_string(s.page_tokens) + "page" + std::to_string(s.contexts.size()) + "queries" +
          (s.bf16 ? "_bf16" : "_f32");
@@ -209,7 +209,7 @@ INSTANTIATE_TEST_SUITE_P(Paths, AttendPagesTest,
                                             ::testing::ValuesIn(kPagesShapes)),
                          [](const auto& info) {
                            return KernelPathTestName(std::get<0>(info.param)) + "_" +
-                                  ShapeName(std::get<1>(info.param)) + "_" +
+                                  PagesShapeName(std::get<1>(info.param)) + "_" +
                                   std::to_string(info.index);
                          });
 

@@ -21,7 +21,8 @@
 namespace pdserve::testing {
 namespace {
 
-std::unique_ptr<NodeProcess> StartPrefill(const std::string& model_dir, const std::string& key) {
+std::unique_ptr<NodeProcess> StartKeyedPrefill(const std::string& model_dir,
+                                               const std::string& key) {
   std::vector<std::string> args = {"--role",        "prefill", "--fabric-provider",  "tcp",
                                    "--cluster-key", key,       "--max-batch-tokens", "16"};
   args.insert(args.end(), kQuickPeerLossFlags.begin(), kQuickPeerLossFlags.end());
@@ -60,8 +61,8 @@ nlohmann::json WaitUntilRefused(int decode_port, const std::string& name) {
 }
 
 TEST(MessengerRefusalTest, WrongClusterKeyIsRefusedAndTheGoodPeerServes) {
-  auto good = StartPrefill(TinyModelDir(), kClusterKey);
-  auto bad = StartPrefill(TinyModelDir(), "not-the-cluster-secret");
+  auto good = StartKeyedPrefill(TinyModelDir(), kClusterKey);
+  auto bad = StartKeyedPrefill(TinyModelDir(), "not-the-cluster-secret");
   ASSERT_TRUE(good->ok()) << good->error();
   ASSERT_TRUE(bad->ok()) << bad->error();
   auto decode = std::make_unique<NodeProcess>(
@@ -98,8 +99,8 @@ TEST(MessengerRefusalTest, WrongClusterKeyIsRefusedAndTheGoodPeerServes) {
 }
 
 TEST(MessengerRefusalTest, IncompatibleModelsAreRefusedNamingTheDifference) {
-  auto checkpoint = StartPrefill(OtherCheckpointDir(), kClusterKey);
-  auto shape = StartPrefill(SyntheticModelDir("tiny-llama3"), kClusterKey);
+  auto checkpoint = StartKeyedPrefill(OtherCheckpointDir(), kClusterKey);
+  auto shape = StartKeyedPrefill(SyntheticModelDir("tiny-llama3"), kClusterKey);
   ASSERT_TRUE(checkpoint->ok()) << checkpoint->error();
   ASSERT_TRUE(shape->ok()) << shape->error();
   // Without local fallback, so that a request with no usable peer is refused, naming why.
