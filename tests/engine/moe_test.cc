@@ -23,7 +23,7 @@ using testing::EngineFixture;
 
 constexpr const char* kPreset = "qwen3-moe-tiny";
 
-std::vector<int32_t> RandomTokens(std::mt19937& rng, int n, int vocab) {
+std::vector<int32_t> RandomTokensFrom(std::mt19937& rng, int n, int vocab) {
   std::vector<int32_t> t(n);
   for (int32_t& x : t) x = static_cast<int32_t>(rng() % vocab);
   return t;
@@ -119,7 +119,7 @@ TEST(MoeTest, RouterChoosesDistinctExpertsWithRenormalisedWeights) {
   ASSERT_EQ(moe.num_experts, 8);
   ASSERT_EQ(moe.experts_per_token, 2);
   std::mt19937 rng(3);
-  const std::vector<int32_t> prompt = RandomTokens(rng, 40, dir.config.vocab_size);
+  const std::vector<int32_t> prompt = RandomTokensFrom(rng, 40, dir.config.vocab_size);
   SequenceResult r = RunBatch(path, {prompt}, 64, 0);
   // Layers 0, 1 and 3 are MoE; layer 2 is in mlp_only_layers.
   std::vector<int> layers;
@@ -151,7 +151,7 @@ TEST_P(MoeInvarianceTest, BatchChunkAndThreadsDoNotChangeABit) {
   const int vocab = LoadModel(path).config.vocab_size;
   std::mt19937 rng(11);
   std::vector<std::vector<int32_t>> batch;
-  for (int len : {23, 1, 7, 40, 3, 17, 9, 30}) batch.push_back(RandomTokens(rng, len, vocab));
+  for (int len : {23, 1, 7, 40, 3, 17, 9, 30}) batch.push_back(RandomTokensFrom(rng, len, vocab));
   const SequenceResult alone = RunBatch(path, {batch[0]}, 1024, 0);
   ASSERT_FALSE(alone.logits.empty());
   for (int chunk : {1, 5, 8}) {
@@ -178,7 +178,7 @@ TEST_P(MoeInvarianceTest, EngineSplitsGiveIdenticalTokens) {
   const int vocab = LoadModel(path).config.vocab_size;
   std::mt19937 rng(5);
   std::vector<std::vector<int32_t>> prompts;
-  for (int len : {12, 1, 33, 5, 20, 8}) prompts.push_back(RandomTokens(rng, len, vocab));
+  for (int len : {12, 1, 33, 5, 20, 8}) prompts.push_back(RandomTokensFrom(rng, len, vocab));
   const int n = 10;
   std::vector<std::vector<int32_t>> alone;
   {
