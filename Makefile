@@ -30,8 +30,9 @@ format-check:
 check-includes:
 	@python3 scripts/check_includes.py src
 
-# clang's -Wthread-safety over every src/ file (GUARDED_BY/REQUIRES of common/mutex.h), 2 at a
-# time, with the flags of $(BUILD)/compile_commands.json; syntax only, no objects.
+# clang's -Wthread-safety over every src/ file that can see a capability attribute
+# (GUARDED_BY/REQUIRES of common/mutex.h; the others hold nothing to check), 2 at a time, with
+# the flags of $(BUILD)/compile_commands.json; syntax only, no objects.
 thread-safety: $(BUILD)/compile_commands.json
 	@python3 scripts/check_thread_safety.py -b $(BUILD) -j 2
 
