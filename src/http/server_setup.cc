@@ -193,7 +193,7 @@ void ConfigureServer(Server& server, const ServerConfig& config) {
       1, std::chrono::duration_cast<std::chrono::seconds>(config.keep_alive_timeout).count()));
   server.set_keep_alive_max_count(config.keep_alive_max_requests);
   // Set on the listening socket; Linux copies it to every accepted socket (tested in
-  // tests/server/http_common_test.cc), so small SSE events leave at once, not after Nagle's
+  // tests/http/http_common_test.cc), so small SSE events leave at once, not after Nagle's
   // wait for an ACK.
   server.set_tcp_nodelay(true);
 
