@@ -57,6 +57,56 @@ void CopyRows(const std::vector<RowSlice>& parts, const Tensor& (*of)(const Tens
 
 }  // namespace
 
+namespace {
+
+// Plain transposition of rows [row, row + n) of any dtype's [*][k] matrix, scales not included.
+Tensor TransposeElements(const Tensor& w, int64_t row, int64_t n) {
+  const int64_t k = w.dim(1);
+  const size_t elem = DTypeSize(w.dtype());
+  Tensor t = Tensor::Uninitialized(w.dtype(), {k, n});
+  const auto* src = static_cast<const uint8_t*>(w.data());
+  auto* dst = static_cast<uint8_t*>(t.data());
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < k; ++j) {
+      std::memcpy(dst + (j * n + i) * elem, src + ((row + i) * k + j) * elem, elem);
+    }
+  }
+  return t;
+}
+
+// The row scales of the transposed FP8 rows [row, row + n) of w (TransposeRows), or an empty
+// tensor when a 128-wide block of a transposed row would need more than one scale.
+Tensor TransposedScales(const Tensor& w, int64_t row, int64_t n) {
+  constexpr int kBlock = kernels::kFp8BlockK;
+  const Tensor& scales = w.row_scales();
+  const int64_t k = w.dim(1), k_blocks = scales.dim(1), t_blocks = (n + kBlock - 1) / kBlock;
+  Tensor out = Tensor::Uninitialized(DType::kF32, {k, t_blocks});
+  for (int64_t j = 0; j < k; ++j) {           // a row of the result: column j of w
+    for (int64_t b = 0; b < t_blocks; ++b) {  // its 128-wide block b: rows row + 128b.. of w
+      const float s = scales.as<float>()[(row + b * kBlock) * k_blocks + j / kBlock];
+      for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) {
+        if (scales.as<float>()[(row + i) * k_blocks + j / kBlock] != s) return Tensor();
+      }
+      out.as<float>()[j * t_blocks + b] = s;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor TransposeRows(const Tensor& w, int64_t row, int64_t n) {
+  if (w.dtype() != DType::kF8E4M3) return TransposeElements(w, row, n);
+  Tensor scales = TransposedScales(w, row, n);
+  if (scales.empty()) {
+    const Tensor f32 = DequantiseFp8(w, DType::kF32);
+    return TransposeElements(f32, row, n);
+  }
+  Tensor t = TransposeElements(w, row, n);
+  t.set_row_scales(std::move(scales));
+  return t;
+}
+
 size_t Matrix::bytes() const {
   if (fp8 != nullptr) return kernels::PackedFP8Bytes(n, k);
   return bf16 == nullptr ? f32.nbytes() : kernels::PackedBF16Elements(n, k) * sizeof(uint16_t);

@@ -36,6 +36,13 @@ struct RowSlice {
 // parts joined with parts of another dtype are dequantised to it (DequantiseFp8).
 Tensor TakeRows(const std::vector<RowSlice>& parts);
 
+// Rows [row, row + n) of a matrix tensor [*][k], transposed: [k][n], in the same dtype. An FP8
+// matrix stays FP8 when each row of the result keeps one scale per 128-wide block (the rows
+// taken start on a multiple of 128 and their scales change only every 128 rows, as DeepSeek's
+// 128 x 128 blocks do, e.g. kv_b_proj's heads of 128 rows); otherwise it is dequantised to F32
+// (exactly as DequantiseFp8 weighs it).
+Tensor TransposeRows(const Tensor& w, int64_t row, int64_t n);
+
 // Every packed BF16 matrix of a model, back to back in the order they were added, in one
 // allocation of whole 2 MB pages. With separate allocations the small matrices (q|k|v,
 // o_proj) read several times slower after the large ones streamed past, most likely from 4 KB

@@ -44,21 +44,6 @@ void PlaceColumns(const float* in, int rows, int stride, int col, int width, flo
   }
 }
 
-// A transposed copy of rows [row, row + n) of a [*, k] matrix tensor: [k][n], same dtype.
-Tensor TransposedRows(const Tensor& w, int64_t row, int64_t n) {
-  const int64_t k = w.dim(1);
-  const size_t elem = DTypeSize(w.dtype());
-  Tensor t = Tensor::Uninitialized(w.dtype(), {k, n});
-  const auto* src = static_cast<const uint8_t*>(w.data());
-  auto* dst = static_cast<uint8_t*>(t.data());
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = 0; j < k; ++j) {
-      std::memcpy(dst + (j * n + i) * elem, src + ((row + i) * k + j) * elem, elem);
-    }
-  }
-  return t;
-}
-
 }  // namespace
 
 MlaAttention::MlaAttention(const ModelConfig& config, const TpSlices& tp, int layer,
@@ -81,7 +66,7 @@ MlaAttention::MlaAttention(const ModelConfig& config, const TpSlices& tp, int la
   absorb_o_.resize(heads);
   for (int h = 0; h < heads; ++h) {
     const int base = (tp.q_heads.begin + h) * per_head;
-    uk_t_.push_back(TransposedRows(w.kv_b_proj, base, a.qk_nope_head_dim));
+    uk_t_.push_back(TransposeRows(w.kv_b_proj, base, a.qk_nope_head_dim));
     packer.Add({{&uk_t_.back(), {0, a.kv_lora_rank}}}, &absorb_q_[h]);
     packer.Add({{&w.kv_b_proj,
                  {base + a.qk_nope_head_dim, base + per_head},

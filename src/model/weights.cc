@@ -260,11 +260,6 @@ class WeightCollector {
   Status Embedding(const std::string& name, std::vector<int64_t> shape, Tensor* out) {
     return Add(name, std::move(shape), matrix_dtype_, false, out);
   }
-  // A matrix rearranged at load (MLA's kv_b_proj, transposed per head into the absorbed
-  // products): held in the matrix dtype, an FP8 one dequantised.
-  Status WideMatrix(const std::string& name, std::vector<int64_t> shape, Tensor* out) {
-    return Add(name, std::move(shape), matrix_dtype_, false, out);
-  }
   Status Vector(const std::string& name, int64_t size, Tensor* out) {
     return Add(name, {size}, DType::kF32, false, out);
   }
@@ -391,9 +386,9 @@ Status CollectAttention(const ModelConfig& c, const std::string& p, WeightCollec
     PD_RETURN_IF_ERROR(
         w.Vector(p + "self_attn.kv_a_layernorm.weight", a.kv_lora_rank, &l->kv_a_norm));
     PD_RETURN_IF_ERROR(
-        w.WideMatrix(p + "self_attn.kv_b_proj.weight",
-                     {int64_t{c.num_heads} * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank},
-                     &l->kv_b_proj));
+        w.Matrix(p + "self_attn.kv_b_proj.weight",
+                 {int64_t{c.num_heads} * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank},
+                 &l->kv_b_proj));
     return w.Matrix(p + "self_attn.o_proj.weight", {hidden, int64_t{c.num_heads} * a.v_head_dim},
                     &l->o_proj);
   }

@@ -162,18 +162,18 @@ TEST_P(TpForwardTest, RanksReproduceOneRankBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(
     Presets, TpForwardTest,
-    ::testing::Values(Case{"tiny", 2}, Case{"tiny", 3}, Case{"tiny", 4}, Case{"tiny-qwen2", 2},
-                      Case{"tiny-qwen3", 2}, Case{"tiny-mistral", 2}, Case{"tiny-llama3", 2},
-                      Case{"tiny-llama3", 4}, Case{"qwen3-moe-tiny", 2}, Case{"qwen3-moe-tiny", 4},
-                      Case{"deepseek-v3-tiny", 2}, Case{"deepseek-v3-tiny", 4},
-                      Case{"deepseek-v2-lite-tiny", 2},
-                      // FP8: shares of 64 rows cut the 128-row scale blocks (tiny's hidden and
-                      // intermediate at TP 4, the experts' at TP 2), and tiny-qwen3's q|k|v
-                      // joins q's 192 rows to k's.
-                      Case{"tiny", 2, DType::kF8E4M3}, Case{"tiny", 4, DType::kF8E4M3},
-                      Case{"tiny-qwen3", 2, DType::kF8E4M3},
-                      Case{"qwen3-moe-tiny", 2, DType::kF8E4M3},
-                      Case{"deepseek-v3-tiny", 2, DType::kF8E4M3}),
+    ::testing::Values(
+        Case{"tiny", 2}, Case{"tiny", 3}, Case{"tiny", 4}, Case{"tiny-qwen2", 2},
+        Case{"tiny-qwen3", 2}, Case{"tiny-mistral", 2}, Case{"tiny-llama3", 2},
+        Case{"tiny-llama3", 4}, Case{"qwen3-moe-tiny", 2}, Case{"qwen3-moe-tiny", 4},
+        Case{"deepseek-v3-tiny", 2}, Case{"deepseek-v3-tiny", 4}, Case{"deepseek-v2-lite-tiny", 2},
+        // FP8: shares of 64 rows cut the 128-row scale blocks (tiny's hidden and
+        // intermediate at TP 4, the experts' at TP 2), and tiny-qwen3's q|k|v
+        // joins q's 192 rows to k's.
+        Case{"tiny", 2, DType::kF8E4M3}, Case{"tiny", 4, DType::kF8E4M3},
+        Case{"tiny-qwen3", 2, DType::kF8E4M3}, Case{"qwen3-moe-tiny", 2, DType::kF8E4M3},
+        Case{"deepseek-v3-tiny", 2, DType::kF8E4M3}, Case{"deepseek-v3-tiny", 4, DType::kF8E4M3},
+        Case{"deepseek-v2-lite-tiny", 2, DType::kF8E4M3}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string name = std::string(info.param.preset) + "_tp" + std::to_string(info.param.tp);
       if (info.param.dtype != DType::kBF16)

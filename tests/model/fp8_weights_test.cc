@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <tuple>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -374,6 +375,28 @@ TEST(Fp8MatrixTest, MixedWithBf16IsDequantised) {
   ASSERT_EQ(joined.shape(), (std::vector<int64_t>{80, 130}));
   EXPECT_EQ(std::memcmp(joined.data(), want.data(), want.nbytes()), 0);
   EXPECT_EQ(joined.as<uint16_t>()[70 * 130 + 3], F32ToBF16(0.75f));
+}
+
+// MLA folds kv_b_proj's key rows of each head, transposed, into the query (mla_attention.cc):
+// a head of 128 rows at a multiple of 128 stays FP8 (its scales follow it), one that straddles
+// a 128-row scale block is dequantised to F32. Either way, the same values.
+TEST(Fp8MatrixTest, TransposedRowsKeepFp8WhereTheScalesAllow) {
+  std::mt19937 rng(6);
+  const Tensor w = RandomFp8(512, 300, rng);
+  const Tensor values = DequantiseFp8(w, DType::kF32);
+  for (const auto& [row, n, stays_fp8] :
+       {std::tuple{256, 128, true}, std::tuple{128, 200, true}, std::tuple{64, 128, false}}) {
+    const Tensor t = TransposeRows(w, row, n);
+    ASSERT_EQ(t.shape(), (std::vector<int64_t>{300, n}));
+    ASSERT_EQ(t.dtype(), stays_fp8 ? DType::kF8E4M3 : DType::kF32) << row << " " << n;
+    const Tensor got = stays_fp8 ? DequantiseFp8(t, DType::kF32) : Tensor();
+    const float* g = stays_fp8 ? got.as<float>() : t.as<float>();
+    for (int j = 0; j < 300; ++j) {
+      for (int i = 0; i < n; ++i) {
+        ASSERT_EQ(g[j * n + i], values.as<float>()[(row + i) * 300 + j]) << row << " " << i;
+      }
+    }
+  }
 }
 
 // ---- The synthetic writer ----
