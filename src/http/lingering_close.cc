@@ -1,7 +1,5 @@
 #include "http/lingering_close.h"
 
-#include <dirent.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -9,42 +7,6 @@
 #include <cstdlib>
 
 namespace pdserve::http {
-namespace {
-
-int PortOf(const sockaddr_storage& addr) {
-  if (addr.ss_family == AF_INET) {
-    return ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
-  }
-  if (addr.ss_family == AF_INET6) {
-    return ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
-  }
-  return -1;
-}
-
-}  // namespace
-
-int FindConnectedSocket(int local_port, int remote_port) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return -1;
-  int found = -1;
-  while (dirent* e = readdir(dir)) {
-    const int fd = std::atoi(e->d_name);
-    if (fd <= 2 || fd == dirfd(dir)) continue;
-    sockaddr_storage local{}, peer{};
-    socklen_t llen = sizeof(local), plen = sizeof(peer);
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0 ||
-        PortOf(local) != local_port) {
-      continue;
-    }
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) == 0 &&
-        PortOf(peer) == remote_port) {
-      found = fd;
-      break;
-    }
-  }
-  closedir(dir);
-  return found;
-}
 
 void DrainBeforeClose(int fd, const LingerLimits& limits) {
   const Deadline end = Deadline::After(limits.total);

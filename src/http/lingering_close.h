@@ -3,7 +3,8 @@
 // closes. Closing with unread data makes the kernel reset the connection, and clients still
 // writing their body (Node's fetch, Python's http.client) then report the reset instead of
 // the answer that was already sent. Call from the thread that serves the connection, after
-// the answer was written; the socket stays httplib's (only read here, never closed).
+// the answer was written; the socket stays the server's (only read here, never closed);
+// http::CurrentClientSocket() names it.
 #pragma once
 
 #include <cstdint>
@@ -18,10 +19,6 @@ struct LingerLimits {
   Duration total = std::chrono::seconds(5);        // never longer than this in all
   uint64_t max_bytes = uint64_t{256} << 20;        // never more than this
 };
-
-// The connected TCP socket of this process whose local and peer ports are the given ones, or
-// -1. httplib 0.11 hands handlers no socket, only the request's ports.
-int FindConnectedSocket(int local_port, int remote_port);
 
 // Reads and discards from `fd` until the client closes, pauses for `limits.idle`, or a limit
 // is reached.

@@ -18,6 +18,17 @@ namespace {
 // served them, and RSS grows by that much per worker.
 constexpr uint64_t kTrimAfterBytes = uint64_t{1} << 20;
 
+thread_local int current_client_socket = -1;
+
+// Sets current_client_socket for the scope of one request's answer.
+class ClientSocketScope {
+ public:
+  explicit ClientSocketScope(int fd) { current_client_socket = fd; }
+  ~ClientSocketScope() { current_client_socket = -1; }
+  ClientSocketScope(const ClientSocketScope&) = delete;
+  ClientSocketScope& operator=(const ClientSocketScope&) = delete;
+};
+
 constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
 
 Duration TimeoutOf(time_t sec, time_t usec) {
@@ -92,6 +103,8 @@ WholeRequest ReadWholeRequest(Connection& conn, const RequestFraming& framing, u
 
 }  // namespace
 
+int CurrentClientSocket() { return current_client_socket; }
+
 Server::Server() {
   new_task_queue = [this]() -> httplib::TaskQueue* {
     ConnectionLimits limits = limits_;
@@ -124,6 +137,7 @@ AfterServe Server::Serve(Connection& conn) {
     const bool last = conn.requests_served >= keep_alive_max_count_ || svr_sock_ == INVALID_SOCKET;
     bool client_closes = false;
     bool ok = false;
+    const ClientSocketScope socket_scope(conn.fd());
     try {
       ok = process_request(stream, last, client_closes, [&whole](httplib::Request& req) {
         req.body = std::move(whole.body);

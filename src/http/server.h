@@ -22,6 +22,12 @@
 
 namespace pdserve::http {
 
+// The socket of the client connection whose request the calling thread is answering (in a
+// route handler or a content provider of an http::Server), or -1 on any other thread. A
+// handler may watch it (for the client leaving) or write a streamed body to it itself
+// (router/relay_loop.h); it stays the server's, open until the handler returns.
+int CurrentClientSocket();
+
 class Server : public httplib::Server {
  public:
   Server();

@@ -135,7 +135,7 @@ void SendError(httplib::Response& res, const ApiError& error) {
   res.set_content(error.ToJson(), "application/json");
 }
 
-void SendErrorAndClose(const httplib::Request& req, httplib::Response& res, const ApiError& error) {
+void SendErrorAndClose(httplib::Response& res, const ApiError& error) {
   res.status = error.http_status;
   if (error.retry_later()) res.set_header("Retry-After", "1");
   res.set_header("Connection", "close");
@@ -144,10 +144,9 @@ void SendErrorAndClose(const httplib::Request& req, httplib::Response& res, cons
   // that writes the whole answer and then reports failure sends it and ends the connection,
   // after a lingering drain so that a client still sending its body reads the answer.
   res.set_content_provider(body->size(), "application/json",
-                           [body, local = req.local_port, remote = req.remote_port](
-                               size_t offset, size_t length, httplib::DataSink& sink) {
+                           [body](size_t offset, size_t length, httplib::DataSink& sink) {
                              if (sink.write(body->data() + offset, length)) {
-                               if (const int fd = FindConnectedSocket(local, remote); fd >= 0) {
+                               if (const int fd = CurrentClientSocket(); fd >= 0) {
                                  DrainBeforeClose(fd, LingerLimits{});
                                }
                              }
@@ -207,7 +206,7 @@ void ConfigureServer(Server& server, const ServerConfig& config) {
     // Refused from the header: http::Server left the body unread (it reads none over the
     // limit), so the connection closes after the answer.
     if (std::optional<uint64_t> length = DeclaredLength(req); length && *length > max_body) {
-      SendErrorAndClose(req, res, ApiError::PayloadTooLarge());
+      SendErrorAndClose(res, ApiError::PayloadTooLarge());
       return httplib::Server::HandlerResponse::Handled;
     }
     // Cluster-internal endpoints answer only to the cluster's own processes, key or no key,
@@ -218,7 +217,7 @@ void ConfigureServer(Server& server, const ServerConfig& config) {
         return httplib::Server::HandlerResponse::Unhandled;
       }
       // Closed after the answer: whoever sends a bad proof has nothing more to say here.
-      SendErrorAndClose(req, res, ProofRefusal(proof));
+      SendErrorAndClose(res, ProofRefusal(proof));
       return httplib::Server::HandlerResponse::Handled;
     }
     const bool open = std::find(open_paths.begin(), open_paths.end(), req.path) != open_paths.end();
@@ -236,8 +235,7 @@ void ConfigureServer(Server& server, const ServerConfig& config) {
         if (HeadUnreadable(res)) {
           // Close rather than parse the unread rest as a request.
           SendErrorAndClose(
-              req, res,
-              HeaderTooLarge(req) ? ApiError::HeaderTooLarge() : ApiError::ForHttpStatus(400));
+              res, HeaderTooLarge(req) ? ApiError::HeaderTooLarge() : ApiError::ForHttpStatus(400));
           return httplib::Server::HandlerResponse::Handled;
         }
         SendError(res, res.status == 404 ? ApiError::NotFound(req.method, req.path)

@@ -97,10 +97,10 @@ Result<int> BindServer(httplib::Server& server, const std::string& host, int por
 // Answers `res` with `error`: its status, JSON body and, for 429/503, Retry-After.
 void SendError(httplib::Response& res, const ApiError& error);
 
-// SendError, then closes the connection: for answers to `req` whose body was not read (over
-// the limit), or after which the connection should not go on. What the client still sends is
+// SendError, then closes the connection: for answers to requests whose body was not read
+// (over the limit), or after which the connection should not go on. What the client still sends is
 // read and discarded for a bounded time first (see http/lingering_close.h).
-void SendErrorAndClose(const httplib::Request& req, httplib::Response& res, const ApiError& error);
+void SendErrorAndClose(httplib::Response& res, const ApiError& error);
 
 // Whether `req` carries "Authorization: Bearer <api_key>" (compared in constant time); true
 // when `api_key` is empty.

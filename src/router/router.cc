@@ -12,10 +12,10 @@
 
 #include "common/logging.h"
 #include "common/metrics_text.h"
-#include "http/lingering_close.h"
 #include "http/node_client.h"
 #include "http/registration_body.h"
 #include "http/request_id.h"
+#include "http/server.h"
 #include "http/server_setup.h"
 #include "http/sse.h"
 
@@ -39,29 +39,6 @@ ApiError NoHealthyNode(std::string message) {
 }
 
 ApiError ShuttingDown() { return ApiError::Unavailable("the router is stopping", "shutting_down"); }
-
-// The start of an SSE event that reports an error (http::SseError's shape).
-constexpr std::string_view kSseErrorStart = "data: {\"error\"";
-
-// Whether `events` (whole SSE events) hold one that reports an error.
-bool HasErrorEvent(std::string_view events) {
-  for (size_t at = 0; at < events.size();) {
-    if (events.substr(at).starts_with(kSseErrorStart)) return true;
-    const size_t end = events.find("\n\n", at);
-    if (end == std::string_view::npos) break;
-    at = end + 2;
-  }
-  return false;
-}
-
-// Whether the client closed its side of the connection (EOF or reset), without consuming
-// anything it sent. -1 (socket not found): not known to be closed.
-bool ClientClosed(int fd) {
-  if (fd < 0) return false;
-  char byte;
-  const ssize_t n = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-}
 
 bool IsRetryableStatus(int status) { return status == 429 || status >= 500; }
 
@@ -119,6 +96,10 @@ Status Router::Start() {
   config.header_timeout = std::chrono::seconds(options_.header_timeout_s);
   http::ConfigureServer(server_, config);
   InstallRoutes();
+  Result<std::unique_ptr<RelayLoop>> relay = RelayLoop::Start(
+      RelayOptions{.silence = options_.upstream.read, .client_stall = options_.client_stall});
+  if (!relay.ok()) return relay.status();
+  relay_ = std::move(*relay);
   Result<int> port = http::BindServer(server_, options_.host, options_.port, config);
   if (!port.ok()) return port.status();
   port_ = *port;
@@ -148,6 +129,7 @@ void Router::FinishDrain(Deadline deadline) {
   if (left == 0) return;
   PD_LOG_WARN("router: grace period over, ending {} request(s) in flight", left);
   abort_in_flight_.store(true);
+  relay_->AbortAll();
   // Each relay and read notices within a poll interval and ends its request properly; a
   // client that does not read its last bytes is bounded by the write timeout, not waited for.
   const Deadline ended = Deadline::AfterMs(5000);
@@ -159,6 +141,7 @@ void Router::FinishDrain(Deadline deadline) {
 void Router::Stop() {
   if (!started_ || stopping_.exchange(true)) return;
   WakeHealthLoop();
+  relay_->AbortAll();  // the handlers of open streams return, and the server can stop
   server_.stop();
   if (listen_thread_.joinable()) listen_thread_.join();
   if (health_thread_.joinable()) health_thread_.join();
@@ -304,77 +287,43 @@ void Router::StartRelay(std::shared_ptr<UpstreamExchange> exchange, const Upstre
   res.status = head.status;
   CopyReturnedHeaders(head, res);
   struct RelayState {
-    size_t bytes = 0;
-    std::string pending;  // the start of an event still arriving: relayed only whole
-    bool saw_done = false;
-    bool upstream_error = false;  // the node reported an error in the stream
-    bool upstream_broken = false;
+    RelayEnd end;
     bool shutdown = false;
-    int client_fd = -1;  // found on the first idle poll (httplib hands handlers no socket)
-    std::string piece;   // what the node sent last (kept: its buffer is reused)
   };
   auto state = std::make_shared<RelayState>();
-  auto provider = [this, exchange, state, local = req.local_port, remote = req.remote_port](
-                      size_t, httplib::DataSink& sink) {
+  auto provider = [this, exchange, state](size_t, httplib::DataSink& sink) {
     // Ends the stream so that a client reads an error rather than a cut: the error event (none
     // after the node's own [DONE]), then [DONE]. False if the client is gone.
     auto end_with = [&](const ApiError& error) {
-      const std::string tail = state->saw_done ? "" : http::SseError(error) + http::kSseDone;
+      const std::string tail = state->end.saw_done ? "" : http::SseError(error) + http::kSseDone;
       if (!tail.empty() && !sink.write(tail.data(), tail.size())) return false;
       sink.done();
       return true;
     };
-    if (abort_in_flight_.load()) {
+    const int client_fd = http::CurrentClientSocket();
+    if (abort_in_flight_.load() || client_fd < 0) {
       state->shutdown = true;
       exchange->Cancel();
       return end_with(ShuttingDown());
     }
-    std::string& piece = state->piece;
-    switch (exchange->Pop(&piece, Deadline::After(kRelayPollInterval), state->client_fd)) {
-      case UpstreamExchange::Next::kData: {
-        // Whole events only. The usual piece is one whole event (a chunk the node wrote): it
-        // goes out as it came, without a copy.
-        std::string_view events = piece;
-        if (!state->pending.empty() || !piece.ends_with("\n\n")) {
-          state->pending += piece;
-          const size_t end = state->pending.rfind("\n\n");
-          if (end == std::string::npos) return true;
-          piece.assign(state->pending, 0, end + 2);
-          state->pending.erase(0, end + 2);
-          events = piece;
-        }
-        state->bytes += events.size();
-        state->upstream_error = state->upstream_error || HasErrorEvent(events);
-        state->saw_done = state->saw_done || events.find(http::kSseDone) != std::string::npos;
-        // A false write means the client is gone; returning false ends the response.
-        return sink.write(events.data(), events.size());
-      }
-      case UpstreamExchange::Next::kEnd:
-        // A last event without its blank line goes out as the node sent it.
-        if (!state->pending.empty() && !sink.write(state->pending.data(), state->pending.size())) {
-          return false;
-        }
+    // The whole body, on the relay's thread; this one sleeps until it ended.
+    state->end = relay_->Relay(*exchange, client_fd);
+    switch (state->end.reason) {
+      case RelayEnd::Reason::kComplete:
         sink.done();
         return true;
-      case UpstreamExchange::Next::kTimeout:
-        // httplib learns that a client left only when a write fails; while the node has
-        // nothing to say (a long prompt in prefill) the node would work on for no one. The
-        // socket is this thread's own connection, open while this provider runs; once found
-        // (on the first silence: finding it costs a scan of the descriptors), the waits for
-        // the node watch it too, and notice the client leave at once.
-        if (state->client_fd < 0) state->client_fd = http::FindConnectedSocket(local, remote);
-        return !ClientClosed(state->client_fd);
-      case UpstreamExchange::Next::kClientGone:
+      case RelayEnd::Reason::kClientGone:
         return false;
-      case UpstreamExchange::Next::kError:
-        if (abort_in_flight_.load()) {
-          state->shutdown = true;
-          return end_with(ShuttingDown());
-        }
+      case RelayEnd::Reason::kAborted:
+        state->shutdown = true;
+        return end_with(ShuttingDown());
+      case RelayEnd::Reason::kUpstreamSilent:
+        return end_with(
+            ApiError::Timeout(exchange->node().url + ": " + state->end.detail, "upstream_timeout"));
+      case RelayEnd::Reason::kUpstreamBroken:
         // Bytes were sent already: no retry, but the client learns why the stream ends.
-        state->upstream_broken = true;
-        return end_with(ApiError::BadGateway(exchange->node().url + ": stream broken: " + piece,
-                                             "upstream_broken"));
+        return end_with(ApiError::BadGateway(
+            exchange->node().url + ": stream broken: " + state->end.detail, "upstream_broken"));
     }
     return false;
   };
@@ -383,15 +332,16 @@ void Router::StartRelay(std::shared_ptr<UpstreamExchange> exchange, const Upstre
                    attempts, status = head.status](bool success) {
     exchange->Cancel();  // no-op if the node finished; closes its connection otherwise
     pool_.Release(exchange->node().url);
-    Outcome outcome{exchange->node().url, status, attempts, state->bytes, "ok"};
+    Outcome outcome{exchange->node().url, status, attempts, state->end.bytes, "ok"};
     if (state->shutdown) {
       outcome.note = "shutdown";
-    } else if (state->upstream_broken) {
+    } else if (state->end.reason == RelayEnd::Reason::kUpstreamBroken ||
+               state->end.reason == RelayEnd::Reason::kUpstreamSilent) {
       outcome.note = "upstream_broken";
     } else if (!success) {
       outcome.note = "client_gone";
       ++client_disconnects_;
-    } else if (state->upstream_error) {
+    } else if (state->end.upstream_error) {
       outcome.note = "upstream_error";
     }
     httplib::Request fake;

@@ -24,6 +24,7 @@
 #include "common/mutex.h"
 #include "common/status.h"
 #include "http/server.h"
+#include "router/relay_loop.h"
 #include "router/router_nodes.h"
 #include "router/router_upstream.h"
 #include "router/upstream_connections.h"
@@ -45,7 +46,10 @@ struct RouterOptions {
   Duration health_interval = std::chrono::seconds(1);
   Duration health_timeout = std::chrono::milliseconds(800);
   NodePoolOptions pool;
-  UpstreamTimeouts upstream;
+  UpstreamTimeouts upstream;  // `read` also bounds a stream's silence (then an error event)
+  // A streamed answer whose client leaves bytes unread this long is ended (the node's
+  // connection closed); until then the relay stops reading from that node.
+  Duration client_stall = std::chrono::seconds(30);
   UpstreamConnectionOptions upstream_connections;  // idle keep-alive connections to nodes
   // Open client connections beyond which new ones get 503 (see http/server_setup.h).
   size_t max_connections = 8192;
@@ -71,8 +75,8 @@ class Router {
   // for its node 503 "shutting_down"; their node requests are cancelled. Returns once every
   // request has ended (bounded by a few seconds past `deadline`). Calls BeginDrain first.
   void FinishDrain(Deadline deadline);
-  // Stops accepting, ends open relays (their node connections close) and joins every thread.
-  // Without FinishDrain first, open streams are cut. Idempotent.
+  // Stops accepting, ends open relays (their node connections close; their clients get an
+  // error event and [DONE]) and joins every thread. Idempotent.
   void Stop() EXCLUDES(health_mu_);
 
   int port() const { return port_; }
@@ -119,6 +123,7 @@ class Router {
   const RouterOptions options_;
   NodePool pool_;
   UpstreamConnections connections_;
+  std::unique_ptr<RelayLoop> relay_;  // from Start; streams' bodies go through it
   http::Server server_;
   int port_ = 0;
   std::thread listen_thread_;

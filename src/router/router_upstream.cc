@@ -226,7 +226,7 @@ void UpstreamExchange::FinishConnection() {
   fd_ = -1;
 }
 
-ssize_t UpstreamExchange::Fill(Deadline deadline, int client_fd, bool* client_gone) {
+ssize_t UpstreamExchange::Fill(Deadline deadline, int client_fd, bool* client_gone, bool wait) {
   *client_gone = false;
   // Into a buffer of its own: growing in_ by the most a read may bring would zero that much
   // memory per event.
@@ -242,6 +242,7 @@ ssize_t UpstreamExchange::Fill(Deadline deadline, int client_fd, bool* client_go
     }
     if (got == 0) return -1;  // the node closed the connection
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
+    if (!wait) return 0;
     // The client's side is watched for its close only (POLLRDHUP), so that a client sending
     // more (a pipelined request) does not wake this loop.
     pollfd fds[2] = {{fd_, POLLIN, 0}, {client_fd, POLLRDHUP, 0}};
@@ -372,7 +373,17 @@ bool UpstreamExchange::TakeBody(std::string* data) {
 }
 
 UpstreamExchange::Next UpstreamExchange::Pop(std::string* data, Deadline deadline, int client_fd) {
+  return PopWithin(data, deadline, client_fd, /*wait=*/true);
+}
+
+UpstreamExchange::Next UpstreamExchange::PopReady(std::string* data) {
+  return PopWithin(data, Deadline::After(Duration::zero()), -1, /*wait=*/false);
+}
+
+UpstreamExchange::Next UpstreamExchange::PopWithin(std::string* data, Deadline deadline,
+                                                   int client_fd, bool wait) {
   data->clear();
+  bool filled = false;  // without `wait`, the one read is done
   for (;;) {
     if (!error_.empty()) {
       *data = error_;
@@ -386,8 +397,10 @@ UpstreamExchange::Next UpstreamExchange::Pop(std::string* data, Deadline deadlin
       FinishConnection();
       return Next::kEnd;
     }
+    if (filled) return Next::kTimeout;
+    filled = !wait;
     bool client_gone = false;
-    const ssize_t n = Fill(deadline, client_fd, &client_gone);
+    const ssize_t n = Fill(deadline, client_fd, &client_gone, wait);
     if (client_gone) return Next::kClientGone;
     if (n == 0) return Next::kTimeout;
     if (n < 0) {

@@ -69,6 +69,14 @@ class UpstreamExchange {
   // With `client_fd` (the connection of the client the body is relayed to), kClientGone as
   // soon as that client closes its side.
   Next Pop(std::string* data, Deadline deadline, int client_fd = -1);
+  // Pop without waiting: what the node's socket holds now (at most one read), kTimeout if that
+  // is no whole body piece. For a caller that waits for the socket itself (router/relay_loop.h).
+  Next PopReady(std::string* data);
+  // Whether PopReady has something without reading the socket: bytes read already, the body's
+  // end or an error.
+  bool holds_unread() const { return !in_.empty() || done_ || !error_.empty(); }
+  // The node connection's socket while the body is being read (-1 once it ended or broke).
+  int socket() const { return fd_; }
 
   // The whole remaining body, for non-streamed responses. Errors if the exchange breaks or
   // the body exceeds `limit`; Cancelled (and the exchange cancelled) once `*abort` is set
@@ -102,7 +110,9 @@ class UpstreamExchange {
   // Appends what the node sends to in_, waiting for it until `deadline`: bytes read, 0 at the
   // deadline (or, with `client_fd`, once that client closed: *client_gone), -1 when the node
   // closed the connection or it failed.
-  ssize_t Fill(Deadline deadline, int client_fd, bool* client_gone);
+  // Without `wait`, one read of what is there (0 if nothing is).
+  ssize_t Fill(Deadline deadline, int client_fd, bool* client_gone, bool wait = true);
+  Next PopWithin(std::string* data, Deadline deadline, int client_fd, bool wait);
   // Takes the body bytes in in_ into *data; true once the body is complete.
   bool TakeBody(std::string* data);
   void Fail(std::string error);

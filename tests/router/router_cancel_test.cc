@@ -3,6 +3,7 @@
 // stream gets its node connection closed within a poll; and streams a client drops through
 // the router stop generating at the node about as soon as streams dropped at the node itself
 // (a real `pdserve serve` on the tiny model, its /metrics read before and after).
+#include <dirent.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -19,7 +20,6 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-#include "http/lingering_close.h"
 #include "router/router.h"
 #include "testing/cluster_processes.h"
 #include "testing/test_paths.h"
@@ -28,6 +28,41 @@ namespace pdserve::router {
 namespace {
 
 using nlohmann::json;
+
+int PortOf(const sockaddr_storage& addr) {
+  if (addr.ss_family == AF_INET) {
+    return ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
+  }
+  if (addr.ss_family == AF_INET6) {
+    return ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
+  }
+  return -1;
+}
+
+// The connected TCP socket of this process whose local and peer ports are the given ones, or
+// -1 (httplib 0.11 hands handlers no socket, only the request's ports).
+int FindConnectedSocket(int local_port, int remote_port) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = -1;
+  while (dirent* e = readdir(dir)) {
+    const int fd = std::atoi(e->d_name);
+    if (fd <= 2 || fd == dirfd(dir)) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t llen = sizeof(local), plen = sizeof(peer);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0 ||
+        PortOf(local) != local_port) {
+      continue;
+    }
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) == 0 &&
+        PortOf(peer) == remote_port) {
+      found = fd;
+      break;
+    }
+  }
+  closedir(dir);
+  return found;
+}
 
 // The TCP sockets of this process connected to 127.0.0.1:`peer_port`, as fds.
 std::vector<int> SocketsConnectedTo(int peer_port) {
@@ -139,7 +174,7 @@ class SilentStreamNode {
           "text/event-stream",
           [this, fd, local = req.local_port, remote = req.remote_port](size_t, httplib::DataSink&) {
             std::this_thread::sleep_for(std::chrono::milliseconds(20));
-            if (*fd < 0) *fd = http::FindConnectedSocket(local, remote);
+            if (*fd < 0) *fd = FindConnectedSocket(local, remote);
             char byte;
             if (*fd >= 0 && recv(*fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {
               closed_at = Clock::now().time_since_epoch().count();
