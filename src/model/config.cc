@@ -335,6 +335,11 @@ Status ParseDeepseek(const json& j, ModelConfig* c) {
   PD_RETURN_IF_ERROR(RequireInt(j, "v_head_dim", &a.v_head_dim));
   c->num_kv_heads = 1;  // the latent
   c->head_dim = a.kv_lora_rank + a.qk_rope_head_dim;
+  // Absent: no MTP module. (DeepseekV3Config defaults it to 1, but Hugging Face's model never
+  // loads the modules, so a checkpoint exported without the field need not hold them.)
+  std::optional<int> mtp;
+  PD_RETURN_IF_ERROR(ReadInt(j, "num_nextn_predict_layers", &mtp));
+  c->num_nextn_predict_layers = mtp.value_or(0);
 
   MoeConfig& m = c->moe;
   std::optional<int> experts;
@@ -571,6 +576,17 @@ Status ModelConfig::ValidateMlaAndMoe() const {
   } else if (IsDeepseek(arch)) {
     return Status::InvalidArgument("config: DeepSeek needs 'kv_lora_rank' > 0");
   }
+  if (num_nextn_predict_layers != 0) {
+    if (!IsDeepseek(arch)) {
+      return Status::InvalidArgument("config: num_nextn_predict_layers is only for DeepSeek");
+    }
+    if (num_nextn_predict_layers < 0) {
+      return Status::InvalidArgument("config: num_nextn_predict_layers must not be negative");
+    }
+    PD_RETURN_IF_ERROR(AtMost("num_nextn_predict_layers", num_nextn_predict_layers, 16));
+    PD_RETURN_IF_ERROR(AtMost("num_hidden_layers + num_nextn_predict_layers",
+                              int64_t{num_layers} + num_nextn_predict_layers, kMaxLayers));
+  }
   if (moe.num_experts == 0) return Status::Ok();
   if (arch != Architecture::kQwen3Moe && !IsDeepseek(arch)) {
     return Status::InvalidArgument(
@@ -730,6 +746,7 @@ std::string ModelConfig::ToJson() const {
     j["qk_nope_head_dim"] = mla.qk_nope_head_dim;
     j["qk_rope_head_dim"] = mla.qk_rope_head_dim;
     j["v_head_dim"] = mla.v_head_dim;
+    j["num_nextn_predict_layers"] = num_nextn_predict_layers;
     j["num_key_value_heads"] = num_heads;  // as DeepSeek's configs say (MLA has no KV heads)
     j["n_routed_experts"] = moe.num_experts > 0 ? json(moe.num_experts) : json(nullptr);
     j["num_experts_per_tok"] = moe.experts_per_token;

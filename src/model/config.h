@@ -124,6 +124,10 @@ struct ModelConfig {
   // DeepSeek: kv_lora_rank > 0. Then num_kv_heads is 1 (the latent, which every TP rank holds
   // whole) and head_dim is the latent's width, kv_lora_rank + qk_rope_head_dim: the cache row.
   MlaConfig mla;
+  // DeepSeek-V3's multi-token-prediction modules (num_nextn_predict_layers), stored after the
+  // last decoder layer as model.layers.{num_layers + i}.*: loaded and kept for speculative
+  // decoding, never run by the plain forward pass, so not part of the fingerprint. 0 elsewhere.
+  int num_nextn_predict_layers = 0;
 
   bool is_mla() const { return mla.kv_lora_rank > 0; }
   // Dimensions RoPE rotates per head: head_dim, or MLA's qk_rope_head_dim.

@@ -135,6 +135,7 @@ std::vector<SyntheticPreset> MakePresets() {
     c.moe.n_group = 4;
     c.moe.topk_group = 2;
     c.moe.routed_scaling_factor = 2.5;
+    c.num_nextn_predict_layers = 1;
     p.push_back({"deepseek-v3-tiny",
                  "DeepSeek-V3 (MLA with q_lora, noaux_tc groups, shared expert, YaRN, MTP layer)",
                  c});
@@ -199,6 +200,7 @@ struct TensorInit {
   std::vector<int64_t> shape;
   float center;
   float scale;
+  int copy_of = -1;  // >= 0: the values of that tensor of the list (a copy the checkpoint stores)
 };
 
 // Matrices scale by 1/sqrt(fan_in) so every projection keeps unit-variance activations; the
@@ -252,7 +254,7 @@ void LayerInits(const ModelConfig& c, int i, std::vector<TensorInit>& t) {
     t.push_back(MatrixInit(prefix + "up_proj.weight", inter, h));
     t.push_back(MatrixInit(prefix + "down_proj.weight", h, inter));
   };
-  if (!c.IsMoeLayer(std::min(i, c.num_layers - 1))) {  // an MTP layer is like the last
+  if (!c.IsMoeLayer(i)) {  // an MTP layer's index i >= num_layers follows the same rule
     swiglu(p + "mlp.", f);
     return;
   }
@@ -274,20 +276,28 @@ std::vector<TensorInit> TensorInits(const ModelConfig& c) {
   std::vector<TensorInit> t;
   t.push_back(MatrixInit("model.embed_tokens.weight", c.vocab_size, h));
   for (int i = 0; i < c.num_layers; ++i) LayerInits(c, i, t);
-  // DeepSeek-V3's multi-token-prediction layer follows the last decoder layer: a decoder layer
-  // plus the norms and projection that join the next token's embedding (kept for speculative
-  // decoding; the forward pass does not read them).
-  if (c.arch == Architecture::kDeepseekV3) {
-    const int mtp = c.num_layers;
+  // DeepSeek-V3's multi-token-prediction modules follow the last decoder layer, named as V3
+  // names them: a decoder layer plus the norms and projection that join the next token's
+  // embedding, the head's norm, and copies of the embedding and the lm_head, as V3 stores them
+  // (kept for speculative decoding; the forward pass does not read them).
+  std::vector<size_t> head_copies;
+  for (int k = 0; k < c.num_nextn_predict_layers; ++k) {
+    const int mtp = c.num_layers + k;
     LayerInits(c, mtp, t);
     const std::string p = "model.layers." + std::to_string(mtp) + ".";
     t.push_back(NormInit(p + "enorm.weight", h));
     t.push_back(NormInit(p + "hnorm.weight", h));
     t.push_back(MatrixInit(p + "eh_proj.weight", h, 2 * h));
     t.push_back(NormInit(p + "shared_head.norm.weight", h));
+    head_copies.push_back(t.size());
+    t.push_back(MatrixInit(p + "shared_head.head.weight", c.vocab_size, h));
+    t.push_back(MatrixInit(p + "embed_tokens.weight", c.vocab_size, h));
+    t.back().copy_of = 0;
   }
   t.push_back(NormInit("model.norm.weight", h));
   if (!c.tie_word_embeddings) t.push_back(MatrixInit("lm_head.weight", c.vocab_size, h));
+  const int output = c.tie_word_embeddings ? 0 : static_cast<int>(t.size()) - 1;
+  for (size_t i : head_copies) t[i].copy_of = output;
   return t;
 }
 
@@ -368,12 +378,16 @@ void FillTensor(const TensorInit& init, uint64_t seed, size_t index, DType dtype
 // ---- FP8 checkpoints ----
 
 // The tensors an FP8 checkpoint stores quantised, as DeepSeek's do: the linear layers' weights,
-// i.e. every matrix but the embedding, the lm_head and the MoE router (mlp.gate).
+// i.e. every matrix but the embedding, the lm_head, the MoE router (mlp.gate) and the MTP
+// modules' eh_proj and copies of the embedding and lm_head (BF16 in V3's checkpoint).
 bool IsQuantisedLinear(const TensorInit& t) {
+  if (t.shape.size() != 2) return false;
   const std::string_view name = t.name;
-  constexpr std::string_view kRouter = ".mlp.gate.weight";
-  return t.shape.size() == 2 && name != "model.embed_tokens.weight" && name != "lm_head.weight" &&
-         !(name.size() >= kRouter.size() && name.substr(name.size() - kRouter.size()) == kRouter);
+  for (std::string_view bf16 : {"embed_tokens.weight", "lm_head.weight", ".mlp.gate.weight",
+                                ".eh_proj.weight", ".shared_head.head.weight"}) {
+    if (name.ends_with(bf16)) return false;
+  }
+  return true;
 }
 
 constexpr int kFp8Block = 128;  // weight_block_size [128, 128], as DeepSeek-V3's
@@ -470,15 +484,17 @@ Status WriteWeights(const std::string& path, const std::vector<TensorInit>& init
   return WriteSafetensorsStreamed(path, tensors, [&](size_t f, void* out) {
     const FileTensor& source = sources[f];
     const TensorInit& init = inits[source.init];
+    // A copy is drawn as its original (same shape and scale): the same values.
+    const size_t draw = init.copy_of >= 0 ? static_cast<size_t>(init.copy_of) : source.init;
     switch (source.kind) {
       case FileTensor::Kind::kDrawn:
-        FillTensor(init, seed, source.init, tensors[f].dtype, out);
+        FillTensor(init, seed, draw, tensors[f].dtype, out);
         break;
       case FileTensor::Kind::kFp8Values:
-        Fp8Quantiser(init, seed, source.init).Values(static_cast<uint8_t*>(out));
+        Fp8Quantiser(init, seed, draw).Values(static_cast<uint8_t*>(out));
         break;
       case FileTensor::Kind::kFp8Scales:
-        Fp8Quantiser(init, seed, source.init).Scales(static_cast<float*>(out));
+        Fp8Quantiser(init, seed, draw).Scales(static_cast<float*>(out));
         break;
     }
     return Status::Ok();

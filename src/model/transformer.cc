@@ -22,7 +22,8 @@ Result<std::unique_ptr<Transformer>> Transformer::Create(ModelConfig config, Mod
     return Status::InvalidArgument(
         fmt::format("head_dim {} unsupported (must be even and <= 256)", config.head_dim));
   }
-  if (static_cast<int>(weights.layers.size()) != config.num_layers) {
+  if (static_cast<int>(weights.layers.size()) != config.num_layers ||
+      static_cast<int>(weights.mtp.size()) != config.num_nextn_predict_layers) {
     return Status::InvalidArgument("weights do not match the config's layer count");
   }
   if (options.threads < 0) return Status::InvalidArgument("threads must be >= 0");
@@ -45,20 +46,33 @@ Transformer::Transformer(ModelConfig config, ModelWeights weights, DType kv_dtyp
       linear_(tp.size),
       rope_(config_) {
   // The blocks add their matrices in the order a forward pass reads them (each layer's, then the
-  // lm_head), and the packer lays them out in that order.
+  // lm_head), and the packer lays them out in that order; the MTP modules, which the pass does
+  // not read, come after them.
   MatrixPacker packer;
   layers_.reserve(weights_.layers.size());
-  for (int i = 0; i < config_.num_layers; ++i) layers_.push_back(MakeLayer(i, packer));
+  for (int i = 0; i < config_.num_layers; ++i) {
+    layers_.push_back(MakeLayer(i, weights_.layers[i], packer));
+  }
   head_ = std::make_unique<EmbeddingHead>(config_, tp_, weights_, packer);
+  mtp_.resize(weights_.mtp.size());  // sized first: the packer keeps pointers into them
+  for (int k = 0; k < config_.num_nextn_predict_layers; ++k) MakeMtpLayer(k, packer, mtp_[k]);
   packed_arena_ = packer.Pack();
 }
 
 Transformer::~Transformer() = default;
 
-Transformer::Layer Transformer::MakeLayer(int layer, MatrixPacker& packer) {
+void Transformer::MakeMtpLayer(int k, MatrixPacker& packer, MtpLayer& out) {
+  // Split as the layers are (DESIGN.md §1): speculative decoding runs an MTP module on every
+  // rank, through the same gathers, so each rank holds its share and no rank holds it all.
+  MtpModule& m = weights_.mtp[k];
+  packer.Add({{&m.eh_proj, tp_.hidden}}, &out.eh_proj);
+  out.layer = MakeLayer(config_.num_layers + k, m.layer, packer);
+  if (!m.head.empty()) packer.Add({{&m.head, tp_.vocab}}, &out.head);
+}
+
+Transformer::Layer Transformer::MakeLayer(int layer, LayerWeights& w, MatrixPacker& packer) {
   // Attention is MLA over a latent cache (DeepSeek) or GQA (the others); the feed-forward is
   // the experts in the config's MoE layers and a dense SwiGLU MLP in the others.
-  LayerWeights& w = weights_.layers[layer];
   std::unique_ptr<LayerBlock> attention;
   if (config_.is_mla()) {
     attention = std::make_unique<MlaAttention>(config_, tp_, layer, w, packer);
@@ -88,6 +102,15 @@ size_t Transformer::WeightBytes() const {
   size_t bytes = head_->WeightBytes();
   for (const Layer& l : layers_)
     bytes += l.attention->WeightBytes() + l.feed_forward->WeightBytes();
+  return bytes;
+}
+
+size_t Transformer::MtpWeightBytes() const {
+  size_t bytes = 0;
+  for (const MtpLayer& m : mtp_) {
+    bytes += m.eh_proj.bytes() + m.layer.attention->WeightBytes() +
+             m.layer.feed_forward->WeightBytes() + m.head.bytes();
+  }
   return bytes;
 }
 

@@ -75,8 +75,14 @@ class Transformer {
   void set_routing_trace(RoutingTrace* trace) { routing_ = trace; }
   // The KV layout of this rank's cache of `num_pages` pages (its KV heads only).
   KvLayout MakeKvLayout(int num_pages, int page_tokens) const;
-  // Bytes of weights read per decode step (every matrix once).
+  // Bytes of weights read per decode step (every matrix once; not the MTP modules).
   size_t WeightBytes() const;
+  // The multi-token-prediction modules (config.num_nextn_predict_layers): this rank's share of
+  // each is packed as a decoder layer's is, and Forward never runs them (speculative decoding
+  // will; their KV layers num_layers + k are not in MakeKvLayout's cache yet).
+  int mtp_modules() const { return static_cast<int>(mtp_.size()); }
+  // Bytes of this rank's share of the MTP modules' matrices.
+  size_t MtpWeightBytes() const;
   // Bytes of weights the pass that filled `trace` (set_routing_trace) read: WeightBytes but
   // for the experts no row chose.
   size_t StepWeightBytes(const RoutingTrace& trace) const;
@@ -105,14 +111,25 @@ class Transformer {
     std::unique_ptr<LayerBlock> attention;
     std::unique_ptr<LayerBlock> feed_forward;
   };
+  // An MTP module (ModelWeights::mtp): its decoder layer's blocks (of layer index num_layers +
+  // k), and this rank's output columns of eh_proj and of its own head, if it has one.
+  struct MtpLayer {
+    Matrix eh_proj;  // [hidden, 2 * hidden]: output columns tp.hidden
+    Layer layer;
+    Matrix head;  // [vocab, hidden]: columns tp.vocab; empty: the model's lm_head serves
+  };
   Transformer(ModelConfig config, ModelWeights weights, DType kv_dtype, int threads, TpSlices tp);
-  // The blocks of layer `layer`, chosen from the config; their matrices go to `packer`.
-  Layer MakeLayer(int layer, MatrixPacker& packer);
+  // The blocks of layer `layer` (weights `w`), chosen from the config; their matrices go to
+  // `packer`.
+  Layer MakeLayer(int layer, LayerWeights& w, MatrixPacker& packer);
+  // Fills `out` (which must stay where it is until the packer packs) with MTP module k.
+  void MakeMtpLayer(int k, MatrixPacker& packer, MtpLayer& out);
 
   ModelConfig config_;
   ModelWeights weights_;  // what the blocks keep of it: the norms (the matrices are packed)
   std::vector<Layer> layers_;
   std::unique_ptr<EmbeddingHead> head_;
+  std::vector<MtpLayer> mtp_;  // built, never run by Forward
   // Every packed BF16 matrix, in the order a forward pass reads them (MatrixPacker).
   Tensor packed_arena_;
   DType kv_dtype_;                // F32 or BF16

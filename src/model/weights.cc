@@ -451,6 +451,53 @@ Status CollectLayer(const ModelConfig& c, int i, WeightCollector& w, LayerWeight
   return Status::Ok();
 }
 
+// Whether the checkpoint's tensor `copy` holds exactly what `original` holds (dtype, shape and
+// bytes; FP8 ones, which come with scales, are never taken as copies). NotFound if `copy` is
+// absent.
+Result<bool> IsCopyOf(const SafetensorsSet& set, const std::string& copy,
+                      const std::string& original) {
+  PD_ASSIGN_OR_RETURN(TensorView a, set.Find(copy));
+  PD_ASSIGN_OR_RETURN(TensorView b, set.Find(original));
+  return a.dtype == b.dtype && a.dtype != DType::kF8E4M3 && a.shape == b.shape &&
+         a.nbytes == b.nbytes && std::memcmp(a.data, b.data, a.nbytes) == 0;
+}
+
+// MTP module `k` (model.layers.{num_layers + k}.*, ModelWeights::mtp). Its embed_tokens copy, if
+// any, is checked and not loaded; *unread counts it and a shared_head.head that only copies the
+// output matrix (both used, not converted).
+Status CollectMtpModule(const ModelConfig& c, const SafetensorsSet& set, int k, WeightCollector& w,
+                        MtpModule* m, size_t* unread) {
+  const int index = c.num_layers + k;
+  const std::string p = "model.layers." + std::to_string(index) + ".";
+  const int64_t hidden = c.hidden_size, vocab = c.vocab_size;
+  PD_RETURN_IF_ERROR(w.Vector(p + "enorm.weight", hidden, &m->enorm));
+  PD_RETURN_IF_ERROR(w.Vector(p + "hnorm.weight", hidden, &m->hnorm));
+  PD_RETURN_IF_ERROR(w.Matrix(p + "eh_proj.weight", {hidden, 2 * hidden}, &m->eh_proj));
+  PD_RETURN_IF_ERROR(CollectLayer(c, index, w, &m->layer));
+  PD_RETURN_IF_ERROR(w.Vector(p + "shared_head.norm.weight", hidden, &m->head_norm));
+  const std::string embed = p + "embed_tokens.weight";
+  if (set.Has(embed)) {
+    PD_ASSIGN_OR_RETURN(bool copy, IsCopyOf(set, embed, "model.embed_tokens.weight"));
+    if (!copy) {
+      return Status::InvalidArgument(fmt::format(
+          "MTP tensor '{}' differs from model.embed_tokens.weight; the MTP module shares the "
+          "model's embedding (as DeepSeek-V3's does), so it must be absent or an exact copy",
+          embed));
+    }
+    ++*unread;
+  }
+  const std::string head = p + "shared_head.head.weight";
+  const std::string output = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  if (!set.Has(head)) return Status::Ok();  // the model's output matrix serves
+  PD_RETURN_IF_ERROR(set.FindWithShape(head, {vocab, hidden}).status());
+  PD_ASSIGN_OR_RETURN(bool copy, IsCopyOf(set, head, output));
+  if (copy) {
+    ++*unread;
+    return Status::Ok();
+  }
+  return w.Matrix(head, {vocab, hidden}, &m->head);
+}
+
 Result<DType> ChooseMatrixDType(const SafetensorsSet& set, std::optional<DType> wanted) {
   if (wanted.has_value()) {
     if (*wanted == DType::kF32 || *wanted == DType::kBF16) return *wanted;
@@ -480,6 +527,18 @@ Result<ModelWeights> LoadWeights(const ModelConfig& config, const std::string& m
   for (int i = 0; i < config.num_layers; ++i) {
     PD_RETURN_IF_ERROR(CollectLayer(config, i, collect, &w.layers[i]));
   }
+  w.mtp.resize(config.num_nextn_predict_layers);
+  size_t mtp_unread = 0;
+  for (int k = 0; k < config.num_nextn_predict_layers; ++k) {
+    Status s = CollectMtpModule(config, *set, k, collect, &w.mtp[k], &mtp_unread);
+    if (s.code() == StatusCode::kNotFound) {
+      return Status::NotFound(fmt::format(
+          "{} (config.json's num_nextn_predict_layers {} asks for that many MTP modules after "
+          "the {} decoder layers)",
+          s.message(), config.num_nextn_predict_layers, config.num_layers));
+    }
+    PD_RETURN_IF_ERROR(s);
+  }
   PD_RETURN_IF_ERROR(collect.Vector("model.norm.weight", hidden, &w.final_norm));
   if (!config.tie_word_embeddings) {
     Status s = collect.Matrix("lm_head.weight", {vocab, hidden}, &w.lm_head);
@@ -490,7 +549,7 @@ Result<ModelWeights> LoadWeights(const ModelConfig& config, const std::string& m
     PD_RETURN_IF_ERROR(s);
   }
   // A tied checkpoint may still carry lm_head.weight; it is not read, so not counted as used.
-  const size_t unused = set->Names().size() - collect.count() -
+  const size_t unused = set->Names().size() - collect.count() - mtp_unread -
                         (config.tie_word_embeddings && set->Has("lm_head.weight") ? 1 : 0);
   if (unused > 0) {
     PD_LOG_WARN("{}: {} tensors in the checkpoint are not used by {}", model_dir, unused,

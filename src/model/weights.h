@@ -101,16 +101,39 @@ struct LayerWeights {
   ExpertWeights shared;  // DeepSeek's shared experts, [shared * expert_intermediate] wide
 };
 
+// One multi-token-prediction module of DeepSeek-V3 (config.num_nextn_predict_layers), stored as
+// model.layers.{num_layers + i}.*. It predicts the token after next from the main model's last
+// hidden state h and the next token's embedding e: x = eh_proj([enorm(e); hnorm(h)]), then a
+// decoder layer (MLA, and the feed-forward its layer index gives: MoE in V3), then
+// shared_head.norm and the output head. Loaded for speculative decoding; the plain forward pass
+// never reads it.
+//
+// The embedding is the model's (V3 stores a copy as ...embed_tokens.weight: LoadWeights accepts
+// it only byte-identical to model.embed_tokens.weight, and does not load it). The head is
+// shared_head.head.weight where the checkpoint holds one that differs from the model's output
+// matrix; where it is absent or a copy of it (V3 stores a copy of lm_head: 1.8 GB saved), `head`
+// stays empty and the model's output matrix serves.
+struct MtpModule {
+  Tensor enorm;        // [hidden] F32
+  Tensor hnorm;        // [hidden] F32
+  Tensor eh_proj;      // [hidden, 2 * hidden]: the normed embedding's columns, then h's
+  LayerWeights layer;  // the decoder layer, as any other (FP8 stays FP8)
+  Tensor head_norm;    // [hidden] F32 (shared_head.norm)
+  Tensor head;         // [vocab, hidden] (shared_head.head); empty: ModelWeights::output_matrix
+};
+
 struct ModelWeights {
   DType matrix_dtype = DType::kBF16;  // of every matrix not kept in FP8
   Tensor embed;                       // [vocab, hidden], matrix dtype
   Tensor final_norm;                  // [hidden] F32
   Tensor lm_head;                     // [vocab, hidden]; empty when tied (use embed)
   std::vector<LayerWeights> layers;
+  std::vector<MtpModule> mtp;  // [config.num_nextn_predict_layers]
 
   const Tensor& output_matrix() const { return lm_head.empty() ? embed : lm_head; }
-  // Bytes of the layer matrices (of an MoE layer, every expert) plus the output matrix. An
-  // untied embedding is only gathered row by row, so it is not counted.
+  // Bytes of the layer matrices (of an MoE layer, every expert) plus the output matrix: what a
+  // plain forward pass reads, so not the MTP modules. An untied embedding is only gathered row
+  // by row, so it is not counted.
   size_t MatrixBytes() const;
 };
 
@@ -126,6 +149,8 @@ struct ModelWeights {
 // tensor in a checkpoint without quantization_config, a missing `weight_scale_inv`, a scale
 // shape other than the config's blocks give, an FP8 NaN byte in a matrix kept FP8, column
 // blocks the FP8 kernels cannot keep (not a multiple of 128).
+// With config.num_nextn_predict_layers > 0 every tensor of each MTP module is required (a
+// missing one is named); an MTP embed_tokens copy that differs from the model's is refused.
 Result<ModelWeights> LoadWeights(const ModelConfig& config, const std::string& model_dir,
                                  std::optional<DType> matrix_dtype = std::nullopt);
 

@@ -110,7 +110,7 @@ TEST(Fp8EngineTest, MatricesStayFp8OneBytePerWeightPlusScales) {
 std::string Fp8ModelWithF32Rest(const std::string& preset) {
   namespace fs = std::filesystem;
   const std::string fp8 = SyntheticModelDir(preset, DType::kF8E4M3);
-  const std::string dir = testing::BinaryPath("test-models/" + preset + "-F8_E4M3-f32-rest");
+  const std::string dir = fp8 + "-f32-rest";  // renewed with the FP8 one
   if (fs::exists(dir + "/config.json")) return dir;
   const std::string tmp = dir + ".tmp." + std::to_string(getpid());
   fs::remove_all(tmp);

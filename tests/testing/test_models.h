@@ -3,9 +3,12 @@
 // at once (each writes a private directory and renames it into place).
 #pragma once
 
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "common/dtype.h"
+#include "model/config.h"
 
 namespace pdserve::testing {
 
@@ -14,5 +17,15 @@ std::string SyntheticModelDir(const std::string& preset, DType dtype = DType::kB
 
 // The "tiny" preset in BF16: the model the server, router and `up` tests serve.
 inline std::string TinyModelDir() { return SyntheticModelDir("tiny"); }
+
+// What CopyModelDir does to one tensor: false drops it; `bytes` (as stored) may be changed.
+using TensorEdit = std::function<bool(const std::string& name, std::vector<uint8_t>& bytes)>;
+
+// Copies model directory `src` into `dst` (created): config.json through `edit_config`, every
+// tensor through `edit_tensor` into one model.safetensors, the other files as they are. A
+// failure is a test failure.
+void CopyModelDir(const std::string& src, const std::string& dst,
+                  const std::function<void(ModelConfig&)>& edit_config,
+                  const TensorEdit& edit_tensor);
 
 }  // namespace pdserve::testing
