@@ -21,9 +21,24 @@ struct MakeModelFlags {
   bool list = false;
 };
 
+// "4.51 GB", "3.4 MB": decimal units, as docs/benchmarks.md gives model sizes.
+std::string SizeText(uint64_t bytes) {
+  char text[32];
+  if (bytes >= 1000000000) {
+    std::snprintf(text, sizeof(text), "%.2f GB", static_cast<double>(bytes) / 1e9);
+  } else {
+    std::snprintf(text, sizeof(text), "%.1f MB", static_cast<double>(bytes) / 1e6);
+  }
+  return text;
+}
+
 int PrintPresets() {
+  std::printf("%-22s %10s %10s  %s\n", "preset", "bf16", "fp8", "description");
   for (const SyntheticPreset& p : SyntheticPresets()) {
-    std::printf("%-14s %s\n", p.name.c_str(), p.description.c_str());
+    std::printf("%-22s %10s %10s  %s\n", p.name.c_str(),
+                SizeText(SyntheticWeightBytes(p.config, DType::kBF16)).c_str(),
+                SizeText(SyntheticWeightBytes(p.config, DType::kF8E4M3)).c_str(),
+                p.description.c_str());
   }
   return 0;
 }

@@ -189,6 +189,43 @@ std::vector<SyntheticPreset> MakePresets() {
     p.push_back({"qwen3-30b-a3b-4l",
                  "Qwen3-30B-A3B's layer shapes, 128 experts, 4 of 48 layers (3.1B params)", c});
   }
+  {
+    // DeepSeek-V2-Lite's layers as shipped, all 64 experts, 4 of its 27 layers: MLA with a plain
+    // q_proj over a 512 + 64 latent, 16 heads; a dense first layer (10944 columns), then 64
+    // experts of 1408 columns, 6 chosen per token by greedy softmax without renormalisation,
+    // plus 2 shared experts; YaRN as V2-Lite's config.json sets it. 554 MB of experts a layer in
+    // BF16; a decode token reads 6 of them (52 MB a layer).
+    ModelConfig c = BaseConfig(Architecture::kDeepseekV2, "DeepseekV2ForCausalLM", 2048, 4, 16, 1,
+                               576, 10944, 102400, false);
+    c.mla.q_lora_rank = 0;
+    c.mla.kv_lora_rank = 512;
+    c.mla.qk_nope_head_dim = 128;
+    c.mla.qk_rope_head_dim = 64;
+    c.mla.v_head_dim = 128;
+    c.max_position_embeddings = 163840;
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 10000.0;
+    c.rope_scaling.type = RopeScaling::Type::kYarn;
+    c.rope_scaling.factor = 40.0;
+    c.rope_scaling.original_max_position_embeddings = 4096;
+    c.rope_scaling.beta_fast = 32.0;
+    c.rope_scaling.beta_slow = 1.0;
+    c.rope_scaling.mscale = 0.707;
+    c.rope_scaling.mscale_all_dim = 0.707;
+    c.moe.num_experts = 64;
+    c.moe.experts_per_token = 6;
+    c.moe.expert_intermediate = 1408;
+    c.moe.norm_topk_prob = false;
+    c.moe.first_dense = 1;
+    c.moe.layer_freq = 1;
+    c.moe.shared_experts = 2;
+    c.moe.scoring = MoeConfig::Scoring::kSoftmax;
+    c.moe.topk_method = MoeConfig::TopK::kGreedy;
+    c.moe.routed_scaling_factor = 1.0;
+    c.moe.scale_only_unnormalised = true;
+    p.push_back({"deepseek-v2-lite-4l",
+                 "DeepSeek-V2-Lite's layer shapes, 64 experts, 4 of 27 layers (2.3B params)", c});
+  }
   return p;
 }
 
@@ -611,6 +648,21 @@ Result<ModelConfig> SyntheticPresetConfig(const std::string& name) {
   std::string known;
   for (const std::string& n : SyntheticPresetNames()) known += (known.empty() ? "" : ", ") + n;
   return Status::NotFound("unknown synthetic preset '" + name + "'; known: " + known);
+}
+
+uint64_t SyntheticWeightBytes(const ModelConfig& config, DType dtype) {
+  uint64_t bytes = 0;
+  for (const TensorInit& t : TensorInits(config)) {
+    uint64_t numel = 1;
+    for (int64_t d : t.shape) numel *= static_cast<uint64_t>(d);
+    if (dtype == DType::kF8E4M3 && IsQuantisedLinear(t)) {
+      const std::vector<int64_t> scales = Fp8Quantiser::ScaleShape(t.shape);
+      bytes += numel + sizeof(float) * static_cast<uint64_t>(scales[0] * scales[1]);
+    } else {
+      bytes += numel * DTypeSize(dtype == DType::kF8E4M3 ? DType::kBF16 : dtype);
+    }
+  }
+  return bytes;
 }
 
 Status WriteSyntheticModel(const std::string& preset, const std::string& out_dir, uint64_t seed,

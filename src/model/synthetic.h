@@ -37,6 +37,11 @@ Result<ModelConfig> SyntheticPresetConfig(const std::string& name);
 Status WriteSyntheticModel(const std::string& preset, const std::string& out_dir, uint64_t seed,
                            DType dtype = DType::kBF16);
 
+// Bytes of the tensors WriteSyntheticModel writes for `config` in `dtype` (the data of
+// model.safetensors without its header; kF8E4M3: the FP8 matrices, their F32 scales and the BF16
+// rest), as `make-model --list` shows them.
+uint64_t SyntheticWeightBytes(const ModelConfig& config, DType dtype);
+
 // Same for any valid config (tests use it for shapes no preset has). config's bos/eos ids are
 // replaced by those of the synthetic tokenizer; vocab_size must be at least 300.
 Status WriteSyntheticModelFromConfig(const ModelConfig& config, const std::string& out_dir,

@@ -165,6 +165,26 @@ TEST(SyntheticTest, ArbitraryConfig) {
   EXPECT_FALSE(WriteSyntheticModelFromConfig(*c, tmp.path(), 5).ok());
 }
 
+// SyntheticWeightBytes (what `make-model --list` shows) is what the writer writes.
+TEST(SyntheticTest, WeightBytesAreTheWrittenTensors) {
+  for (auto [preset, dtype] : {std::pair{"tiny", DType::kBF16},
+                               {"tiny-qwen3", DType::kF32},
+                               {"deepseek-v3-tiny", DType::kF8E4M3},
+                               {"deepseek-v2-lite-tiny", DType::kF8E4M3},
+                               {"qwen3-moe-tiny", DType::kBF16}}) {
+    SCOPED_TRACE(std::string(preset) + " " + std::string(DTypeName(dtype)));
+    ScopedTempDir tmp("pd_synth_");
+    ASSERT_TRUE(WriteSyntheticModel(preset, tmp.path(), 1, dtype).ok());
+    auto set = SafetensorsSet::Open(tmp.path());
+    ASSERT_TRUE(set.ok());
+    uint64_t written = 0;
+    for (const std::string& name : (*set)->Names()) written += (*set)->Find(name)->nbytes;
+    Result<ModelConfig> c = SyntheticPresetConfig(preset);
+    ASSERT_TRUE(c.ok());
+    EXPECT_EQ(SyntheticWeightBytes(*c, dtype), written);
+  }
+}
+
 TEST(SyntheticTest, UnknownPresetListsKnownOnes) {
   ScopedTempDir tmp("pd_synth_");
   Status s = WriteSyntheticModel("gpt-5", tmp.path(), 0);
@@ -211,6 +231,61 @@ TEST(SyntheticTest, RealSizePresetConfigs) {
   EXPECT_EQ(l->rope_scaling.type, RopeScaling::Type::kLlama3);
   EXPECT_DOUBLE_EQ(l->rope_scaling.factor, 32.0);
   EXPECT_DOUBLE_EQ(l->rope_theta, 500000.0);
+
+  // DeepSeek-V2-Lite's layers exactly as its config.json gives them, 4 of its 27.
+  Result<ModelConfig> d = SyntheticPresetConfig("deepseek-v2-lite-4l");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->arch, Architecture::kDeepseekV2);
+  EXPECT_EQ(d->hidden_size, 2048);
+  EXPECT_EQ(d->num_layers, 4);
+  EXPECT_EQ(d->num_heads, 16);
+  EXPECT_EQ(d->vocab_size, 102400);
+  EXPECT_EQ(d->intermediate_size, 10944);
+  EXPECT_FALSE(d->tie_word_embeddings);
+  EXPECT_EQ(d->max_position_embeddings, 163840);
+  EXPECT_DOUBLE_EQ(d->rms_norm_eps, 1e-6);
+  EXPECT_DOUBLE_EQ(d->rope_theta, 10000.0);
+  EXPECT_EQ(d->mla.q_lora_rank, 0);
+  EXPECT_EQ(d->mla.kv_lora_rank, 512);
+  EXPECT_EQ(d->mla.qk_nope_head_dim, 128);
+  EXPECT_EQ(d->mla.qk_rope_head_dim, 64);
+  EXPECT_EQ(d->mla.v_head_dim, 128);
+  EXPECT_EQ(d->num_kv_heads, 1);
+  EXPECT_EQ(d->head_dim, 576);
+  EXPECT_EQ(d->moe.num_experts, 64);
+  EXPECT_EQ(d->moe.expert_intermediate, 1408);
+  EXPECT_EQ(d->moe.experts_per_token, 6);
+  EXPECT_EQ(d->moe.shared_experts, 2);
+  EXPECT_EQ(d->moe.first_dense, 1);
+  EXPECT_EQ(d->moe.topk_method, MoeConfig::TopK::kGreedy);
+  EXPECT_EQ(d->moe.scoring, MoeConfig::Scoring::kSoftmax);
+  EXPECT_FALSE(d->moe.norm_topk_prob);
+  EXPECT_DOUBLE_EQ(d->moe.routed_scaling_factor, 1.0);
+  EXPECT_FALSE(d->IsMoeLayer(0));
+  EXPECT_TRUE(d->IsMoeLayer(1) && d->IsMoeLayer(3));
+  EXPECT_EQ(d->num_nextn_predict_layers, 0);  // V2 has no MTP module
+  EXPECT_EQ(d->rope_scaling.type, RopeScaling::Type::kYarn);
+  EXPECT_DOUBLE_EQ(d->rope_scaling.factor, 40.0);
+  EXPECT_EQ(d->rope_scaling.original_max_position_embeddings, 4096);
+  EXPECT_DOUBLE_EQ(d->rope_scaling.beta_fast, 32.0);
+  EXPECT_DOUBLE_EQ(d->rope_scaling.beta_slow, 1.0);
+  EXPECT_DOUBLE_EQ(d->rope_scaling.mscale, 0.707);
+  EXPECT_DOUBLE_EQ(d->rope_scaling.mscale_all_dim, 0.707);
+  EXPECT_NEAR(d->softmax_scale(), 0.114721, 1e-6);  // issue 32's figure for V2-Lite
+  // Its size (docs/benchmarks.md), counted here from V2-Lite's shapes: the embedding and the
+  // lm_head, per layer MLA (q_proj, kv_a_proj_with_mqa, its norm, kv_b_proj, o_proj) and two
+  // norms, the dense first MLP, then the router, 64 experts and the 2 shared ones.
+  const int64_t h = 2048,
+                attention = 16 * 192 * h + 576 * h + 512 + 16 * 256 * 512 + h * 16 * 128 + 2 * h;
+  const int64_t moe = 64 * h + 64 * 3 * 1408 * h + 3 * 2816 * h;
+  const int64_t params = 2 * 102400 * h + h + 4 * attention + 3 * 10944 * h + 3 * moe;
+  EXPECT_EQ(params, 2254983168);  // 2.3B, as its description says
+  EXPECT_EQ(SyntheticWeightBytes(*d, DType::kBF16), static_cast<uint64_t>(2 * params));
+  // FP8: one byte per quantised weight plus its 128 x 128 block's F32 scale; the embedding,
+  // lm_head, norms and routers stay BF16.
+  const uint64_t fp8 = SyntheticWeightBytes(*d, DType::kF8E4M3);
+  EXPECT_GT(fp8, static_cast<uint64_t>(params + 2 * 102400 * h));
+  EXPECT_LT(fp8, static_cast<uint64_t>(params + 2 * 102400 * h) * 1.01);
 
   // Every preset is a valid config that survives config.json.
   for (const SyntheticPreset& p : SyntheticPresets()) {
