@@ -36,6 +36,7 @@ struct Nodes {
   int num_layers = 0;
   int vocab = 0;
   int max_context = 0;
+  KvValuesPerToken kv;
   ~Nodes() {
     if (decode_engine) decode_engine->Stop();
     if (prefill_engine) prefill_engine->Stop();
@@ -69,6 +70,7 @@ Result<std::unique_ptr<Nodes>> StartNodes(const DisaggBenchOptions& o) {
   nodes->num_layers = nodes->prefill_engine->kv_layout().num_layers;
   nodes->vocab = config.vocab_size;
   nodes->max_context = config.MaxContext();
+  nodes->kv = KvValuesOf(config);
 
   messenger::MessengerOptions m;
   PD_ASSIGN_OR_RETURN(m.fabric.provider, fabric::ParseProvider(o.provider));
@@ -223,6 +225,17 @@ Spread SpreadOf(std::vector<double> v) {
 
 }  // namespace
 
+KvValuesPerToken KvValuesOf(const ModelConfig& config) {
+  if (config.is_mla()) {
+    const MlaConfig& a = config.mla;
+    return {.cached = a.latent_dim(),
+            .plain = config.num_heads * (a.q_head_dim() + a.v_head_dim),
+            .latent = true};
+  }
+  const int kv = 2 * config.num_kv_heads * config.head_dim;
+  return {.cached = kv, .plain = kv, .latent = false};
+}
+
 Result<DisaggBenchResult> RunDisaggBench(const DisaggBenchOptions& o) {
   if (o.prompt_len < 2) {
     return Status::InvalidArgument("--prompt-len must be at least 2 (the last token is D's)");
@@ -254,6 +267,12 @@ Result<DisaggBenchResult> RunDisaggBench(const DisaggBenchOptions& o) {
   // TP 1: the replica seed changes nothing.
   result.plan_writes = plan.ExpectedWrites(static_cast<size_t>(result.pages), 0);
   result.plan_bytes = plan.ExpectedBytes(static_cast<size_t>(result.pages), 0);
+  result.page_tokens = layout.page_tokens;
+  result.kv = nodes->kv;
+  // The same whole pages of a plain cache: the bytes scale with the values a token holds.
+  result.plain_kv_bytes = static_cast<uint64_t>(result.pages) * layout.page_tokens *
+                          static_cast<uint64_t>(result.kv.plain) * DTypeSize(layout.dtype) *
+                          static_cast<uint64_t>(layout.num_layers);
 
   std::mt19937 rng(o.seed);
   std::uniform_int_distribution<int32_t> token(0, nodes->vocab - 1);
@@ -302,6 +321,17 @@ std::string FormatDisaggTable(const DisaggBenchResult& result) {
       result.prompt_len, result.prompt_len - 1, result.pages, result.num_layers, result.plan_writes,
       result.plan_bytes,
       static_cast<double>(result.plan_bytes) / std::max(1, result.prompt_len - 1));
+  // Against a plain K/V cache of the same model, over the same whole pages.
+  const KvValuesPerToken& kv = result.kv;
+  if (result.plan_bytes > 0 && kv.cached > 0) {
+    out += fmt::format(
+        "KV per token and layer: {} values ({}); a plain K/V cache: {} values ({}), {} bytes for "
+        "these pages, {:.0f} per prefilled token: {:.2f}x the plan's\n\n",
+        kv.cached, kv.latent ? "the MLA latent" : "K and V", kv.plain,
+        kv.latent ? "the heads' decompressed K and V" : "the same", result.plain_kv_bytes,
+        static_cast<double>(result.plain_kv_bytes) / std::max(1, result.prompt_len - 1),
+        static_cast<double>(result.plain_kv_bytes) / static_cast<double>(result.plan_bytes));
+  }
   out += "| median [min, max] | streaming on | streaming off |\n| --- | --- | --- |\n";
   struct Row {
     const char* name;

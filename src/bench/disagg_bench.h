@@ -17,6 +17,7 @@
 
 #include "common/status.h"
 #include "engine/engine.h"
+#include "model/config.h"
 #include "model/model_dir.h"
 
 namespace pdserve::bench {
@@ -46,12 +47,30 @@ struct DisaggRun {
   int64_t bytes_received = 0;
 };
 
+// What a token's KV costs the model per layer, from its config: the values its cache holds, and
+// those a plain (decompressed) K/V cache of the same model would hold. For an MLA model the
+// cache is the latent, kv_lora_rank + qk_rope_head_dim values, and the plain cache is the
+// multi-head one DeepSeek would need without it, num_heads x (qk_nope_head_dim +
+// qk_rope_head_dim + v_head_dim); for a GQA model both are its K and V, 2 x num_kv_heads x
+// head_dim.
+struct KvValuesPerToken {
+  int cached = 0;
+  int plain = 0;
+  bool latent = false;  // an MLA model
+};
+KvValuesPerToken KvValuesOf(const ModelConfig& config);
+
 struct DisaggBenchResult {
   int prompt_len = 0;
   int num_layers = 0;
-  int pages = 0;             // pages of the prefilled prefix
+  int pages = 0;  // pages of the prefilled prefix
+  int page_tokens = 0;
   uint64_t plan_writes = 0;  // what the transfer plan says for those pages
   uint64_t plan_bytes = 0;
+  KvValuesPerToken kv;
+  // What a plain K/V cache of the same model (kv.plain values a token and layer, the cache's
+  // dtype) would move for the same whole pages: plan_bytes x kv.plain / kv.cached.
+  uint64_t plain_kv_bytes = 0;
   std::vector<DisaggRun> runs;  // in the order run (on and off alternate)
 };
 
@@ -60,7 +79,8 @@ struct DisaggBenchResult {
 // does not finish in time pass through.
 Result<DisaggBenchResult> RunDisaggBench(const DisaggBenchOptions& options);
 
-// The markdown table: per figure, median [min, max] with streaming on and off.
+// The plan's bytes per prefilled token beside a plain K/V cache's (and their ratio), then the
+// markdown table: per figure, median [min, max] with streaming on and off.
 std::string FormatDisaggTable(const DisaggBenchResult& result);
 
 }  // namespace pdserve::bench

@@ -2,7 +2,8 @@
 // process, over shm and tcp): every run finishes, its numbers hang together (compute > 0,
 // tail >= 0, several forward passes), the bytes and writes P sent and D received are what
 // the model's KV layout says for the prompt's pages, and streaming off really holds every
-// write back until the last forward pass ended.
+// write back until the last forward pass ended. An MLA model moves its latent, a fraction of
+// what a plain K/V cache of it would.
 #include <gtest/gtest.h>
 
 #include "bench/disagg_bench.h"
@@ -44,6 +45,7 @@ TEST_P(DisaggBenchTest, NumbersAreConsistent) {
   EXPECT_EQ(result->pages, pages);
   EXPECT_EQ(result->plan_writes, static_cast<uint64_t>(writes));
   EXPECT_EQ(result->plan_bytes, static_cast<uint64_t>(bytes));
+  EXPECT_EQ(result->plain_kv_bytes, result->plan_bytes) << "a GQA cache is a plain one";
 
   ASSERT_EQ(result->runs.size(), 4u);
   for (size_t i = 0; i < result->runs.size(); ++i) {
@@ -72,6 +74,50 @@ TEST_P(DisaggBenchTest, NumbersAreConsistent) {
   const std::string table = FormatDisaggTable(*result);
   EXPECT_NE(table.find("| transfer tail (ms) |"), std::string::npos) << table;
   EXPECT_NE(table.find("streaming off"), std::string::npos) << table;
+}
+
+// An MLA model moves its latent cache: per token and layer kv_lora_rank + qk_rope_head_dim
+// values (deepseek-v3-tiny: 64 + 16), in whole pages, and not a value more; a plain K/V cache of
+// the same model would hold num_heads x (qk_nope_head_dim + qk_rope_head_dim + v_head_dim)
+// values (4 x (32 + 16 + 32) = 320): 4x the bytes.
+TEST(DisaggBenchMlaTest, MovesTheLatentNotAPlainCache) {
+  DisaggBenchOptions o;
+  o.model_dir = testing::SyntheticModelDir("deepseek-v3-tiny");
+  o.load.transformer.kv_dtype = DType::kBF16;
+  o.load.transformer.threads = 1;
+  o.engine.page_tokens = kPage;
+  o.engine.kv_cache_bytes = size_t{8} << 20;
+  o.engine.scheduler.max_batch_tokens = kChunk;
+  o.prompt_len = kPrompt;
+  o.repeats = 1;
+  o.provider = "tcp";
+  o.timeout_s = 120;
+  Result<DisaggBenchResult> result = RunDisaggBench(o);
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+
+  Result<ModelConfig> c = ModelConfig::Load(o.model_dir);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->is_mla());
+  const int pages = (kPrompt - 1 + kPage - 1) / kPage;
+  const int64_t token_layers = int64_t{pages} * kPage * c->num_layers;  // whole pages
+  const int64_t latent = c->mla.kv_lora_rank + c->mla.qk_rope_head_dim;
+  const int64_t plain = int64_t{c->num_heads} *
+                        (c->mla.qk_nope_head_dim + c->mla.qk_rope_head_dim + c->mla.v_head_dim);
+  EXPECT_EQ(latent, 80);
+  EXPECT_EQ(plain, 320);
+  EXPECT_EQ(result->pages, pages);
+  EXPECT_EQ(result->plan_bytes, static_cast<uint64_t>(token_layers * latent * 2));
+  EXPECT_EQ(result->plain_kv_bytes, static_cast<uint64_t>(token_layers * plain * 2));
+  EXPECT_EQ(result->plain_kv_bytes, 4 * result->plan_bytes);
+  ASSERT_EQ(result->runs.size(), 2u);
+  for (const DisaggRun& r : result->runs) {
+    EXPECT_EQ(r.bytes_sent, token_layers * latent * 2);
+    EXPECT_EQ(r.bytes_received, token_layers * latent * 2);
+  }
+  const std::string table = FormatDisaggTable(*result);
+  EXPECT_NE(table.find("80 values (the MLA latent)"), std::string::npos) << table;
+  EXPECT_NE(table.find("a plain K/V cache: 320 values"), std::string::npos) << table;
+  EXPECT_NE(table.find("4.00x the plan's"), std::string::npos) << table;
 }
 
 TEST(DisaggBenchOptionsTest, BadOptionsAreRefused) {
