@@ -10,13 +10,27 @@
 namespace pdserve::messenger {
 
 LayerStreamer::LayerStreamer(fabric::TransferEngine* fabric, int page_tokens, int num_layers,
-                             EventLog* events,
+                             int source_ranks, EventLog* events,
                              std::function<void(const std::shared_ptr<StreamJob>&)> on_job_changed)
     : fabric_(fabric),
       page_tokens_(page_tokens),
       num_layers_(num_layers),
       events_(events),
-      on_job_changed_(std::move(on_job_changed)) {}
+      on_job_changed_(std::move(on_job_changed)),
+      rank_writes_sent_(static_cast<size_t>(source_ranks)),
+      rank_bytes_sent_(static_cast<size_t>(source_ranks)) {}
+
+std::vector<int64_t> LayerStreamer::writes_sent_by_rank() const {
+  std::vector<int64_t> out;
+  for (const auto& n : rank_writes_sent_) out.push_back(n.load(std::memory_order_relaxed));
+  return out;
+}
+
+std::vector<int64_t> LayerStreamer::bytes_sent_by_rank() const {
+  std::vector<int64_t> out;
+  for (const auto& n : rank_bytes_sent_) out.push_back(n.load(std::memory_order_relaxed));
+  return out;
+}
 
 LayerStreamer::~LayerStreamer() { Stop(); }
 
@@ -203,10 +217,11 @@ Status LayerStreamer::PostSegmentWrites(const Segment& seg, int64_t* posted) {
     const auto writes = static_cast<int64_t>(n);
     job->writes_posted += writes;
     Status s = fabric_->PostPagedWrite(
-        write, fabric::Completion{
-                   .callback = [this, job, writes, bytes = c.length * n](
-                                   const Status& st) { OnWriteDone(job, writes, bytes, st); },
-                   .counter = nullptr});
+        write,
+        fabric::Completion{
+            .callback = [this, job, src_rank = c.src_rank, writes, bytes = c.length * n](
+                            const Status& st) { OnWriteDone(job, src_rank, writes, bytes, st); },
+            .counter = nullptr});
     if (!s.ok()) {
       job->writes_posted -= writes;
       return s;
@@ -216,11 +231,16 @@ Status LayerStreamer::PostSegmentWrites(const Segment& seg, int64_t* posted) {
   return Status::Ok();
 }
 
-void LayerStreamer::OnWriteDone(const std::shared_ptr<StreamJob>& job, int64_t writes,
+void LayerStreamer::OnWriteDone(const std::shared_ptr<StreamJob>& job, int src_rank, int64_t writes,
                                 uint64_t bytes, const Status& status) {
   if (status.ok()) {
     writes_sent_.fetch_add(writes, std::memory_order_relaxed);
     bytes_sent_.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+    // A plan's source ranks are this node's (checked when the write was posted).
+    if (static_cast<size_t>(src_rank) < rank_writes_sent_.size()) {
+      rank_writes_sent_[src_rank].fetch_add(writes, std::memory_order_relaxed);
+      rank_bytes_sent_[src_rank].fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+    }
   } else {
     {
       MutexLock error_lock(&job->error_mu);

@@ -62,8 +62,10 @@ struct StreamJob {
 
 class LayerStreamer : public StepObserver {
  public:
-  // A job's plan source rank r reads the job's region src[r].
-  LayerStreamer(fabric::TransferEngine* fabric, int page_tokens, int num_layers, EventLog* events,
+  // A job's plan source rank r reads the job's region src[r]; this node has `source_ranks`
+  // ranks (its TP size), which the per-rank counters count.
+  LayerStreamer(fabric::TransferEngine* fabric, int page_tokens, int num_layers, int source_ranks,
+                EventLog* events,
                 std::function<void(const std::shared_ptr<StreamJob>&)> on_job_changed);
   ~LayerStreamer() override;  // Stop()
   void Start();
@@ -84,6 +86,10 @@ class LayerStreamer : public StepObserver {
   // Writes (and their bytes) that completed successfully, over the streamer's life.
   int64_t writes_sent() const { return writes_sent_.load(std::memory_order_relaxed); }
   int64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
+  // The same by the source rank whose cache each write read ([source_ranks]): with replicated KV
+  // (an MLA latent, fewer KV heads than ranks) which rank sends is the plan's per-request choice.
+  std::vector<int64_t> writes_sent_by_rank() const;
+  std::vector<int64_t> bytes_sent_by_rank() const;
 
   void OnStepScheduled(uint64_t step, std::span<const AnnouncedChunk> chunks) override;
   void OnLayerDone(uint64_t step, int layer) override;
@@ -115,9 +121,9 @@ class LayerStreamer : public StepObserver {
   // (GroupPagedWrites) from its source rank's region to its destination rank's descriptor;
   // adds the writes posted to *posted.
   Status PostSegmentWrites(const Segment& seg, int64_t* posted) REQUIRES(mu_);
-  // A paged write of `writes` pages (`bytes` in all) completed.
-  void OnWriteDone(const std::shared_ptr<StreamJob>& job, int64_t writes, uint64_t bytes,
-                   const Status& status);
+  // A paged write of `writes` pages (`bytes` in all) from source rank `src_rank` completed.
+  void OnWriteDone(const std::shared_ptr<StreamJob>& job, int src_rank, int64_t writes,
+                   uint64_t bytes, const Status& status);
 
   fabric::TransferEngine* const fabric_;
   const int page_tokens_;
@@ -137,6 +143,8 @@ class LayerStreamer : public StepObserver {
   std::vector<uint32_t> dst_pages_ GUARDED_BY(mu_);
   std::atomic<int64_t> writes_sent_{0};
   std::atomic<int64_t> bytes_sent_{0};
+  std::vector<std::atomic<int64_t>> rank_writes_sent_;  // [source_ranks]
+  std::vector<std::atomic<int64_t>> rank_bytes_sent_;
   std::thread thread_;
 };
 

@@ -38,7 +38,7 @@ Status PrefillMessenger::Init() {
   const KvLayout& layout = engine_->kv_cache(0).layout();
   std::weak_ptr<ControlLoop> weak_loop = core_->weak_loop();
   streamer_ = std::make_unique<LayerStreamer>(
-      &core_->fabric(), layout.page_tokens, layout.num_layers, &core_->events(),
+      &core_->fabric(), layout.page_tokens, layout.num_layers, engine_->tp_size(), &core_->events(),
       [weak_loop, this](const std::shared_ptr<StreamJob>& job) {
         if (auto loop = weak_loop.lock()) {
           loop->Post([this, id = job->engine_id] { CheckJob(id); });
@@ -395,6 +395,8 @@ PrefillMessengerStats PrefillMessenger::stats() const {
   // Live, from the completions: these move between control-loop publications.
   s.writes_sent = streamer_->writes_sent();
   s.bytes_sent = streamer_->bytes_sent();
+  s.writes_sent_by_rank = streamer_->writes_sent_by_rank();
+  s.bytes_sent_by_rank = streamer_->bytes_sent_by_rank();
   return s;
 }
 

@@ -44,6 +44,9 @@ struct PrefillMessengerStats {
   int64_t requests_expired = 0;  // passed their deadline here
   int64_t writes_sent = 0;       // KV writes completed successfully
   int64_t bytes_sent = 0;        // their bytes
+  // The same by the source rank whose cache each write read (one entry per rank of this node).
+  std::vector<int64_t> writes_sent_by_rank;
+  std::vector<int64_t> bytes_sent_by_rank;
 };
 
 class PrefillMessenger {

@@ -74,6 +74,19 @@ class PrefillFront final : public RoleFront {
                  static_cast<double>(s.writes_sent))
         .Counter("pdserve:messenger_kv_bytes_sent_total", "Bytes of those writes.",
                  static_cast<double>(s.bytes_sent));
+    // Per source rank: with a replicated cache (an MLA latent, fewer KV heads than ranks) each
+    // request's writes come from the replicas the transfer plan chose for it.
+    const std::pair<const char*, const std::vector<int64_t>*> by_rank[] = {
+        {"pdserve:messenger_kv_rank_writes_sent_total", &s.writes_sent_by_rank},
+        {"pdserve:messenger_kv_rank_bytes_sent_total", &s.bytes_sent_by_rank}};
+    for (const auto& [name, values] : by_rank) {
+      out.Family(name, MetricType::kCounter,
+                 "KV writes (or their bytes) that completed, by the rank whose cache they read.");
+      for (size_t r = 0; r < values->size(); ++r) {
+        const std::string rank = std::to_string(r);
+        out.Sample(name, {{"rank", rank}}, static_cast<double>((*values)[r]));
+      }
+    }
   }
 
  private:

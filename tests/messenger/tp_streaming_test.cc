@@ -182,8 +182,9 @@ TEST_P(MessengerTpStreamTest, EveryRankReceivesItsHeadsFromTheRightRank) {
                   .ok());
 
   EventLog events;
-  auto streamer = std::make_unique<LayerStreamer>(p.fabric.get(), kPageTokens, kLayers, &events,
-                                                  [](const std::shared_ptr<StreamJob>&) {});
+  auto streamer =
+      std::make_unique<LayerStreamer>(p.fabric.get(), kPageTokens, kLayers, c.p_tp, &events,
+                                      [](const std::shared_ptr<StreamJob>&) {});
   auto job = std::make_shared<StreamJob>();
   job->engine_id = "job";
   job->transfer_id = 1;
@@ -227,6 +228,20 @@ TEST_P(MessengerTpStreamTest, EveryRankReceivesItsHeadsFromTheRightRank) {
   EXPECT_EQ(static_cast<uint64_t>(streamer->Progress(*job).writes_posted), expected);
   EXPECT_EQ(static_cast<uint64_t>(streamer->writes_sent()), expected);
   EXPECT_EQ(static_cast<uint64_t>(streamer->bytes_sent()), d_plan->ExpectedBytes(3, seed));
+  // And by the rank each write read, as the plan routes them.
+  std::vector<int64_t> rank_writes(c.p_tp), rank_bytes(c.p_tp);
+  std::vector<PagePair> pairs;
+  for (size_t i = 0; i < src_pages.size(); ++i) pairs.push_back({src_pages[i], dst_pages[i]});
+  for (int layer = 0; layer < kLayers; ++layer) {
+    auto writes = d_plan->LayerWrites(pairs, layer, seed);
+    ASSERT_TRUE(writes.ok());
+    for (const KvWrite& w : *writes) {
+      ++rank_writes[w.src_rank];
+      rank_bytes[w.src_rank] += static_cast<int64_t>(w.length);
+    }
+  }
+  EXPECT_EQ(streamer->writes_sent_by_rank(), rank_writes);
+  EXPECT_EQ(streamer->bytes_sent_by_rank(), rank_bytes);
 
   // Every D rank holds its heads of P's pages; D's other pages are untouched.
   for (int r = 0; r < c.d_tp; ++r) {
