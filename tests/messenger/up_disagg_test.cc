@@ -132,10 +132,13 @@ TEST(UpDisaggTest, OnePrefillOneDecodeMatchColocatedAndStopOnSigterm) {
   EXPECT_TRUE(WaitAllGone(PidsOf(up.nodes), Deadline::AfterMs(10000))) << "a node outlived `up`";
 }
 
-// A Qwen3-MoE model through `up`, one prefill and one decode node: the router's answers are the
-// greedy tokens of a colocated node, and the KV came over the messenger.
-TEST(UpDisaggTest, MoeModelServedDisaggregatedMatchesColocated) {
-  const std::string model = SyntheticModelDir("qwen3-moe-tiny");
+// The seed models through `up` (Qwen3-MoE; DeepSeek-V3 with MLA's latent cache), one prefill and
+// one decode node: the router's answers are the greedy tokens of a colocated node, and the KV
+// came over the messenger.
+class UpSeedModelTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(UpSeedModelTest, ServedDisaggregatedMatchesColocated) {
+  const std::string model = SyntheticModelDir(GetParam());
   RunningUp up;
   ASSERT_NO_FATAL_FAILURE(StartUp({"--model", model, "--prefill", "1", "--decode", "1", "--port",
                                    "0", "--threads-per-node", "1", "--kv-cache-mb", "64"},
@@ -157,6 +160,16 @@ TEST(UpDisaggTest, MoeModelServedDisaggregatedMatchesColocated) {
   ASSERT_TRUE(status.ok()) << "pdserve up did not exit after SIGTERM";
   EXPECT_TRUE(status->success()) << status->ToString();
 }
+
+INSTANTIATE_TEST_SUITE_P(Presets, UpSeedModelTest,
+                         ::testing::Values("qwen3-moe-tiny", "deepseek-v3-tiny"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           std::string name = info.param;
+                           for (char& ch : name) {
+                             if (ch == '-') ch = '_';
+                           }
+                           return name;
+                         });
 
 TEST(UpDisaggTest, MixingColocatedAndDisaggregatedFlagsIsRefused) {
   for (const std::vector<std::string>& args :
