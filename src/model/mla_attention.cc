@@ -19,6 +19,10 @@ enum Buffer : int {
   kHeadIn,   // [rows][...]: one head's input to an absorbed product
   kHeadOut,  // [rows][...]: its output
   kOLat,     // [rows][heads][kv_lora_rank]
+  // Attend's own, in buffers Run no longer needs by then (it asks for kNormed again after):
+  kRunLatent = kNormed,  // [context][latent]: a run's latent rows as floats
+  kRunQuery = kQa,       // [run rows][heads][latent]: q_lat | q_pe
+  kRunScores = kLatent,  // [run rows][heads][context]
 };
 
 // RoPE over pairs of adjacent dimensions: (x[2i], x[2i+1]) turned by row angle i.
@@ -83,7 +87,7 @@ size_t MlaAttention::WeightBytes() const {
   return bytes;
 }
 
-void MlaAttention::Attend(const ForwardPass& pass, const float* q_lat, const float* q,
+void MlaAttention::Attend(ForwardPass& pass, const float* q_lat, const float* q,
                           float* o_lat) const {
   const MlaConfig& a = config_.mla;
   const KvCache& cache = pass.cache;
@@ -94,55 +98,64 @@ void MlaAttention::Attend(const ForwardPass& pass, const float* q_lat, const flo
   const bool bf16 = cache.layout().dtype == DType::kBF16;
   const float scale = static_cast<float>(config_.softmax_scale());
   const size_t row_bytes = static_cast<size_t>(latent) * cache.layout().elem_size();
-#pragma omp parallel
-  {
-    std::vector<float> scores, c;
-#pragma omp for schedule(static)
-    for (int t = 0; t < pass.rows; ++t) {
-      const int64_t ctx = pass.positions[t] + 1;
-      const std::span<const PageId> pages = pass.chunk_of(t).pages;
-      scores.assign(static_cast<size_t>(heads) * ctx, 0.0f);
-      c.resize(latent);
-      // The latent row of position s, as floats.
-      auto load = [&](int64_t s) {
-        const uint8_t* at = cache.Block(layer_, pages[s / page_tokens], KvComponent::kLatent) +
-                            static_cast<size_t>(s % page_tokens) * row_bytes;
-        if (bf16) {
-          const auto* v = reinterpret_cast<const uint16_t*>(at);
-          for (int i = 0; i < latent; ++i) c[i] = BF16ToF32(v[i]);
-        } else {
-          std::memcpy(c.data(), at, row_bytes);
-        }
-      };
-      for (int64_t s = 0; s < ctx; ++s) {
-        load(s);
-        for (int h = 0; h < heads; ++h) {
-          const float* ql = q_lat + (static_cast<size_t>(t) * heads + h) * lora;
-          const float* qp = q + (static_cast<size_t>(t) * heads + h) * qhd + a.qk_nope_head_dim;
-          float dot = 0.0f;
-          for (int i = 0; i < lora; ++i) dot += ql[i] * c[i];
-          for (int i = 0; i < rope; ++i) dot += qp[i] * c[lora + i];
-          scores[h * ctx + s] = dot * scale;
-        }
-      }
-      for (int h = 0; h < heads; ++h) {
-        float* sc = &scores[h * ctx];
-        const float top = *std::max_element(sc, sc + ctx);
-        float sum = 0.0f;
-        for (int64_t s = 0; s < ctx; ++s) sum += sc[s] = std::exp(sc[s] - top);
-        for (int64_t s = 0; s < ctx; ++s) sc[s] /= sum;
-      }
-      float* out = o_lat + static_cast<size_t>(t) * heads * lora;
-      std::fill(out, out + static_cast<size_t>(heads) * lora, 0.0f);
-      for (int64_t s = 0; s < ctx; ++s) {
-        load(s);
-        for (int h = 0; h < heads; ++h) {
-          const float p = scores[h * ctx + s];
-          float* o = out + static_cast<size_t>(h) * lora;
-          for (int i = 0; i < lora; ++i) o[i] += p * c[i];
-        }
+  Workspace& ws = pass.workspace;
+  // A run: consecutive rows of one sequence (a prefill chunk, or one decode row), positions
+  // ascending. Its latent rows are read once, as floats, for all its rows and heads.
+  for (int t0 = 0; t0 < pass.rows;) {
+    const std::span<const PageId> pages = pass.chunk_of(t0).pages;
+    int t1 = t0 + 1;
+    while (t1 < pass.rows && pass.chunk_of(t1).pages.data() == pages.data()) ++t1;
+    const int64_t ctx = pass.positions[t1 - 1] + 1;
+    const int count = (t1 - t0) * heads;  // query rows of the run, [row][head]
+    float* rows = ws.Floats(kRunLatent, static_cast<size_t>(ctx) * latent);
+#pragma omp parallel for schedule(static) if (ctx * latent >= (1 << 16))
+    for (int64_t s = 0; s < ctx; ++s) {
+      const uint8_t* at = cache.Block(layer_, pages[s / page_tokens], KvComponent::kLatent) +
+                          static_cast<size_t>(s % page_tokens) * row_bytes;
+      float* c = rows + static_cast<size_t>(s) * latent;
+      if (bf16) {
+        const auto* v = reinterpret_cast<const uint16_t*>(at);
+        for (int i = 0; i < latent; ++i) c[i] = BF16ToF32(v[i]);
+      } else {
+        std::memcpy(c, at, row_bytes);
       }
     }
+    // Each query head as one latent-width row, q_lat | q_pe, so that a score is one product
+    // over the latent row (F32 tiles: the same bits on every kernel path, and for every
+    // context length the run pads to).
+    float* query = ws.Floats(kRunQuery, static_cast<size_t>(count) * latent);
+    for (int t = t0; t < t1; ++t) {
+      for (int h = 0; h < heads; ++h) {
+        float* row = query + (static_cast<size_t>(t - t0) * heads + h) * latent;
+        std::memcpy(row, q_lat + (static_cast<size_t>(t) * heads + h) * lora, lora * sizeof(float));
+        std::memcpy(row + lora, q + (static_cast<size_t>(t) * heads + h) * qhd + a.qk_nope_head_dim,
+                    rope * sizeof(float));
+      }
+    }
+    float* scores = ws.Floats(kRunScores, static_cast<size_t>(count) * ctx);
+    kernels::MatMulF32(query, rows, scores, count, static_cast<int>(ctx), latent);
+    // Each row and head: softmax over its own causal context, then the weighted sum of the
+    // latent rows in position order.
+#pragma omp parallel for schedule(static) if (static_cast <int64_t>(count) * ctx * lora >= \
+                                              (1 << 16))
+    for (int i = 0; i < count; ++i) {
+      const int t = t0 + i / heads;
+      const int64_t own = pass.positions[t] + 1;
+      float* sc = scores + static_cast<size_t>(i) * ctx;
+      for (int64_t s = 0; s < own; ++s) sc[s] *= scale;
+      const float top = *std::max_element(sc, sc + own);
+      float sum = 0.0f;
+      for (int64_t s = 0; s < own; ++s) sum += sc[s] = std::exp(sc[s] - top);
+      for (int64_t s = 0; s < own; ++s) sc[s] /= sum;
+      float* o = o_lat + (static_cast<size_t>(t) * heads + i % heads) * lora;
+      std::fill(o, o + lora, 0.0f);
+      for (int64_t s = 0; s < own; ++s) {
+        const float p = sc[s];
+        const float* c = rows + static_cast<size_t>(s) * latent;
+        for (int d = 0; d < lora; ++d) o[d] += p * c[d];
+      }
+    }
+    t0 = t1;
   }
 }
 

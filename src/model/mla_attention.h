@@ -44,7 +44,7 @@ class MlaAttention final : public LayerBlock {
  private:
   // Each row's attention over its sequence's latent rows [0, pos]: q_lat and q_pe of this rank's
   // heads in, o_lat out ([rows][heads][kv_lora_rank]).
-  void Attend(const ForwardPass& pass, const float* q_lat, const float* q, float* o_lat) const;
+  void Attend(ForwardPass& pass, const float* q_lat, const float* q, float* o_lat) const;
 
   const ModelConfig& config_;
   const TpSlices tp_;
