@@ -18,6 +18,7 @@ struct MakeModelFlags {
   std::string out;
   uint64_t seed = 0;
   std::string dtype = "bf16";
+  int layers = 0;  // 0: the preset's
   bool list = false;
 };
 
@@ -57,16 +58,23 @@ int RunMakeModel(const MakeModelFlags& f) {
                  f.dtype.c_str());
     return 2;
   }
+  Result<ModelConfig> config = SyntheticPresetConfig(f.preset);
+  if (!config.ok()) {
+    std::fprintf(stderr, "error: %s\n", config.status().ToString().c_str());
+    return 2;
+  }
+  if (f.layers > 0) config->num_layers = f.layers;
   const auto start = std::chrono::steady_clock::now();
-  Status s = WriteSyntheticModel(f.preset, f.out, f.seed, *dtype);
+  Status s = WriteSyntheticModelFromConfig(*config, f.out, f.seed, *dtype);
   if (!s.ok()) {
     std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
     return 1;
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::fprintf(stderr, "wrote preset %s (seed %llu, %s) to %s in %.1f s\n", f.preset.c_str(),
-               static_cast<unsigned long long>(f.seed), f.dtype.c_str(), f.out.c_str(), seconds);
+  std::fprintf(stderr, "wrote preset %s (%d layers, seed %llu, %s) to %s in %.1f s\n",
+               f.preset.c_str(), config->num_layers, static_cast<unsigned long long>(f.seed),
+               f.dtype.c_str(), f.out.c_str(), seconds);
   return 0;
 }
 
@@ -86,6 +94,10 @@ void AddMakeModelCommand(CLI::App& app, int* exit_code) {
                   "128x128 block scales, the rest bf16, as DeepSeek ships FP8 checkpoints)")
       ->check(CLI::IsMember({"bf16", "f16", "f32", "fp8"}))
       ->capture_default_str();
+  cmd->add_option("--layers", flags->layers,
+                  "Decoder layers instead of the preset's (its shapes, another depth: e.g. to "
+                  "measure what a layer costs)")
+      ->check(CLI::Range(1, 1024));
   cmd->add_flag("--list", flags->list, "List the presets and exit");
   cmd->callback([flags, exit_code] { *exit_code = RunMakeModel(*flags); });
 }
