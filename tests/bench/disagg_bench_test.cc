@@ -17,21 +17,28 @@ constexpr int kPage = 4;
 constexpr int kChunk = 16;
 constexpr int kPrompt = 61;  // 60 prefilled tokens: 15 pages, 4 forward passes of <= 16
 
-class DisaggBenchTest : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(DisaggBenchTest, NumbersAreConsistent) {
+// A short run over `provider`: small pages and chunks, a BF16 cache, one thread.
+DisaggBenchOptions SmallRun(const std::string& model_dir, const std::string& provider,
+                            int repeats) {
   DisaggBenchOptions o;
-  o.model_dir = testing::TinyModelDir();
-  o.load.weight_dtype = DType::kBF16;
+  o.model_dir = model_dir;
   o.load.transformer.kv_dtype = DType::kBF16;
   o.load.transformer.threads = 1;
   o.engine.page_tokens = kPage;
   o.engine.kv_cache_bytes = size_t{8} << 20;
   o.engine.scheduler.max_batch_tokens = kChunk;
   o.prompt_len = kPrompt;
-  o.repeats = 2;
-  o.provider = GetParam();
+  o.repeats = repeats;
+  o.provider = provider;
   o.timeout_s = 120;
+  return o;
+}
+
+class DisaggBenchTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DisaggBenchTest, NumbersAreConsistent) {
+  DisaggBenchOptions o = SmallRun(testing::TinyModelDir(), GetParam(), /*repeats=*/2);
+  o.load.weight_dtype = DType::kBF16;
   Result<DisaggBenchResult> result = RunDisaggBench(o);
   ASSERT_TRUE(result.ok()) << result.status().ToString();
 
@@ -81,17 +88,8 @@ TEST_P(DisaggBenchTest, NumbersAreConsistent) {
 // the same model would hold num_heads x (qk_nope_head_dim + qk_rope_head_dim + v_head_dim)
 // values (4 x (32 + 16 + 32) = 320): 4x the bytes.
 TEST(DisaggBenchMlaTest, MovesTheLatentNotAPlainCache) {
-  DisaggBenchOptions o;
-  o.model_dir = testing::SyntheticModelDir("deepseek-v3-tiny");
-  o.load.transformer.kv_dtype = DType::kBF16;
-  o.load.transformer.threads = 1;
-  o.engine.page_tokens = kPage;
-  o.engine.kv_cache_bytes = size_t{8} << 20;
-  o.engine.scheduler.max_batch_tokens = kChunk;
-  o.prompt_len = kPrompt;
-  o.repeats = 1;
-  o.provider = "tcp";
-  o.timeout_s = 120;
+  const DisaggBenchOptions o =
+      SmallRun(testing::SyntheticModelDir("deepseek-v3-tiny"), "tcp", /*repeats=*/1);
   Result<DisaggBenchResult> result = RunDisaggBench(o);
   ASSERT_TRUE(result.ok()) << result.status().ToString();
 
