@@ -63,6 +63,35 @@ void ForEachTile(int m, int n, int k, int weight_blocks, int tile_tokens, TileAt
   }
 }
 
+// ForEachTile over several products of one shape: every (product, token block, weight block) is
+// an item of one parallel loop, in that order, each walking its token block's tiles as
+// ForEachTile does. tile(product, block, first_row, rows, token_block).
+template <typename TileAt>
+void ForEachGroupedTile(std::span<const GroupedProduct> products, int n, int k, int weight_blocks,
+                        int tile_tokens, TileAt&& tile) {
+  struct Item {
+    int product, block;
+    TokenBlock rows;
+  };
+  std::vector<Item> items;
+  int64_t macs = 0;
+  for (int p = 0; p < static_cast<int>(products.size()); ++p) {
+    const int m = products[p].m;
+    macs += static_cast<int64_t>(m) * n * k;
+    for (int tb = 0; tb < m; tb += kTokenBlock) {
+      for (int b = 0; b < weight_blocks; ++b) {
+        items.push_back({p, b, TokenBlock{tb, std::min(m, tb + kTokenBlock)}});
+      }
+    }
+  }
+  ParallelFor(static_cast<int64_t>(items.size()), macs >= kParallelMacs, [&](int64_t i) {
+    const Item& it = items[i];
+    for (int t = it.rows.first; t < it.rows.end; t += tile_tokens) {
+      tile(it.product, it.block, t, std::min(tile_tokens, it.rows.end - t), it.rows);
+    }
+  });
+}
+
 // Runs of up to `max_run` consecutive queries of one sequence (a prefill chunk): [first, last)
 // query indices. A run shares its K/V rows (each key tile widened once).
 std::vector<std::pair<size_t, size_t>> QueryRuns(std::span<const AttentionQuery> queries,
@@ -250,20 +279,39 @@ int BlockGroups(int n, int c0) {
 
 }  // namespace
 
-void MatMulBF16(const uint16_t* x, const uint16_t* packed_w, float* y, int m, int n, int k) {
-  const internal::KernelTable& path = Active();
+namespace {
+
+// One tile of a BF16 product (MatMulBF16's and MatMulBF16Grouped's): block b, rows [t, t + tokens).
+void PackedTile(const internal::KernelTable& path, const uint16_t* x, const uint16_t* packed_w,
+                float* y, int n, int k, int b, int t, int tokens, TokenBlock tb) {
   const size_t block_elems = static_cast<size_t>(internal::Pairs(k)) * kPairElems;
   const int blocks = internal::ColBlocks(n);
-  const int first_rows = path.packed_tile_tokens;
-  const int64_t block_bytes = static_cast<int64_t>(block_elems * sizeof(uint16_t));
-  ForEachTile(m, n, k, blocks, first_rows, [&](int b, int t, int tokens, TokenBlock tb) {
-    const int c0 = b * kBlockCols;
-    const auto* next = b + 1 < blocks
-                           ? reinterpret_cast<const uint8_t*>(packed_w + (b + 1) * block_elems)
-                           : nullptr;
-    path.packed_tile(x, packed_w + b * block_elems, y, n, k, c0, t, BlockGroups(n, c0), tokens,
-                     NextBlockShare(next, block_bytes, tb, first_rows, t, tokens));
-  });
+  const int c0 = b * kBlockCols;
+  const auto* next =
+      b + 1 < blocks ? reinterpret_cast<const uint8_t*>(packed_w + (b + 1) * block_elems) : nullptr;
+  path.packed_tile(x, packed_w + b * block_elems, y, n, k, c0, t, BlockGroups(n, c0), tokens,
+                   NextBlockShare(next, static_cast<int64_t>(block_elems * sizeof(uint16_t)), tb,
+                                  path.packed_tile_tokens, t, tokens));
+}
+
+}  // namespace
+
+void MatMulBF16(const uint16_t* x, const uint16_t* packed_w, float* y, int m, int n, int k) {
+  const internal::KernelTable& path = Active();
+  ForEachTile(m, n, k, internal::ColBlocks(n), path.packed_tile_tokens,
+              [&](int b, int t, int tokens, TokenBlock tb) {
+                PackedTile(path, x, packed_w, y, n, k, b, t, tokens, tb);
+              });
+}
+
+void MatMulBF16Grouped(std::span<const GroupedProduct> products, int n, int k) {
+  const internal::KernelTable& path = Active();
+  ForEachGroupedTile(products, n, k, internal::ColBlocks(n), path.packed_tile_tokens,
+                     [&](int p, int b, int t, int tokens, TokenBlock tb) {
+                       const GroupedProduct& g = products[p];
+                       PackedTile(path, static_cast<const uint16_t*>(g.x),
+                                  static_cast<const uint16_t*>(g.w), g.y, n, k, b, t, tokens, tb);
+                     });
 }
 
 size_t PackedFP8Bytes(int n, int k) {
@@ -296,16 +344,36 @@ void PackFP8(const uint8_t* w, const float* row_scales, int n, int k, uint8_t* p
   });
 }
 
+namespace {
+
+// One tile of an FP8 product (MatMulFP8's and MatMulFP8Grouped's).
+void Fp8Tile(const internal::KernelTable& path, const float* x, const uint8_t* packed_w, float* y,
+             int n, int k, int b, int t, int tokens, TokenBlock tb) {
+  const int64_t block_bytes = internal::Fp8BlockBytes(k);
+  const int c0 = b * kBlockCols;
+  const uint8_t* next = b + 1 < internal::ColBlocks(n) ? packed_w + (b + 1) * block_bytes : nullptr;
+  path.fp8_tile(x, packed_w + b * block_bytes, y, n, k, c0, t, BlockGroups(n, c0), tokens,
+                NextBlockShare(next, block_bytes, tb, kTokens, t, tokens));
+}
+
+}  // namespace
+
 void MatMulFP8(const float* x, const uint8_t* packed_w, float* y, int m, int n, int k) {
   const internal::KernelTable& path = Active();
-  const int64_t block_bytes = internal::Fp8BlockBytes(k);
-  const int blocks = internal::ColBlocks(n);
-  ForEachTile(m, n, k, blocks, kTokens, [&](int b, int t, int tokens, TokenBlock tb) {
-    const int c0 = b * kBlockCols;
-    const uint8_t* next = b + 1 < blocks ? packed_w + (b + 1) * block_bytes : nullptr;
-    path.fp8_tile(x, packed_w + b * block_bytes, y, n, k, c0, t, BlockGroups(n, c0), tokens,
-                  NextBlockShare(next, block_bytes, tb, kTokens, t, tokens));
-  });
+  ForEachTile(m, n, k, internal::ColBlocks(n), kTokens,
+              [&](int b, int t, int tokens, TokenBlock tb) {
+                Fp8Tile(path, x, packed_w, y, n, k, b, t, tokens, tb);
+              });
+}
+
+void MatMulFP8Grouped(std::span<const GroupedProduct> products, int n, int k) {
+  const internal::KernelTable& path = Active();
+  ForEachGroupedTile(products, n, k, internal::ColBlocks(n), kTokens,
+                     [&](int p, int b, int t, int tokens, TokenBlock tb) {
+                       const GroupedProduct& g = products[p];
+                       Fp8Tile(path, static_cast<const float*>(g.x),
+                               static_cast<const uint8_t*>(g.w), g.y, n, k, b, t, tokens, tb);
+                     });
 }
 
 void MatMulF32(const float* x, const float* w, float* y, int m, int n, int k) {
@@ -314,6 +382,17 @@ void MatMulF32(const float* x, const float* w, float* y, int m, int n, int k) {
     const int r0 = b * kRows;
     path.f32_tile(x, w, y, n, k, r0, t, std::min(kRows, n - r0), tokens);
   });
+}
+
+void MatMulF32Grouped(std::span<const GroupedProduct> products, int n, int k) {
+  const internal::KernelTable& path = Active();
+  ForEachGroupedTile(products, n, k, (n + kRows - 1) / kRows, kTokens,
+                     [&](int p, int b, int t, int tokens, TokenBlock) {
+                       const GroupedProduct& g = products[p];
+                       const int r0 = b * kRows;
+                       path.f32_tile(static_cast<const float*>(g.x), static_cast<const float*>(g.w),
+                                     g.y, n, k, r0, t, std::min(kRows, n - r0), tokens);
+                     });
 }
 
 void ToBF16(const float* src, uint16_t* dst, size_t n) {

@@ -50,6 +50,20 @@ void MatMulBF16(const uint16_t* x, const uint16_t* packed_w, float* y, int m, in
 void MatMulF32(const float* x, const float* w, float* y, int m, int n, int k);
 void MatMulFP8(const float* x, const uint8_t* packed_w, float* y, int m, int n, int k);
 
+// Several products of one shape [n][k] at once (an MoE layer's experts, each with its own rows):
+// products[i].y[m][n] = products[i].x[m][k] * products[i].w^T, each exactly as the single
+// product computes it (the same tiles, so the same bits), in one parallel pass over all their
+// tiles instead of one OpenMP region each. x and w in the dtype of the function's name, as above.
+struct GroupedProduct {
+  const void* x;
+  const void* w;
+  float* y;
+  int m;
+};
+void MatMulBF16Grouped(std::span<const GroupedProduct> products, int n, int k);
+void MatMulF32Grouped(std::span<const GroupedProduct> products, int n, int k);
+void MatMulFP8Grouped(std::span<const GroupedProduct> products, int n, int k);
+
 // Rounds n floats to BF16 (nearest even).
 void ToBF16(const float* src, uint16_t* dst, size_t n);
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <vector>
 
 #include "kernels/kernels.h"
 
@@ -189,35 +190,30 @@ Status MoeMlp::Run(ForwardPass& pass) {
     std::memcpy(input + static_cast<size_t>(s) * hidden,
                 h + static_cast<size_t>(slot_row_[s]) * hidden, hidden * sizeof(float));
   }
-  int largest = 0;
+  // The hit experts' gate|up products in one pass, then SiLU(gate) * up of every slot.
+  std::vector<TpLinear::RowGroup> gate_up_groups, down_groups;
   for (int e = 0; e < num_experts; ++e) {
-    largest = std::max(largest, group_begin_[e + 1] - group_begin_[e]);
-  }
-  float* gate_up = ws.Floats(kGateUp, static_cast<size_t>(largest) * 2 * local);
-  float* act = ws.Floats(kActivation, static_cast<size_t>(slots) * inter);
-  for (int e = 0; e < num_experts && local > 0; ++e) {
     const int begin = group_begin_[e], n = group_begin_[e + 1] - begin;
     if (n == 0) continue;
-    pass.linear.Linear(input + static_cast<size_t>(begin) * hidden, n, experts_[e].gate_up,
-                       gate_up);
-    for (int t = 0; t < n; ++t) {
-      const float* g = gate_up + static_cast<size_t>(t) * 2 * local;
+    gate_up_groups.push_back({begin, n, &experts_[e].gate_up});
+    down_groups.push_back({begin, n, &experts_[e].down});
+  }
+  float* gate_up = ws.Floats(kGateUp, static_cast<size_t>(slots) * 2 * local);
+  float* act = ws.Floats(kActivation, static_cast<size_t>(slots) * inter);
+  if (local > 0) {
+    pass.linear.GroupedLinear(input, gate_up_groups, gate_up);
+#pragma omp parallel for schedule(static) if (static_cast <int64_t>(slots) * local >= 65536)
+    for (int s = 0; s < slots; ++s) {
+      const float* g = gate_up + static_cast<size_t>(s) * 2 * local;
       kernels::SiluMul(g, g + local,
-                       act + static_cast<size_t>(begin + t) * inter + tp_.expert_intermediate.begin,
-                       local);
+                       act + static_cast<size_t>(s) * inter + tp_.expert_intermediate.begin, local);
     }
   }
   PD_RETURN_IF_ERROR(pass.linear.GatherColumns(act, slots, inter, tp_.expert_intermediate));
 
-  // Each hit expert's down product, this rank's output columns of every slot, one gather.
+  // The hit experts' down products, this rank's output columns of every slot, one gather.
   float* expert_out = ws.Floats(kExpertOut, static_cast<size_t>(slots) * hidden);
-  for (int e = 0; e < num_experts; ++e) {
-    const int begin = group_begin_[e], n = group_begin_[e + 1] - begin;
-    if (n == 0) continue;
-    pass.linear.LinearIntoColumns(act + static_cast<size_t>(begin) * inter, n, experts_[e].down,
-                                  tp_.hidden, hidden,
-                                  expert_out + static_cast<size_t>(begin) * hidden);
-  }
+  pass.linear.GroupedLinearIntoColumns(act, down_groups, tp_.hidden, hidden, expert_out);
   PD_RETURN_IF_ERROR(pass.linear.GatherColumns(expert_out, slots, hidden, tp_.hidden));
   const float* shared = nullptr;
   if (shared_) {

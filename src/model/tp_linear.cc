@@ -1,7 +1,9 @@
 #include "model/tp_linear.h"
 
+#include <algorithm>
 #include <cstring>
 
+#include "common/check.h"
 #include "kernels/kernels.h"
 
 namespace pdserve {
@@ -39,6 +41,62 @@ void TpLinear::LinearIntoColumns(const float* x, int m, const Matrix& w, DimRang
   for (int r = 0; r < m; ++r) {
     std::memcpy(y + static_cast<size_t>(r) * width + cols.begin,
                 &slice_[static_cast<size_t>(r) * cols.size()], cols.size() * sizeof(float));
+  }
+}
+
+void TpLinear::GroupedLinear(const float* x, std::span<const RowGroup> groups, float* y) {
+  if (groups.empty()) return;
+  const Matrix& first = *groups.front().w;
+  const int n = first.n, k = first.k;
+  int rows = 0;  // x's rows up to the last group's
+  for (const RowGroup& g : groups) {
+    PD_CHECK(g.w->n == n && g.w->k == k && (g.w->fp8 != nullptr) == (first.fp8 != nullptr) &&
+             (g.w->bf16 != nullptr) == (first.bf16 != nullptr));
+    rows = std::max(rows, g.begin + g.rows);
+  }
+  // BF16: every row rounded once (as Linear rounds the rows it is given).
+  const void* input = x;
+  size_t input_row = static_cast<size_t>(k) * sizeof(float);
+  if (first.fp8 == nullptr && first.bf16 != nullptr) {
+    const size_t count = static_cast<size_t>(rows) * k;
+    if (x_bf16_.size() < count) x_bf16_.resize(count);
+    kernels::ToBF16(x, x_bf16_.data(), count);
+    input = x_bf16_.data();
+    input_row = static_cast<size_t>(k) * sizeof(uint16_t);
+  }
+  products_.clear();
+  for (const RowGroup& g : groups) {
+    const void* w = g.w->fp8 != nullptr    ? static_cast<const void*>(g.w->fp8)
+                    : g.w->bf16 != nullptr ? static_cast<const void*>(g.w->bf16)
+                                           : static_cast<const void*>(g.w->f32.as<float>());
+    products_.push_back({static_cast<const uint8_t*>(input) + g.begin * input_row, w,
+                         y + static_cast<size_t>(g.begin) * n, g.rows});
+  }
+  if (first.fp8 != nullptr) {
+    kernels::MatMulFP8Grouped(products_, n, k);
+  } else if (first.bf16 != nullptr) {
+    kernels::MatMulBF16Grouped(products_, n, k);
+  } else {
+    kernels::MatMulF32Grouped(products_, n, k);
+  }
+}
+
+void TpLinear::GroupedLinearIntoColumns(const float* x, std::span<const RowGroup> groups,
+                                        DimRange cols, int width, float* y) {
+  if (cols.size() == width) {
+    GroupedLinear(x, groups, y);
+    return;
+  }
+  if (cols.size() == 0) return;  // a rank may hold no column (more ranks than columns)
+  int rows = 0;
+  for (const RowGroup& g : groups) rows = std::max(rows, g.begin + g.rows);
+  slice_.resize(static_cast<size_t>(rows) * cols.size());
+  GroupedLinear(x, groups, slice_.data());
+  for (const RowGroup& g : groups) {
+    for (int r = g.begin; r < g.begin + g.rows; ++r) {
+      std::memcpy(y + static_cast<size_t>(r) * width + cols.begin,
+                  &slice_[static_cast<size_t>(r) * cols.size()], cols.size() * sizeof(float));
+    }
   }
 }
 

@@ -6,9 +6,11 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "common/status.h"
+#include "kernels/kernels.h"
 #include "model/matrix.h"
 #include "model/tp_group.h"
 #include "model/tp_slices.h"
@@ -35,6 +37,18 @@ class TpLinear {
   // others are left as they are, for one GatherColumns over several products).
   void LinearIntoColumns(const float* x, int m, const Matrix& w, DimRange cols, int width,
                          float* y);
+  // Products of one shape at once (an MoE layer's experts): for each group, rows [begin, begin
+  // + rows) of x ([*][k]) times its w into the same rows of y ([*][w.n]); every w of one dtype
+  // and shape. Each row gets exactly what Linear gives it, in one parallel pass for all groups.
+  struct RowGroup {
+    int begin = 0;
+    int rows = 0;
+    const Matrix* w = nullptr;
+  };
+  void GroupedLinear(const float* x, std::span<const RowGroup> groups, float* y);
+  // GroupedLinear into this rank's columns `cols` of y[*][width], as LinearIntoColumns.
+  void GroupedLinearIntoColumns(const float* x, std::span<const RowGroup> groups, DimRange cols,
+                                int width, float* y);
   // data is [rows][width] of which this rank has computed columns `cols`: with more than one
   // rank, gathers the others' columns (TpGroup::AllGatherColumns); with one, nothing to do.
   Status GatherColumns(float* data, int rows, int width, DimRange cols);
@@ -44,6 +58,7 @@ class TpLinear {
   TpGroup* group_ = nullptr;
   std::vector<float> slice_;      // this rank's columns of a product, before the gather
   std::vector<uint16_t> x_bf16_;  // the input of a BF16 product
+  std::vector<kernels::GroupedProduct> products_;  // of a grouped product
 };
 
 }  // namespace pdserve
