@@ -56,6 +56,12 @@ constexpr int kPairElems = 2 * kBlockCols;  // BF16 values of one k pair in one 
 // acc starting at 0. So a value depends only on its row of x and column of W, whatever the
 // tile, batch or thread count. The powers of two change no value unless a partial sum falls
 // below 2^-66 (or |x| reaches 2^68), and then the same way on every path.
+// Packed INT8 layout (PackInt8): the FP8 layout above with two's-complement bytes, and the
+// scales as they are (not times 2^60). The order is the FP8 one with x taken as it is and each
+// byte widened to the F32 of its integer (exact, as any int8 is):
+// part = fma(x[t][i], int8, part) over a k block's i in order, then acc = fma(part, scale, acc)
+// over the k blocks in order — the same steps on every path (generic: a table of the 256
+// values; avx2/avx512: 32-bit shifts and vcvtdq2ps), so every path gives the generic bits.
 constexpr int kFp8BlockK = 128;  // kernels::kFp8BlockK (kernels.cc checks they agree)
 constexpr int kFp8ScaleBytes = kBlockCols * static_cast<int>(sizeof(float));
 constexpr int kFp8LineBytes = kBlockCols;  // one byte per column
@@ -124,6 +130,9 @@ struct KernelTable {
   // layout above; `ahead` as for packed_tile.
   void (*fp8_tile)(const float* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
                    int groups, int tokens, BlockAhead ahead);
+  // The same for MatMulInt8 (the packed INT8 layout and order above).
+  void (*int8_tile)(const float* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
+                    int groups, int tokens, BlockAhead ahead);
   // F32ToBF16 of n values on the calling thread.
   void (*to_bf16)(const float* src, uint16_t* dst, int64_t n);
   // One row of RmsNorm (16-lane FMA sum of squares, the same lane tree).

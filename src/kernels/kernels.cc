@@ -318,7 +318,11 @@ size_t PackedFP8Bytes(int n, int k) {
   return static_cast<size_t>(internal::ColBlocks(n)) * internal::Fp8BlockBytes(k);
 }
 
-void PackFP8(const uint8_t* w, const float* row_scales, int n, int k, uint8_t* packed) {
+namespace {
+
+// PackFP8 and PackInt8: the bytes in line order, each scale times `scale_factor`.
+void PackBlocked8(const uint8_t* w, const float* row_scales, float scale_factor, int n, int k,
+                  uint8_t* packed) {
   const int64_t block_bytes = internal::Fp8BlockBytes(k);
   const int k_blocks = (k + kFp8BlockK - 1) / kFp8BlockK;
   ParallelFor(internal::ColBlocks(n), static_cast<int64_t>(n) * k >= kParallelMacs, [&](int64_t b) {
@@ -328,7 +332,7 @@ void PackFP8(const uint8_t* w, const float* row_scales, int n, int k, uint8_t* p
     for (int j = 0; j < k_blocks; ++j) {
       float scales[kBlockCols] = {};
       for (int c = 0; c < cols; ++c) {
-        scales[c] = row_scales[static_cast<size_t>(c0 + c) * k_blocks + j] * 0x1p60f;
+        scales[c] = row_scales[static_cast<size_t>(c0 + c) * k_blocks + j] * scale_factor;
       }
       std::memcpy(at, scales, sizeof(scales));
       at += kFp8ScaleBytes;
@@ -344,36 +348,65 @@ void PackFP8(const uint8_t* w, const float* row_scales, int n, int k, uint8_t* p
   });
 }
 
-namespace {
+using Blocked8Tile = void (*)(const float*, const uint8_t*, float*, int, int, int, int, int, int,
+                              internal::BlockAhead);
 
-// One tile of an FP8 product (MatMulFP8's and MatMulFP8Grouped's).
-void Fp8Tile(const internal::KernelTable& path, const float* x, const uint8_t* packed_w, float* y,
-             int n, int k, int b, int t, int tokens, TokenBlock tb) {
+// One tile of an FP8 or INT8 product (`tile`: the path's fp8_tile or int8_tile), block b, rows
+// [t, t + tokens): what MatMulFP8/MatMulInt8 and their grouped forms compute.
+void Blocked8TileAt(Blocked8Tile tile, const float* x, const uint8_t* packed_w, float* y, int n,
+                    int k, int b, int t, int tokens, TokenBlock tb) {
   const int64_t block_bytes = internal::Fp8BlockBytes(k);
   const int c0 = b * kBlockCols;
   const uint8_t* next = b + 1 < internal::ColBlocks(n) ? packed_w + (b + 1) * block_bytes : nullptr;
-  path.fp8_tile(x, packed_w + b * block_bytes, y, n, k, c0, t, BlockGroups(n, c0), tokens,
-                NextBlockShare(next, block_bytes, tb, kTokens, t, tokens));
+  tile(x, packed_w + b * block_bytes, y, n, k, c0, t, BlockGroups(n, c0), tokens,
+       NextBlockShare(next, block_bytes, tb, kTokens, t, tokens));
+}
+
+void MatMulBlocked8(Blocked8Tile tile, const float* x, const uint8_t* packed_w, float* y, int m,
+                    int n, int k) {
+  ForEachTile(m, n, k, internal::ColBlocks(n), kTokens,
+              [&](int b, int t, int tokens, TokenBlock tb) {
+                Blocked8TileAt(tile, x, packed_w, y, n, k, b, t, tokens, tb);
+              });
+}
+
+void MatMulBlocked8Grouped(Blocked8Tile tile, std::span<const GroupedProduct> products, int n,
+                           int k) {
+  ForEachGroupedTile(products, n, k, internal::ColBlocks(n), kTokens,
+                     [&](int p, int b, int t, int tokens, TokenBlock tb) {
+                       const GroupedProduct& g = products[p];
+                       Blocked8TileAt(tile, static_cast<const float*>(g.x),
+                                      static_cast<const uint8_t*>(g.w), g.y, n, k, b, t, tokens,
+                                      tb);
+                     });
 }
 
 }  // namespace
 
+void PackFP8(const uint8_t* w, const float* row_scales, int n, int k, uint8_t* packed) {
+  PackBlocked8(w, row_scales, 0x1p60f, n, k, packed);
+}
+
+size_t PackedInt8Bytes(int n, int k) { return PackedFP8Bytes(n, k); }
+
+void PackInt8(const int8_t* w, const float* row_scales, int n, int k, uint8_t* packed) {
+  PackBlocked8(reinterpret_cast<const uint8_t*>(w), row_scales, 1.0f, n, k, packed);
+}
+
 void MatMulFP8(const float* x, const uint8_t* packed_w, float* y, int m, int n, int k) {
-  const internal::KernelTable& path = Active();
-  ForEachTile(m, n, k, internal::ColBlocks(n), kTokens,
-              [&](int b, int t, int tokens, TokenBlock tb) {
-                Fp8Tile(path, x, packed_w, y, n, k, b, t, tokens, tb);
-              });
+  MatMulBlocked8(Active().fp8_tile, x, packed_w, y, m, n, k);
+}
+
+void MatMulInt8(const float* x, const uint8_t* packed_w, float* y, int m, int n, int k) {
+  MatMulBlocked8(Active().int8_tile, x, packed_w, y, m, n, k);
 }
 
 void MatMulFP8Grouped(std::span<const GroupedProduct> products, int n, int k) {
-  const internal::KernelTable& path = Active();
-  ForEachGroupedTile(products, n, k, internal::ColBlocks(n), kTokens,
-                     [&](int p, int b, int t, int tokens, TokenBlock tb) {
-                       const GroupedProduct& g = products[p];
-                       Fp8Tile(path, static_cast<const float*>(g.x),
-                               static_cast<const uint8_t*>(g.w), g.y, n, k, b, t, tokens, tb);
-                     });
+  MatMulBlocked8Grouped(Active().fp8_tile, products, n, k);
+}
+
+void MatMulInt8Grouped(std::span<const GroupedProduct> products, int n, int k) {
+  MatMulBlocked8Grouped(Active().int8_tile, products, n, k);
 }
 
 void MatMulF32(const float* x, const float* w, float* y, int m, int n, int k) {

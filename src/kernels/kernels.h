@@ -43,12 +43,22 @@ size_t PackedFP8Bytes(int n, int k);
 // w [n][k] FP8 bytes (row-major, Hugging Face layout); row_scales [n][ceil(k / kFp8BlockK)].
 void PackFP8(const uint8_t* w, const float* row_scales, int n, int k, uint8_t* packed);
 
+// INT8 weight matrices: w[r][c] = int8[r][c] * row_scales[r][c / kFp8BlockK], symmetric
+// (no zero point), the same grid of scales as FP8 (an F32 per row and 128-wide k block).
+// Packed once by PackInt8 into the FP8 layout (one byte per weight plus the scales); the
+// kernels widen each byte exactly to F32 and keep the FP8 order (kernel_table.h).
+size_t PackedInt8Bytes(int n, int k);
+// w [n][k] INT8 (row-major); row_scales [n][ceil(k / kFp8BlockK)].
+void PackInt8(const int8_t* w, const float* row_scales, int n, int k, uint8_t* packed);
+
 // y[m][n] = sum_k x[m][k] * w[n][k]. BF16: x is BF16 too (activations are rounded to BF16
 // before a BF16 product) and w is packed by PackBF16. F32: w is [n][k] row-major. FP8: x stays
 // F32 and w is packed by PackFP8; each FP8 value is widened exactly inside the kernel.
 void MatMulBF16(const uint16_t* x, const uint16_t* packed_w, float* y, int m, int n, int k);
 void MatMulF32(const float* x, const float* w, float* y, int m, int n, int k);
 void MatMulFP8(const float* x, const uint8_t* packed_w, float* y, int m, int n, int k);
+// INT8: x stays F32 (no activation quantisation); w packed by PackInt8.
+void MatMulInt8(const float* x, const uint8_t* packed_w, float* y, int m, int n, int k);
 
 // Several products of one shape [n][k] at once (an MoE layer's experts, each with its own rows):
 // products[i].y[m][n] = products[i].x[m][k] * products[i].w^T, each exactly as the single
@@ -63,6 +73,7 @@ struct GroupedProduct {
 void MatMulBF16Grouped(std::span<const GroupedProduct> products, int n, int k);
 void MatMulF32Grouped(std::span<const GroupedProduct> products, int n, int k);
 void MatMulFP8Grouped(std::span<const GroupedProduct> products, int n, int k);
+void MatMulInt8Grouped(std::span<const GroupedProduct> products, int n, int k);
 
 // Rounds n floats to BF16 (nearest even).
 void ToBF16(const float* src, uint16_t* dst, size_t n);

@@ -723,6 +723,7 @@ const KernelTable kAvx2Kernels = {
     .packed_tile_tokens = internal::kTokens,
     .f32_tile = F32Tile,
     .fp8_tile = Fp8Tile,
+    .int8_tile = Int8Tile,
     .to_bf16 = ToBF16Run,
     .rms_norm_row = RmsNormRow,
     .apply_rope = ApplyRope,

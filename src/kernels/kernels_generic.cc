@@ -63,9 +63,18 @@ struct Fp8Widened {
   }
 };
 
-void Fp8Tile(const float* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
-             int groups, int tokens, internal::BlockAhead /*ahead: not used*/) {
-  static const Fp8Widened widened;
+// The widened value of every INT8 byte (two's complement), exact.
+struct Int8Widened {
+  float value[256];
+  Int8Widened() {
+    for (int b = 0; b < 256; ++b) value[b] = static_cast<float>(static_cast<int8_t>(b));
+  }
+};
+
+// One tile of the 8-bit products (FP8 and INT8 share the layout and the order, kernel_table.h):
+// `widened` maps a byte to its F32 value, x is taken times `x_scale` (FP8: 2^60; INT8: 1).
+void Blocked8Tile(const float* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
+                  int groups, int tokens, const float* widened, float x_scale) {
   const int cols = groups * kGroupCols;
   float acc[kBlockCols], part[kBlockCols], scales[kBlockCols];
   for (int t = t0; t < t0 + tokens; ++t) {
@@ -78,9 +87,9 @@ void Fp8Tile(const float* x, const uint8_t* block, float* y, int n, int k, int c
       at += internal::kFp8ScaleBytes;
       for (int c = 0; c < cols; ++c) part[c] = 0.0f;
       for (int i = 0; i < kb; ++i) {
-        const float xi = row[k0 + i] * 0x1p60f;
+        const float xi = row[k0 + i] * x_scale;
         for (int c = 0; c < cols; ++c) {
-          part[c] = std::fma(xi, widened.value[at[internal::Fp8LinePosition(c)]], part[c]);
+          part[c] = std::fma(xi, widened[at[internal::Fp8LinePosition(c)]], part[c]);
         }
         at += internal::kFp8LineBytes;
       }
@@ -89,6 +98,18 @@ void Fp8Tile(const float* x, const uint8_t* block, float* y, int n, int k, int c
     float* yr = y + static_cast<size_t>(t) * n + c0;
     for (int c = 0; c < cols && c0 + c < n; ++c) yr[c] = acc[c];
   }
+}
+
+void Fp8Tile(const float* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
+             int groups, int tokens, internal::BlockAhead /*ahead: not used*/) {
+  static const Fp8Widened widened;
+  Blocked8Tile(x, block, y, n, k, c0, t0, groups, tokens, widened.value, 0x1p60f);
+}
+
+void Int8Tile(const float* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
+              int groups, int tokens, internal::BlockAhead /*ahead: not used*/) {
+  static const Int8Widened widened;
+  Blocked8Tile(x, block, y, n, k, c0, t0, groups, tokens, widened.value, 1.0f);
 }
 
 // 16 lanes over k (lane j: elements j, j + 16, ...; missing elements are zeros, as a masked
@@ -271,6 +292,7 @@ const KernelTable kGenericKernels = {
     .packed_tile_tokens = internal::kTokens,
     .f32_tile = F32Tile,
     .fp8_tile = Fp8Tile,
+    .int8_tile = Int8Tile,
     .to_bf16 = ToBF16Run,
     .rms_norm_row = RmsNormRow,
     .apply_rope = ApplyRope,
