@@ -53,7 +53,8 @@ Result<std::unique_ptr<Engine>> LoadEngine(const DisaggBenchOptions& o, int thre
   PD_ASSIGN_OR_RETURN(ModelDir dir, LoadModelDir(o.model_dir, load));
   // The weight dtype as `pdserve serve` names it (its --dtype), so both handshakes read alike.
   const std::string weights =
-      o.load.weight_dtype ? std::string(DTypeFlagName(*o.load.weight_dtype)) : "auto";
+      WeightsIdentity(o.load.weight_dtype ? DTypeFlagName(*o.load.weight_dtype) : "auto",
+                      o.load.weight_format ? DTypeFlagName(*o.load.weight_format) : "auto");
   PD_ASSIGN_OR_RETURN(*identity, IdentifyModel(dir.path, dir.config, weights));
   *config = dir.config;
   return Engine::Create(std::move(dir.transformer), nullptr, o.engine);

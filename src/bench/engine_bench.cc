@@ -298,6 +298,11 @@ Status RunEngineBench(ModelDir& dir, const EngineBenchOptions& f) {
       "context\n",
       kernels::DescribeSelection().c_str(), dir.path.c_str(), c.num_layers, c.hidden_size,
       weight_bytes / 1e6, kv_bytes_per_seq(999) / 1e6);
+  // The format of the linear layers (`--weights`) sets the bytes a step reads, hence the
+  // decode ceilings.
+  const std::string weights_format(DTypeFlagName(model.linear_dtype()));
+  std::printf("weights: linear layers in %s, %.0f bytes of weights a dense decode step reads\n",
+              weights_format.c_str(), weight_bytes);
   for (int ctx : skipped) {
     std::printf("decode context %d skipped: beyond the model's context of %d\n", ctx,
                 c.MaxContext());
@@ -315,21 +320,22 @@ Status RunEngineBench(ModelDir& dir, const EngineBenchOptions& f) {
       "\"of bandwidth\" is a decode row's ratio to the bandwidth ceiling alone\n\n",
       f.repeats, kWindowSeconds);
   std::printf(
-      "| phase | kernels | batch | tokens/s (best run) | tokens/s (median run) | GFLOP/s or GB/s | "
-      "ceiling tokens/s | ratio | bound | of bandwidth |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+      "| phase | kernels | weights | batch | tokens/s (best run) | tokens/s (median run) | GFLOP/s "
+      "or GB/s | ceiling tokens/s | ratio | bound | of bandwidth |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   const std::string path(kernels::ActivePath());
-  auto print_row = [&path](const std::string& phase, int batch, const Row& row, const char* unit,
-                           const char* bound) {
+  auto print_row = [&path, &weights_format](const std::string& phase, int batch, const Row& row,
+                                            const char* unit, const char* bound) {
     char of_bandwidth[16] = "-";
     if (!row.bandwidth_ratio.empty()) {
       std::snprintf(of_bandwidth, sizeof(of_bandwidth), "%.0f%%",
                     100 * UpperMedian(row.bandwidth_ratio));
     }
-    std::printf("| %s | %s | %d | %.1f | %.1f | %.1f %s | %.1f | %.0f%% | %s | %s |\n",
-                phase.c_str(), path.c_str(), batch, UpperMedian(row.best_tps),
-                UpperMedian(row.median_tps), UpperMedian(row.achieved), unit,
-                UpperMedian(row.ceiling_tps), 100 * UpperMedian(row.ratio), bound, of_bandwidth);
+    std::printf("| %s | %s | %s | %d | %.1f | %.1f | %.1f %s | %.1f | %.0f%% | %s | %s |\n",
+                phase.c_str(), path.c_str(), weights_format.c_str(), batch,
+                UpperMedian(row.best_tps), UpperMedian(row.median_tps), UpperMedian(row.achieved),
+                unit, UpperMedian(row.ceiling_tps), 100 * UpperMedian(row.ratio), bound,
+                of_bandwidth);
   };
   print_row("prefill " + std::to_string(f.prompt_len), 1, prefill, "GFLOP/s", "GEMM");
   for (const DecodeRow& d : decode) {

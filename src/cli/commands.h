@@ -17,6 +17,7 @@ void AddServeCommand(CLI::App& app, int* exit_code);
 void AddRankWorkerCommand(CLI::App& app, int* exit_code);
 // `pdserve bench ...` has sub-subcommands; `bench` is the group they attach to.
 void AddBenchEngineCommand(CLI::App& bench, int* exit_code);
+void AddBenchQualityCommand(CLI::App& bench, int* exit_code);
 void AddBenchFabricCommand(CLI::App& bench, int* exit_code);
 void AddBenchServeCommand(CLI::App& bench, int* exit_code);
 void AddBenchSweepCommand(CLI::App& bench, int* exit_code);

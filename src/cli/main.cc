@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   // Each command file adds its registration call here (see commands.h).
   pdserve::cli::AddBenchEngineCommand(*bench, &exit_code);
+  pdserve::cli::AddBenchQualityCommand(*bench, &exit_code);
   pdserve::cli::AddBenchFabricCommand(*bench, &exit_code);
   pdserve::cli::AddBenchServeCommand(*bench, &exit_code);
   pdserve::cli::AddBenchSweepCommand(*bench, &exit_code);

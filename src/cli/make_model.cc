@@ -34,11 +34,12 @@ std::string SizeText(uint64_t bytes) {
 }
 
 int PrintPresets() {
-  std::printf("%-22s %10s %10s  %s\n", "preset", "bf16", "fp8", "description");
+  std::printf("%-22s %10s %10s %10s  %s\n", "preset", "bf16", "fp8", "int8", "description");
   for (const SyntheticPreset& p : SyntheticPresets()) {
-    std::printf("%-22s %10s %10s  %s\n", p.name.c_str(),
+    std::printf("%-22s %10s %10s %10s  %s\n", p.name.c_str(),
                 SizeText(SyntheticWeightBytes(p.config, DType::kBF16)).c_str(),
                 SizeText(SyntheticWeightBytes(p.config, DType::kF8E4M3)).c_str(),
+                SizeText(SyntheticWeightBytes(p.config, DType::kI8)).c_str(),
                 p.description.c_str());
   }
   return 0;
@@ -54,7 +55,7 @@ int RunMakeModel(const MakeModelFlags& f) {
   }
   const std::optional<DType> dtype = ParseDTypeFlag(f.dtype);
   if (!dtype.has_value()) {
-    std::fprintf(stderr, "error: --dtype %s is not a dtype (bf16, f16, f32, fp8)\n",
+    std::fprintf(stderr, "error: --dtype %s is not a dtype (bf16, f16, f32, fp8, int8)\n",
                  f.dtype.c_str());
     return 2;
   }
@@ -91,8 +92,9 @@ void AddMakeModelCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--dtype", flags->dtype,
                   "Stored dtype of the weights (fp8: the linear layers' weights F8_E4M3 with "
-                  "128x128 block scales, the rest bf16, as DeepSeek ships FP8 checkpoints)")
-      ->check(CLI::IsMember({"bf16", "f16", "f32", "fp8"}))
+                  "128x128 block scales, the rest bf16, as DeepSeek ships FP8 checkpoints; "
+                  "int8: those weights I8 with an F32 weight_scale per row and 128 columns)")
+      ->check(CLI::IsMember({"bf16", "f16", "f32", "fp8", "int8"}))
       ->capture_default_str();
   cmd->add_option("--layers", flags->layers,
                   "Decoder layers instead of the preset's (its shapes, another depth: e.g. to "

@@ -32,6 +32,12 @@ void AddModelFlags(CLI::App* cmd, ModelFlags* flags, bool tensor_parallel) {
   cmd->add_option("--dtype", flags->dtype, "Weight dtype")
       ->check(CLI::IsMember({"auto", "bf16", "f32"}))
       ->capture_default_str();
+  cmd->add_option("--weights", flags->weights,
+                  "Linear layers' weights in memory: the checkpoint's own (auto), bf16, or 8-bit "
+                  "quantised at load (fp8: e4m3 with a scale per 128 x 128 block; int8: a scale "
+                  "per row and 128 columns; the embedding and lm_head stay bf16)")
+      ->check(CLI::IsMember({"auto", "bf16", "fp8", "int8"}))
+      ->capture_default_str();
   cmd->add_option("--kv-dtype", flags->kv_dtype, "KV cache dtype")
       ->check(CLI::IsMember({"auto", "bf16", "f32"}))
       ->capture_default_str();
@@ -63,6 +69,7 @@ void AddModelFlags(CLI::App* cmd, ModelFlags* flags, bool tensor_parallel) {
 Result<ModelDirOptions> LoadOptionsFromFlags(const ModelFlags& flags) {
   ModelDirOptions options;
   PD_ASSIGN_OR_RETURN(options.weight_dtype, ParseAutoDType("--dtype", flags.dtype));
+  if (flags.weights != "auto") options.weight_format = ParseDTypeFlag(flags.weights);
   PD_ASSIGN_OR_RETURN(options.transformer.kv_dtype, ParseAutoDType("--kv-dtype", flags.kv_dtype));
   options.transformer.threads = flags.threads;
   options.transformer.tp_size = flags.tp;
@@ -89,6 +96,7 @@ EngineOptions EngineOptionsFromFlags(const ModelFlags& flags) {
                                     "--model",        flags.model,
                                     "--threads",      std::to_string(flags.threads),
                                     "--dtype",        flags.dtype,
+                                    "--weights",      flags.weights,
                                     "--kv-dtype",     flags.kv_dtype,
                                     "--page-size",    std::to_string(flags.page_size),
                                     "--tp",           std::to_string(flags.tp),

@@ -15,7 +15,9 @@ namespace pdserve::cli {
 struct ModelFlags {
   std::string model;
   int threads = 0;
-  std::string dtype = "auto";     // weights: auto|bf16|f32
+  std::string dtype = "auto";  // weights: auto|bf16|f32
+  // The linear layers' weights in memory: auto (the checkpoint's own)|bf16|fp8|int8.
+  std::string weights = "auto";
   std::string kv_dtype = "auto";  // auto|bf16|f32
   int page_size = 16;
   int kv_cache_mb = 256;

@@ -108,8 +108,9 @@ int RunServe(const ServeFlags& f) {
   std::string fingerprint;
   if (role != server::NodeRole::kColocated) {
     // The handshake compares it field by field and names what differs (messenger/node_info.h).
-    PD_ASSIGN_OR_RETURN_CLI(ModelIdentity identity,
-                            IdentifyModel(dir.path, dir.config, f.model.dtype));
+    PD_ASSIGN_OR_RETURN_CLI(
+        ModelIdentity identity,
+        IdentifyModel(dir.path, dir.config, WeightsIdentity(f.model.dtype, f.model.weights)));
     fingerprint = identity.Serialize();
   }
   // Its messenger is destroyed with the served model: after node.Stop() stopped the engine,

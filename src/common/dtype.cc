@@ -16,6 +16,8 @@ std::string_view DTypeName(DType t) {
       return "BF16";
     case DType::kF8E4M3:
       return "F8_E4M3";
+    case DType::kI8:
+      return "I8";
   }
   return "?";
 }
@@ -30,12 +32,14 @@ std::string_view DTypeFlagName(DType t) {
       return "bf16";
     case DType::kF8E4M3:
       return "fp8";
+    case DType::kI8:
+      return "int8";
   }
   return "?";
 }
 
 std::optional<DType> ParseDTypeFlag(std::string_view name) {
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3}) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kI8}) {
     if (name == DTypeFlagName(t)) return t;
   }
   return std::nullopt;
@@ -144,6 +148,11 @@ void ConvertToF32(DType from, const void* src, float* dst, size_t n) {
       for (size_t i = 0; i < n; ++i) dst[i] = F8E4M3ToF32(s[i]);
       return;
     }
+    case DType::kI8: {
+      const auto* s = static_cast<const int8_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
+      return;
+    }
   }
 }
 
@@ -165,6 +174,13 @@ void ConvertFromF32(DType to, const float* src, void* dst, size_t n) {
     case DType::kF8E4M3: {
       auto* d = static_cast<uint8_t*>(dst);
       for (size_t i = 0; i < n; ++i) d[i] = F32ToF8E4M3(src[i]);
+      return;
+    }
+    case DType::kI8: {  // nearest, ties to even, saturated
+      auto* d = static_cast<int8_t*>(dst);
+      for (size_t i = 0; i < n; ++i) {
+        d[i] = static_cast<int8_t>(std::clamp(std::nearbyint(src[i]), -128.0f, 127.0f));
+      }
       return;
     }
   }

@@ -15,12 +15,16 @@
 
 namespace pdserve {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kF8E4M3 };
+// kI8: signed 8-bit integers, the weights of INT8 checkpoints (`make-model --dtype int8`), whose
+// real values are these times a per-block scale (model/weights.h).
+enum class DType : uint8_t { kF32, kF16, kBF16, kF8E4M3, kI8 };
 
-inline size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : t == DType::kF8E4M3 ? 1 : 2; }
-// "F32", "F16", "BF16", "F8_E4M3" (safetensors spelling)
+inline size_t DTypeSize(DType t) {
+  return t == DType::kF32 ? 4 : t == DType::kF8E4M3 || t == DType::kI8 ? 1 : 2;
+}
+// "F32", "F16", "BF16", "F8_E4M3", "I8" (safetensors spelling)
 std::string_view DTypeName(DType t);
-// "f32", "f16", "bf16", "fp8": the spelling of command-line flags and logs.
+// "f32", "f16", "bf16", "fp8", "int8": the spelling of command-line flags and logs.
 std::string_view DTypeFlagName(DType t);
 // Inverse of DTypeFlagName; nullopt for any other string (callers turn it into their error).
 std::optional<DType> ParseDTypeFlag(std::string_view name);

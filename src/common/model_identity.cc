@@ -62,7 +62,9 @@ std::vector<std::string> ModelIdentity::Compare(const ModelIdentity& a, std::str
   } else if (a.files != b.files) {
     add("model weights differ (another checkpoint)", "files", a.files, b.files);
   }
-  if (a.weights != b.weights) add("weight dtype differs", "weights", a.weights, b.weights);
+  if (a.weights != b.weights)
+    add("weight dtype or format differs (--dtype/--weights: the KV would differ)", "weights",
+        a.weights, b.weights);
   return differences;
 }
 

@@ -21,8 +21,9 @@ struct ModelIdentity {
   uint64_t config = 0;
   // ModelFingerprint(): 32 hex characters over the config and samples of every weight file.
   std::string files;
-  // The weight dtype asked for (`--dtype`: auto, bf16, f32); it changes the forward pass,
-  // hence the KV bits.
+  // The weight dtype asked for (`--dtype`: auto, bf16, f32) and the linear layers' format when
+  // `--weights` names one ("auto/int8", model/fingerprint.h's WeightsIdentity); they change the
+  // forward pass, hence the KV bits.
   std::string weights;
 
   // "config=<16 hex digits>;files=<files>;weights=<weights>". Precondition: neither string

@@ -430,16 +430,19 @@ Status ParseQuantization(const json& j, QuantizationConfig* q) {
   auto method = qc.find("quant_method");
   if (method == qc.end() || !method->is_string()) {
     return Status::InvalidArgument(
-        "config.json: quantization_config needs 'quant_method' (a string; supported: \"fp8\")");
+        "config.json: quantization_config needs 'quant_method' (a string; supported: \"fp8\", "
+        "\"int8\")");
   }
-  if (*method != "fp8") {
+  if (*method != "fp8" && *method != "int8") {
     return Status::InvalidArgument("config.json: quantization_config.quant_method " +
                                    method->dump() +
                                    " is not supported (only \"fp8\", DeepSeek's block-scaled "
-                                   "float8_e4m3fn weights)");
+                                   "float8_e4m3fn weights, and \"int8\", pdserve's block-scaled "
+                                   "int8 weights)");
   }
+  const bool int8 = *method == "int8";
   auto fmt = qc.find("fmt");
-  if (fmt != qc.end() && !fmt->is_null() && *fmt != "e4m3") {
+  if (!int8 && fmt != qc.end() && !fmt->is_null() && *fmt != "e4m3") {
     return Status::InvalidArgument("config.json: quantization_config.fmt " + fmt->dump() +
                                    " is not supported (only \"e4m3\")");
   }
@@ -454,8 +457,8 @@ Status ParseQuantization(const json& j, QuantizationConfig* q) {
   auto block = qc.find("weight_block_size");
   if (block == qc.end() || block->is_null()) {
     return Status::InvalidArgument(
-        "config.json: quantization_config (fp8) needs 'weight_block_size' [rows, columns] "
-        "(per-tensor FP8 scales are not supported)");
+        "config.json: quantization_config needs 'weight_block_size' [rows, columns] "
+        "(per-tensor scales are not supported)");
   }
   if (!block->is_array() || block->size() != 2 || !(*block)[0].is_number_integer() ||
       !(*block)[1].is_number_integer() || (*block)[0].get<int64_t>() <= 0 ||
@@ -463,7 +466,7 @@ Status ParseQuantization(const json& j, QuantizationConfig* q) {
       (*block)[1].get<int64_t>() > kMaxDim) {
     return FieldError("quantization_config.weight_block_size", "two positive integers", *block);
   }
-  q->method = QuantizationConfig::Method::kFp8;
+  q->method = int8 ? QuantizationConfig::Method::kInt8 : QuantizationConfig::Method::kFp8;
   q->block_rows = (*block)[0].get<int>();
   q->block_cols = (*block)[1].get<int>();
   return Status::Ok();
@@ -548,7 +551,7 @@ Status ModelConfig::Validate() const {
   for (int id : eos_token_ids) {
     if (id < 0) return Status::InvalidArgument("config: eos_token_id must not be negative");
   }
-  if (quantization.fp8()) {
+  if (quantization.fp8() || quantization.int8()) {
     PD_RETURN_IF_ERROR(Positive("weight_block_size[0]", quantization.block_rows));
     PD_RETURN_IF_ERROR(Positive("weight_block_size[1]", quantization.block_cols));
   }
@@ -776,6 +779,11 @@ std::string ModelConfig::ToJson() const {
     j["quantization_config"] = {
         {"quant_method", "fp8"},
         {"fmt", "e4m3"},
+        {"activation_scheme", "dynamic"},
+        {"weight_block_size", {quantization.block_rows, quantization.block_cols}}};
+  } else if (quantization.int8()) {
+    j["quantization_config"] = {
+        {"quant_method", "int8"},
         {"activation_scheme", "dynamic"},
         {"weight_block_size", {quantization.block_rows, quantization.block_cols}}};
   }

@@ -85,15 +85,18 @@ struct MoeConfig {
 double RopeAttentionFactor(const RopeScaling& rs);
 
 // quantization_config from config.json: how the checkpoint stores its linear layers' weights.
-// Only DeepSeek's FP8 is implemented (quant_method "fp8", fmt "e4m3"): each such matrix is
-// float8_e4m3fn with an F32 `weight_scale_inv` per block of block_rows x block_cols
-// (weight_block_size), the real weight being the FP8 value times its block's scale. Other
-// methods are refused by FromJson, naming them.
+// DeepSeek's FP8 (quant_method "fp8", fmt "e4m3"): each such matrix is float8_e4m3fn with an
+// F32 `weight_scale_inv` per block of block_rows x block_cols (weight_block_size), the real
+// weight being the FP8 value times its block's scale. pdserve's INT8 (quant_method "int8",
+// what `make-model --dtype int8` writes): each such matrix is I8 (symmetric, no zero point)
+// with an F32 `weight_scale` per block, weight_block_size [1, 128] (a scale per row and
+// 128-wide block of columns). Other methods are refused by FromJson, naming them.
 struct QuantizationConfig {
-  enum class Method : uint8_t { kNone, kFp8 } method = Method::kNone;
+  enum class Method : uint8_t { kNone, kFp8, kInt8 } method = Method::kNone;
   int block_rows = 0;  // weight_block_size[0]: along the output features
   int block_cols = 0;  // weight_block_size[1]: along the input features
   bool fp8() const { return method == Method::kFp8; }
+  bool int8() const { return method == Method::kInt8; }
 };
 
 struct ModelConfig {

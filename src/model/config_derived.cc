@@ -82,6 +82,9 @@ uint64_t ModelConfig::Fingerprint() const {
   if (quantization.fp8()) {  // appended only when quantised, as the experts above
     text += " fp8=" + std::to_string(quantization.block_rows) + "x" +
             std::to_string(quantization.block_cols);
+  } else if (quantization.int8()) {
+    text += " int8=" + std::to_string(quantization.block_rows) + "x" +
+            std::to_string(quantization.block_cols);
   }
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a offset basis
   for (const char* p = text.c_str(); *p != '\0'; ++p) {

@@ -56,6 +56,12 @@ Result<std::string> ModelFingerprint(const std::string& model_dir, const ModelCo
   return hex;
 }
 
+std::string WeightsIdentity(std::string_view dtype, std::string_view weights) {
+  std::string identity(dtype);
+  if (weights != "auto") identity += "/" + std::string(weights);
+  return identity;
+}
+
 Result<ModelIdentity> IdentifyModel(const std::string& model_dir, const ModelConfig& config,
                                     std::string weight_dtype) {
   PD_ASSIGN_OR_RETURN(std::string files, ModelFingerprint(model_dir, config));

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "common/model_identity.h"
 #include "common/status.h"
@@ -21,8 +22,14 @@ namespace pdserve {
 // 32 lower-case hex characters. IoError naming the file that cannot be read.
 Result<std::string> ModelFingerprint(const std::string& model_dir, const ModelConfig& config);
 
+// The `weights` field of a node's identity: the weight dtype asked for (`--dtype`: auto, bf16,
+// f32) and, when `--weights` asks for a format other than the checkpoint's own (auto), that
+// format after a '/': "auto/int8". Two nodes that hold the linear layers in different formats
+// compute different KV, so their identities differ.
+std::string WeightsIdentity(std::string_view dtype, std::string_view weights);
+
 // The identity of the model in `model_dir` (whose config is `config`) computed in
-// `weight_dtype` as asked for (`--dtype`: auto, bf16, f32). Errors as ModelFingerprint.
+// `weight_dtype` as asked for (WeightsIdentity). Errors as ModelFingerprint.
 Result<ModelIdentity> IdentifyModel(const std::string& model_dir, const ModelConfig& config,
                                     std::string weight_dtype);
 

@@ -9,8 +9,8 @@
 namespace pdserve {
 namespace {
 
-// Bytes a packed BF16 or FP8 matrix takes in the arena, rounded up to a whole cache line; 0 for
-// an F32 one (kept apart).
+// Bytes a packed BF16, FP8 or INT8 matrix takes in the arena, rounded up to a whole cache line; 0
+// for an F32 one (kept apart).
 size_t ArenaBytes(DType dtype, int64_t n, int64_t k) {
   size_t bytes = 0;
   if (dtype == DType::kBF16) {
@@ -18,6 +18,8 @@ size_t ArenaBytes(DType dtype, int64_t n, int64_t k) {
         kernels::PackedBF16Elements(static_cast<int>(n), static_cast<int>(k)) * sizeof(uint16_t);
   } else if (dtype == DType::kF8E4M3) {
     bytes = kernels::PackedFP8Bytes(static_cast<int>(n), static_cast<int>(k));
+  } else if (dtype == DType::kI8) {
+    bytes = kernels::PackedInt8Bytes(static_cast<int>(n), static_cast<int>(k));
   }
   return (bytes + 63) / 64 * 64;
 }
@@ -34,6 +36,9 @@ Matrix ToMatrix(Tensor w, uint8_t** cursor) {
   if (w.dtype() == DType::kF8E4M3) {
     m.fp8 = *cursor;
     kernels::PackFP8(w.as<uint8_t>(), w.row_scales().as<float>(), m.n, m.k, *cursor);
+  } else if (w.dtype() == DType::kI8) {
+    m.int8 = *cursor;
+    kernels::PackInt8(w.as<int8_t>(), w.row_scales().as<float>(), m.n, m.k, *cursor);
   } else {
     PD_CHECK(w.dtype() == DType::kBF16);
     m.bf16 = reinterpret_cast<const uint16_t*>(*cursor);
@@ -74,8 +79,8 @@ Tensor TransposeElements(const Tensor& w, int64_t row, int64_t n) {
   return t;
 }
 
-// The row scales of the transposed FP8 rows [row, row + n) of w (TransposeRows), or an empty
-// tensor when a 128-wide block of a transposed row would need more than one scale.
+// The row scales of the transposed FP8 or INT8 rows [row, row + n) of w (TransposeRows), or an
+// empty tensor when a 128-wide block of a transposed row would need more than one scale.
 Tensor TransposedScales(const Tensor& w, int64_t row, int64_t n) {
   constexpr int kBlock = kernels::kFp8BlockK;
   const Tensor& scales = w.row_scales();
@@ -96,10 +101,10 @@ Tensor TransposedScales(const Tensor& w, int64_t row, int64_t n) {
 }  // namespace
 
 Tensor TransposeRows(const Tensor& w, int64_t row, int64_t n) {
-  if (w.dtype() != DType::kF8E4M3) return TransposeElements(w, row, n);
+  if (!IsBlockScaled(w.dtype())) return TransposeElements(w, row, n);
   Tensor scales = TransposedScales(w, row, n);
   if (scales.empty()) {
-    const Tensor f32 = DequantiseFp8(w, DType::kF32);
+    const Tensor f32 = Dequantise8(w, DType::kF32);
     return TransposeElements(f32, row, n);
   }
   Tensor t = TransposeElements(w, row, n);
@@ -109,6 +114,7 @@ Tensor TransposeRows(const Tensor& w, int64_t row, int64_t n) {
 
 size_t Matrix::bytes() const {
   if (fp8 != nullptr) return kernels::PackedFP8Bytes(n, k);
+  if (int8 != nullptr) return kernels::PackedInt8Bytes(n, k);
   return bf16 == nullptr ? f32.nbytes() : kernels::PackedBF16Elements(n, k) * sizeof(uint16_t);
 }
 
@@ -118,17 +124,17 @@ Tensor TakeRows(const std::vector<RowSlice>& parts) {
       first.rows.end == first.tensor->dim(0)) {
     return std::exchange(*first.tensor, Tensor());
   }
-  // FP8 rows joined with rows of another dtype: dequantised to it, so one product reads them.
+  // 8-bit rows joined with rows of another dtype: dequantised to it, so one product reads them.
   DType dtype = first.tensor->dtype();
   for (const RowSlice& p : parts) {
-    if (p.tensor->dtype() != DType::kF8E4M3) dtype = p.tensor->dtype();
+    if (!IsBlockScaled(p.tensor->dtype())) dtype = p.tensor->dtype();
   }
   std::vector<Tensor> dequantised;
   dequantised.reserve(parts.size());
   std::vector<RowSlice> same = parts;
   for (RowSlice& p : same) {
     if (p.tensor->dtype() != dtype) {
-      dequantised.push_back(DequantiseFp8(*p.tensor, dtype));
+      dequantised.push_back(Dequantise8(*p.tensor, dtype));
       p.tensor = &dequantised.back();
     }
   }
@@ -138,7 +144,7 @@ Tensor TakeRows(const std::vector<RowSlice>& parts) {
   Tensor out(dtype, shape);
   CopyRows(
       same, [](const Tensor& t) -> const Tensor& { return t; }, &out);
-  if (dtype == DType::kF8E4M3) {  // each row takes its own scales
+  if (IsBlockScaled(dtype)) {  // each row takes its own scales
     Tensor scales(DType::kF32, {shape[0], first.tensor->row_scales().dim(1)});
     CopyRows(
         same, [](const Tensor& t) -> const Tensor& { return t.row_scales(); }, &scales);
@@ -157,10 +163,10 @@ void MatrixPacker::Add(std::vector<RowSlice> parts, Matrix* out) {
 Tensor MatrixPacker::Pack() {
   size_t bytes = 0;
   for (const Pending& p : pending_) {
-    // The dtype TakeRows will give: FP8 only when every part is FP8.
+    // The dtype TakeRows will give: 8-bit only when every part is.
     DType dtype = p.parts.front().tensor->dtype();
     for (const RowSlice& s : p.parts) {
-      if (s.tensor->dtype() != DType::kF8E4M3) dtype = s.tensor->dtype();
+      if (!IsBlockScaled(s.tensor->dtype())) dtype = s.tensor->dtype();
     }
     int64_t rows = 0;
     for (const RowSlice& s : p.parts) rows += s.rows.size();

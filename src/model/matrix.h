@@ -13,11 +13,12 @@
 
 namespace pdserve {
 
-// A weight matrix [n][k]: BF16 packed by kernels::PackBF16 or FP8 with its scales packed by
-// kernels::PackFP8 (inside a MatrixPacker's arena), or F32 row-major.
+// A weight matrix [n][k]: BF16 packed by kernels::PackBF16, FP8 or INT8 with its scales packed
+// by kernels::PackFP8 or PackInt8 (inside a MatrixPacker's arena), or F32 row-major.
 struct Matrix {
   const uint16_t* bf16 = nullptr;
   const uint8_t* fp8 = nullptr;
+  const uint8_t* int8 = nullptr;
   Tensor f32;
   int n = 0;
   int k = 0;
@@ -32,8 +33,8 @@ struct RowSlice {
 };
 
 // The given rows of tensors of equal column count, concatenated; the tensors are released
-// unless kept. A single whole tensor is moved, not copied. FP8 rows keep their row scales; FP8
-// parts joined with parts of another dtype are dequantised to it (DequantiseFp8).
+// unless kept. A single whole tensor is moved, not copied. FP8 and INT8 rows keep their row
+// scales; such parts joined with parts of another dtype are dequantised to it (Dequantise8).
 Tensor TakeRows(const std::vector<RowSlice>& parts);
 
 // Rows [row, row + n) of a matrix tensor [*][k], transposed: [k][n], in the same dtype. An FP8

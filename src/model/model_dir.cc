@@ -9,7 +9,8 @@ Result<ModelDir> LoadModelDir(const std::string& path, const ModelDirOptions& op
   if (options.load_tokenizer) {
     PD_ASSIGN_OR_RETURN(dir.tokenizer, Tokenizer::Load(path));
   }
-  PD_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(dir.config, path, options.weight_dtype));
+  PD_ASSIGN_OR_RETURN(ModelWeights weights,
+                      LoadWeights(dir.config, path, options.weight_dtype, options.weight_format));
   PD_ASSIGN_OR_RETURN(dir.transformer,
                       Transformer::Create(dir.config, std::move(weights), options.transformer));
   return dir;

@@ -16,7 +16,8 @@
 namespace pdserve {
 
 struct ModelDirOptions {
-  std::optional<DType> weight_dtype;  // LoadWeights: nullopt = as the checkpoint
+  std::optional<DType> weight_dtype;   // LoadWeights: nullopt = as the checkpoint
+  std::optional<DType> weight_format;  // LoadWeights' linear_format (`--weights`)
   TransformerOptions transformer;
   bool load_tokenizer = true;
 };

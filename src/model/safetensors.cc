@@ -55,6 +55,7 @@ std::optional<DType> ParseDType(const std::string& name) {
   if (name == "F16") return DType::kF16;
   if (name == "BF16") return DType::kBF16;
   if (name == "F8_E4M3") return DType::kF8E4M3;
+  if (name == "I8") return DType::kI8;
   return std::nullopt;
 }
 
@@ -178,7 +179,7 @@ Status SafetensorsFile::ParseEntry(const std::string& name, const json& entry,
   std::optional<DType> dtype = ParseDType(dt->get<std::string>());
   if (!dtype) {
     return Status::InvalidArgument(what + " has dtype " + dt->get<std::string>() +
-                                   "; supported: F32, F16, BF16, F8_E4M3");
+                                   "; supported: F32, F16, BF16, F8_E4M3, I8");
   }
   TensorView view;
   view.name = name;

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/check.h"
+#include "model/quantise.h"
 #include "model/safetensors.h"
 #include "tokenizer/tokenizer.h"
 
@@ -389,8 +390,9 @@ void FillChunk(const TensorInit& init, uint64_t seed, size_t index, size_t chunk
       }
       break;
     }
-    case DType::kF8E4M3:  // quantised per block from the F32 draws (Fp8Quantiser)
-      PD_CHECK_MSG(false, "FP8 tensors are drawn in F32 and quantised by blocks");
+    case DType::kF8E4M3:  // quantised per block from the draws (Quantiser)
+    case DType::kI8:
+      PD_CHECK_MSG(false, "8-bit tensors are drawn in F32 and quantised by blocks");
   }
 }
 
@@ -412,74 +414,67 @@ void FillTensor(const TensorInit& init, uint64_t seed, size_t index, DType dtype
   for (std::thread& t : pool) t.join();
 }
 
-// ---- FP8 checkpoints ----
+// ---- 8-bit checkpoints (FP8, INT8) ----
 
-// The tensors an FP8 checkpoint stores quantised, as DeepSeek's do: the linear layers' weights,
-// i.e. every matrix but the embedding, the lm_head, the MoE router (mlp.gate) and the MTP
-// modules' eh_proj and copies of the embedding and lm_head (BF16 in V3's checkpoint).
+// The tensors an 8-bit checkpoint stores quantised (model/quantise.h's policy, DeepSeek's).
 bool IsQuantisedLinear(const TensorInit& t) {
-  if (t.shape.size() != 2) return false;
-  const std::string_view name = t.name;
-  for (std::string_view bf16 : {"embed_tokens.weight", "lm_head.weight", ".mlp.gate.weight",
-                                ".eh_proj.weight", ".shared_head.head.weight"}) {
-    if (name.ends_with(bf16)) return false;
-  }
-  return true;
+  return t.shape.size() == 2 && IsQuantisedLinearName(t.name);
 }
 
-constexpr int kFp8Block = 128;  // weight_block_size [128, 128], as DeepSeek-V3's
+bool IsQuantisedDType(DType dtype) { return dtype == DType::kF8E4M3 || dtype == DType::kI8; }
 
-// One matrix of an FP8 checkpoint: the F32 values the BF16 writer draws for it (before it
-// rounds them), in 128 x 128 blocks, each block's scale max|w| / 448 (so its values span the
-// format's range) and each value the nearest FP8 of w / scale.
-class Fp8Quantiser {
+// The name of a quantised matrix's scale tensor: DeepSeek's `weight_scale_inv` for FP8 (the
+// name says inverse, the value multiplies), `weight_scale` for INT8.
+std::string ScaleTensorSuffix(DType dtype) {
+  return dtype == DType::kF8E4M3 ? "_scale_inv" : "_scale";
+}
+
+// One matrix of an 8-bit checkpoint: the values the BF16 checkpoint of the same seed holds (the
+// F32 draws rounded to BF16), quantised as model/quantise.h says. So `make-model --dtype fp8`
+// (int8) writes what loading the BF16 checkpoint with `--weights fp8` (int8) holds in memory.
+class Quantiser {
  public:
-  Fp8Quantiser(const TensorInit& init, uint64_t seed, size_t index)
-      : rows_(init.shape[0]), cols_(init.shape[1]), values_(static_cast<size_t>(rows_ * cols_)) {
+  Quantiser(const TensorInit& init, uint64_t seed, size_t index, DType dtype)
+      : dtype_(dtype),
+        rows_(init.shape[0]),
+        cols_(init.shape[1]),
+        values_(static_cast<size_t>(rows_ * cols_)) {
     FillTensor(init, seed, index, DType::kF32, values_.data());
+    for (float& v : values_) v = BF16ToF32(F32ToBF16(v));
   }
-  static std::vector<int64_t> ScaleShape(const std::vector<int64_t>& shape) {
-    return {(shape[0] + kFp8Block - 1) / kFp8Block, (shape[1] + kFp8Block - 1) / kFp8Block};
+  // FP8: [ceil(rows / 128)][ceil(cols / 128)]; INT8: [rows][ceil(cols / 128)].
+  static std::vector<int64_t> ScaleShape(const std::vector<int64_t>& shape, DType dtype) {
+    const int64_t cols = (shape[1] + kQuantBlock - 1) / kQuantBlock;
+    if (dtype == DType::kI8) return {shape[0], cols};
+    return {(shape[0] + kQuantBlock - 1) / kQuantBlock, cols};
   }
-  // weight_scale_inv: [ceil(rows / 128)][ceil(cols / 128)] F32.
   void Scales(float* out) const {
-    const int64_t block_cols = (cols_ + kFp8Block - 1) / kFp8Block;
-    ForEachBlockRow([&](int64_t br) {
-      for (int64_t bc = 0; bc < block_cols; ++bc) out[br * block_cols + bc] = Scale(br, bc);
-    });
+    std::vector<uint8_t> bytes(values_.size());
+    Quantise(bytes.data(), out);
   }
-  // The F8_E4M3 values, [rows][cols].
   void Values(uint8_t* out) const {
-    const int64_t block_cols = (cols_ + kFp8Block - 1) / kFp8Block;
-    ForEachBlockRow([&](int64_t br) {
-      for (int64_t bc = 0; bc < block_cols; ++bc) {
-        const float scale = Scale(br, bc);
-        ForEachInBlock(br, bc, [&](size_t i) { out[i] = F32ToF8E4M3(values_[i] / scale); });
-      }
-    });
+    const std::vector<int64_t> shape = ScaleShape({rows_, cols_}, dtype_);
+    std::vector<float> scales(static_cast<size_t>(shape[0] * shape[1]));
+    Quantise(out, scales.data());
   }
 
  private:
-  float Scale(int64_t br, int64_t bc) const {
-    float max = 0.0f;
-    ForEachInBlock(br, bc, [&](size_t i) { max = std::max(max, std::fabs(values_[i])); });
-    return max > 0.0f ? max / 448.0f : 1.0f;
-  }
-  template <typename Fn>
-  void ForEachInBlock(int64_t br, int64_t bc, Fn&& fn) const {
-    for (int64_t r = br * kFp8Block; r < std::min(rows_, (br + 1) * kFp8Block); ++r) {
-      for (int64_t c = bc * kFp8Block; c < std::min(cols_, (bc + 1) * kFp8Block); ++c) {
-        fn(static_cast<size_t>(r * cols_ + c));
-      }
-    }
-  }
-  // fn(block_row) for every row of blocks, spread over threads (rows are independent).
-  template <typename Fn>
-  void ForEachBlockRow(Fn&& fn) const {
-    const int64_t block_rows = (rows_ + kFp8Block - 1) / kFp8Block;
+  // Every 128-row block on its own (rows are independent), spread over threads.
+  void Quantise(uint8_t* out, float* scales) const {
+    const int64_t block_rows = (rows_ + kQuantBlock - 1) / kQuantBlock;
+    const int64_t scale_cols = (cols_ + kQuantBlock - 1) / kQuantBlock;
     std::atomic<int64_t> next{0};
     auto worker = [&] {
-      for (int64_t br = next.fetch_add(1); br < block_rows; br = next.fetch_add(1)) fn(br);
+      for (int64_t br = next.fetch_add(1); br < block_rows; br = next.fetch_add(1)) {
+        const int64_t r0 = br * kQuantBlock, rows = std::min<int64_t>(kQuantBlock, rows_ - r0);
+        const float* w = values_.data() + r0 * cols_;
+        if (dtype_ == DType::kF8E4M3) {
+          QuantiseFp8Rows(w, rows, cols_, out + r0 * cols_, scales + br * scale_cols);
+        } else {
+          QuantiseInt8Rows(w, rows, cols_, reinterpret_cast<int8_t*>(out + r0 * cols_),
+                           scales + r0 * scale_cols);
+        }
+      }
     };
     const int64_t threads =
         std::min<int64_t>({std::max(1u, std::thread::hardware_concurrency()), 16, block_rows});
@@ -489,14 +484,15 @@ class Fp8Quantiser {
     for (std::thread& t : pool) t.join();
   }
 
+  DType dtype_;
   int64_t rows_, cols_;
   std::vector<float> values_;
 };
 
 // The tensors of the file and how each is filled: in `dtype` from the draws of tensor `init`,
-// or (an FP8 checkpoint) its FP8 values or their scales.
+// or (an 8-bit checkpoint) its quantised values or their scales.
 struct FileTensor {
-  enum class Kind : uint8_t { kDrawn, kFp8Values, kFp8Scales } kind;
+  enum class Kind : uint8_t { kDrawn, kQuantisedValues, kQuantisedScales } kind;
   size_t init;
 };
 
@@ -506,15 +502,15 @@ Status WriteWeights(const std::string& path, const std::vector<TensorInit>& init
   std::vector<FileTensor> sources;
   for (size_t i = 0; i < inits.size(); ++i) {
     const TensorInit& t = inits[i];
-    if (dtype == DType::kF8E4M3 && IsQuantisedLinear(t)) {
-      tensors.push_back({t.name, DType::kF8E4M3, t.shape, nullptr});
-      sources.push_back({FileTensor::Kind::kFp8Values, i});
-      tensors.push_back(
-          {t.name + "_scale_inv", DType::kF32, Fp8Quantiser::ScaleShape(t.shape), nullptr});
-      sources.push_back({FileTensor::Kind::kFp8Scales, i});
+    if (IsQuantisedDType(dtype) && IsQuantisedLinear(t)) {
+      tensors.push_back({t.name, dtype, t.shape, nullptr});
+      sources.push_back({FileTensor::Kind::kQuantisedValues, i});
+      tensors.push_back({t.name + ScaleTensorSuffix(dtype), DType::kF32,
+                         Quantiser::ScaleShape(t.shape, dtype), nullptr});
+      sources.push_back({FileTensor::Kind::kQuantisedScales, i});
     } else {
-      // An FP8 checkpoint keeps the rest in BF16.
-      tensors.push_back({t.name, dtype == DType::kF8E4M3 ? DType::kBF16 : dtype, t.shape, nullptr});
+      // An 8-bit checkpoint keeps the rest in BF16.
+      tensors.push_back({t.name, IsQuantisedDType(dtype) ? DType::kBF16 : dtype, t.shape, nullptr});
       sources.push_back({FileTensor::Kind::kDrawn, i});
     }
   }
@@ -527,11 +523,11 @@ Status WriteWeights(const std::string& path, const std::vector<TensorInit>& init
       case FileTensor::Kind::kDrawn:
         FillTensor(init, seed, draw, tensors[f].dtype, out);
         break;
-      case FileTensor::Kind::kFp8Values:
-        Fp8Quantiser(init, seed, draw).Values(static_cast<uint8_t*>(out));
+      case FileTensor::Kind::kQuantisedValues:
+        Quantiser(init, seed, draw, dtype).Values(static_cast<uint8_t*>(out));
         break;
-      case FileTensor::Kind::kFp8Scales:
-        Fp8Quantiser(init, seed, draw).Scales(static_cast<float*>(out));
+      case FileTensor::Kind::kQuantisedScales:
+        Quantiser(init, seed, draw, dtype).Scales(static_cast<float*>(out));
         break;
     }
     return Status::Ok();
@@ -623,6 +619,7 @@ const char* TorchDTypeName(DType dtype) {
       return "float16";
     case DType::kBF16:
     case DType::kF8E4M3:  // as DeepSeek's FP8 configs: the unquantised tensors are BF16
+    case DType::kI8:
       return "bfloat16";
   }
   return "bfloat16";
@@ -655,11 +652,11 @@ uint64_t SyntheticWeightBytes(const ModelConfig& config, DType dtype) {
   for (const TensorInit& t : TensorInits(config)) {
     uint64_t numel = 1;
     for (int64_t d : t.shape) numel *= static_cast<uint64_t>(d);
-    if (dtype == DType::kF8E4M3 && IsQuantisedLinear(t)) {
-      const std::vector<int64_t> scales = Fp8Quantiser::ScaleShape(t.shape);
+    if (IsQuantisedDType(dtype) && IsQuantisedLinear(t)) {
+      const std::vector<int64_t> scales = Quantiser::ScaleShape(t.shape, dtype);
       bytes += numel + sizeof(float) * static_cast<uint64_t>(scales[0] * scales[1]);
     } else {
-      bytes += numel * DTypeSize(dtype == DType::kF8E4M3 ? DType::kBF16 : dtype);
+      bytes += numel * DTypeSize(IsQuantisedDType(dtype) ? DType::kBF16 : dtype);
     }
   }
   return bytes;
@@ -685,8 +682,11 @@ Status WriteSyntheticModelFromConfig(const ModelConfig& config_in, const std::st
   config.torch_dtype = TorchDTypeName(dtype);
   if (dtype == DType::kF8E4M3) {
     config.quantization = {.method = QuantizationConfig::Method::kFp8,
-                           .block_rows = kFp8Block,
-                           .block_cols = kFp8Block};
+                           .block_rows = kQuantBlock,
+                           .block_cols = kQuantBlock};
+  } else if (dtype == DType::kI8) {
+    config.quantization = {
+        .method = QuantizationConfig::Method::kInt8, .block_rows = 1, .block_cols = kQuantBlock};
   }
   PD_RETURN_IF_ERROR(WriteTextFile(out_dir + "/config.json", config.ToJson()));
   const json generation = {{"bos_token_id", bos}, {"eos_token_id", eos}};

@@ -32,8 +32,12 @@ Result<ModelConfig> SyntheticPresetConfig(const std::string& name);
 // The same (preset, seed, dtype) always gives byte-identical files. DType::kF8E4M3 writes an FP8
 // checkpoint as DeepSeek ships one: the linear layers' weights (attention and MLP/expert
 // projections) F8_E4M3 with an F32 `weight_scale_inv` per 128 x 128 block (max|w| / 448),
-// quantised from the same draws as the BF16 checkpoint's; the rest BF16; a quantization_config
-// in config.json.
+// quantised from the values of the BF16 checkpoint of the same seed (model/quantise.h, so that
+// loading that BF16 checkpoint with `--weights fp8` holds the same bytes); the rest BF16; a
+// quantization_config in config.json. DType::kI8 writes an INT8 checkpoint the same way: those
+// matrices I8 with an F32 `weight_scale` [rows][ceil(cols / 128)] (per row and 128-wide block of
+// columns, max|w| / 127), quantization_config {"quant_method": "int8", "weight_block_size":
+// [1, 128]}.
 Status WriteSyntheticModel(const std::string& preset, const std::string& out_dir, uint64_t seed,
                            DType dtype = DType::kBF16);
 

@@ -13,6 +13,10 @@ void TpLinear::Linear(const float* x, int m, const Matrix& w, float* y) {
     kernels::MatMulFP8(x, w.fp8, y, m, w.n, w.k);
     return;
   }
+  if (w.int8 != nullptr) {  // the same for INT8
+    kernels::MatMulInt8(x, w.int8, y, m, w.n, w.k);
+    return;
+  }
   if (w.bf16 == nullptr) {
     kernels::MatMulF32(x, w.f32.as<float>(), y, m, w.n, w.k);
     return;

@@ -123,9 +123,14 @@ size_t Transformer::StepWeightBytes(const RoutingTrace& trace) const {
 }
 
 uint64_t Transformer::Fingerprint() const {
-  // FNV-1a, continued from the config's hash over "kernels=<path>".
+  // FNV-1a, continued from the config's hash over "kernels=<path>" and, for linear layers held
+  // in 8 bits, " weights=<fp8|int8>" (a BF16 checkpoint quantised at load computes other KV).
   uint64_t h = config_.Fingerprint();
-  for (char ch : std::string("kernels=") + std::string(kernel_path_)) {
+  std::string text = std::string("kernels=") + std::string(kernel_path_);
+  if (IsBlockScaled(weights_.linear_dtype)) {
+    text += " weights=" + std::string(DTypeFlagName(weights_.linear_dtype));
+  }
+  for (char ch : text) {
     h ^= static_cast<unsigned char>(ch);
     h *= 0x100000001b3ull;
   }

@@ -91,8 +91,11 @@ class Transformer {
   // bits, so a KV cache is reproduced bit for bit only by the path that wrote it.
   std::string_view kernel_path() const { return kernel_path_; }
   // What a peer must match to continue this model's KV cache: the config's fingerprint
-  // (ModelConfig::Fingerprint) extended with the kernel path.
+  // (ModelConfig::Fingerprint) extended with the kernel path and, when the linear layers are
+  // held in 8 bits, their format (ModelWeights::linear_dtype).
   uint64_t Fingerprint() const;
+  // The dtype the linear layers' matrices are held in (ModelWeights::linear_dtype).
+  DType linear_dtype() const { return weights_.linear_dtype; }
 
   // Runs the chunks on the calling thread with a team of `threads` (TransformerOptions). logits
   // receives one row of vocab_size floats per chunk with want_logits, in chunk order. Errors: empty

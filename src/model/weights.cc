@@ -14,6 +14,7 @@
 #include "common/check.h"
 #include "common/logging.h"
 #include "kernels/kernels.h"
+#include "model/quantise.h"
 #include "model/safetensors.h"
 
 namespace pdserve {
@@ -67,18 +68,26 @@ void Tensor::set_row_scales(Tensor scales) {
   row_scales_ = scales.empty() ? nullptr : std::make_unique<Tensor>(std::move(scales));
 }
 
-Tensor DequantiseFp8(const Tensor& fp8, DType to) {
-  PD_CHECK(fp8.dtype() == DType::kF8E4M3 && fp8.shape().size() == 2 && !fp8.row_scales().empty());
+namespace {
+// The value of an FP8 or INT8 byte, before its scale.
+float Widen8(DType dtype, uint8_t byte) {
+  return dtype == DType::kF8E4M3 ? F8E4M3ToF32(byte)
+                                 : static_cast<float>(static_cast<int8_t>(byte));
+}
+}  // namespace
+
+Tensor Dequantise8(const Tensor& w, DType to) {
+  PD_CHECK(IsBlockScaled(w.dtype()) && w.shape().size() == 2 && !w.row_scales().empty());
   PD_CHECK(to == DType::kF32 || to == DType::kBF16);
-  const int64_t rows = fp8.dim(0), cols = fp8.dim(1);
-  const int64_t k_blocks = fp8.row_scales().dim(1);
+  const int64_t rows = w.dim(0), cols = w.dim(1);
+  const int64_t k_blocks = w.row_scales().dim(1);
   Tensor out = Tensor::Uninitialized(to, {rows, cols});
-  const auto* bytes = fp8.as<uint8_t>();
-  const auto* scales = fp8.row_scales().as<float>();
+  const auto* bytes = w.as<uint8_t>();
+  const auto* scales = w.row_scales().as<float>();
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) {
       const float v =
-          F8E4M3ToF32(bytes[r * cols + c]) * scales[r * k_blocks + c / kernels::kFp8BlockK];
+          Widen8(w.dtype(), bytes[r * cols + c]) * scales[r * k_blocks + c / kernels::kFp8BlockK];
       if (to == DType::kF32) {
         out.as<float>()[r * cols + c] = v;
       } else {
@@ -120,8 +129,8 @@ size_t ModelWeights::MatrixBytes() const {
 
 namespace {
 
-// The block scales of an FP8 matrix being dequantised: F32 [ceil(rows / block_rows)]
-// [ceil(cols / block_cols)] as the checkpoint's weight_scale_inv holds them.
+// The block scales of an FP8 or INT8 matrix being dequantised: F32 [ceil(rows / block_rows)]
+// [ceil(cols / block_cols)] as the checkpoint's weight_scale_inv (weight_scale) holds them.
 struct BlockScales {
   std::vector<float> scale;
   int64_t cols = 0;  // of the matrix
@@ -135,24 +144,63 @@ struct BlockScales {
 };
 
 // One tensor to convert from the mapping into its destination: the same dtype copied, another
-// converted; an FP8 one with `dequantise` scales becomes fp8 * scale in F32 (rounded to BF16
-// for a BF16 destination).
+// converted; an FP8 or INT8 one with `dequantise` scales becomes its value * scale in F32
+// (rounded to BF16 for a BF16 destination). With `quantise`, the destination is FP8 or INT8
+// (with row scales allocated): the source's values in F32 (dequantised first if 8-bit) are
+// quantised by model/quantise.h, 128 rows at a time.
 struct ConvertJob {
   TensorView src;
   Tensor* dst;
   std::optional<BlockScales> dequantise;
+  bool quantise = false;
 };
 
-// Dequantises FP8 elements [begin, end) of a job into F32 or BF16.
+// Elements [begin, end) of a job's source in F32 (dequantised when it has scales).
+void SourceAsF32(const ConvertJob& job, size_t begin, size_t end, float* out) {
+  if (!job.dequantise.has_value()) {
+    ConvertToF32(job.src.dtype,
+                 static_cast<const uint8_t*>(job.src.data) + begin * DTypeSize(job.src.dtype), out,
+                 end - begin);
+    return;
+  }
+  const auto* src = static_cast<const uint8_t*>(job.src.data);
+  for (size_t e = begin; e < end; ++e) {
+    out[e - begin] = Widen8(job.src.dtype, src[e]) * job.dequantise->At(e);
+  }
+}
+
+// Dequantises FP8 or INT8 elements [begin, end) of a job into F32 or BF16.
 void DequantiseRange(const ConvertJob& job, size_t begin, size_t end) {
   const auto* src = static_cast<const uint8_t*>(job.src.data);
   for (size_t e = begin; e < end; ++e) {
-    const float v = F8E4M3ToF32(src[e]) * job.dequantise->At(e);
+    const float v = Widen8(job.src.dtype, src[e]) * job.dequantise->At(e);
     if (job.dst->dtype() == DType::kF32) {
       job.dst->as<float>()[e] = v;
     } else {
       job.dst->as<uint16_t>()[e] = F32ToBF16(v);
     }
+  }
+}
+
+// Quantises whole rows [begin, end) (elements; a multiple of kQuantBlock rows from the first)
+// of a job into its FP8 or INT8 destination and the destination's row scales.
+void QuantiseRange(const ConvertJob& job, size_t begin, size_t end) {
+  const int64_t cols = job.src.shape[1];
+  const int64_t r0 = static_cast<int64_t>(begin) / cols,
+                rows = static_cast<int64_t>(end - begin) / cols;
+  std::vector<float> values(end - begin);
+  SourceAsF32(job, begin, end, values.data());
+  Tensor& dst = *job.dst;
+  const int64_t k_blocks = (cols + kQuantBlock - 1) / kQuantBlock;
+  float* row_scales = dst.mutable_row_scales()->as<float>() + r0 * k_blocks;
+  if (dst.dtype() == DType::kI8) {
+    QuantiseInt8Rows(values.data(), rows, cols, dst.as<int8_t>() + begin, row_scales);
+    return;
+  }
+  std::vector<float> block_scales(static_cast<size_t>(k_blocks));  // one block row
+  QuantiseFp8Rows(values.data(), rows, cols, dst.as<uint8_t>() + begin, block_scales.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy(block_scales.begin(), block_scales.end(), row_scales + r * k_blocks);
   }
 }
 
@@ -167,6 +215,10 @@ size_t FirstFp8NaN(const uint8_t* bytes, size_t begin, size_t end) {
 // Converts elements [begin, end) of one job. BF16 from F16 goes through a small F32 buffer.
 // Returns the first FP8 NaN of a job that keeps FP8 (the kernels cannot read one), or `end`.
 size_t ConvertRange(const ConvertJob& job, size_t begin, size_t end) {
+  if (job.quantise) {
+    QuantiseRange(job, begin, end);
+    return end;
+  }
   if (job.dequantise.has_value()) {
     DequantiseRange(job, begin, end);
     return end;
@@ -209,7 +261,10 @@ Status ConvertAll(const std::vector<ConvertJob>& jobs) {
   std::vector<Chunk> chunks;
   for (const ConvertJob& job : jobs) {
     const size_t n = static_cast<size_t>(job.src.numel());
-    for (size_t b = 0; b < n; b += kChunk) chunks.push_back({&job, b, std::min(n, b + kChunk)});
+    // Quantised in blocks of whole rows (an FP8 block's scale spans 128 rows).
+    const size_t chunk =
+        job.quantise ? kQuantBlock * static_cast<size_t>(job.src.shape[1]) : kChunk;
+    for (size_t b = 0; b < n; b += chunk) chunks.push_back({&job, b, std::min(n, b + chunk)});
   }
   std::atomic<size_t> next{0};
   std::atomic<size_t> nan_chunk{chunks.size()};  // the first chunk holding an FP8 NaN
@@ -245,18 +300,27 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 }
 
 // Looks tensors up with their expected shapes and queues their conversion. A matrix stored as
-// F8_E4M3 (config.quantization fp8) comes with its `weight_scale_inv`: kept FP8 with row scales
-// when `keep_fp8`, else dequantised to the matrix dtype.
+// F8_E4M3 (config.quantization fp8) comes with its `weight_scale_inv`, one stored as I8
+// (quantization int8) with its `weight_scale`: kept 8-bit with row scales when `keep_quantised`,
+// else dequantised to the matrix dtype. With `quantise_to` (FP8 or INT8), the linear layers'
+// matrices are held in that format: kept if stored so, else quantised at load.
 class WeightCollector {
  public:
   WeightCollector(const SafetensorsSet& set, const QuantizationConfig& quantization,
-                  DType matrix_dtype, bool keep_fp8)
-      : set_(set), quantization_(quantization), matrix_dtype_(matrix_dtype), keep_fp8_(keep_fp8) {}
+                  DType matrix_dtype, bool keep_quantised, std::optional<DType> quantise_to)
+      : set_(set),
+        quantization_(quantization),
+        matrix_dtype_(matrix_dtype),
+        keep_quantised_(keep_quantised),
+        quantise_to_(quantise_to) {}
 
   Status Matrix(const std::string& name, std::vector<int64_t> shape, Tensor* out) {
-    return Add(name, std::move(shape), matrix_dtype_, keep_fp8_, out);
+    if (quantise_to_.has_value() && IsQuantisedLinearName(name)) {
+      return AddQuantised(name, std::move(shape), *quantise_to_, out);
+    }
+    return Add(name, std::move(shape), matrix_dtype_, keep_quantised_, out);
   }
-  // The token embedding: a matrix read row by row (never FP8 in memory).
+  // The token embedding: a matrix read row by row (never 8-bit in memory).
   Status Embedding(const std::string& name, std::vector<int64_t> shape, Tensor* out) {
     return Add(name, std::move(shape), matrix_dtype_, false, out);
   }
@@ -269,42 +333,72 @@ class WeightCollector {
     return Add(name, std::move(shape), DType::kF32, false, out);
   }
   const std::vector<ConvertJob>& jobs() const { return jobs_; }
-  // Tensors of the checkpoint used: converted ones and FP8 scales.
+  // Tensors of the checkpoint used: converted ones and 8-bit scales.
   size_t count() const { return jobs_.size() + scales_used_; }
+  // Whether any matrix is held in 8 bits, and in which dtype.
+  std::optional<DType> held_8bit() const { return held_8bit_; }
 
  private:
-  Status Add(const std::string& name, std::vector<int64_t> shape, DType dtype, bool keep_fp8,
+  Status Add(const std::string& name, std::vector<int64_t> shape, DType dtype, bool keep,
              Tensor* out) {
     PD_ASSIGN_OR_RETURN(TensorView view, set_.FindWithShape(name, shape));
-    if (view.dtype == DType::kF8E4M3) return AddFp8(std::move(view), dtype, keep_fp8, out);
+    if (IsBlockScaled(view.dtype)) return AddBlockScaled(std::move(view), dtype, keep, out);
     *out = Tensor::Uninitialized(dtype, std::move(shape));
     jobs_.push_back({std::move(view), out, std::nullopt});
     return Status::Ok();
   }
 
-  Status AddFp8(TensorView view, DType dtype, bool keep_fp8, Tensor* out) {
-    if (!quantization_.fp8()) {
+  // A linear layer's matrix held in `format` (FP8 or INT8) whatever the checkpoint stores.
+  Status AddQuantised(const std::string& name, std::vector<int64_t> shape, DType format,
+                      Tensor* out) {
+    PD_ASSIGN_OR_RETURN(TensorView view, set_.FindWithShape(name, shape));
+    if (view.dtype == format && quantization_.block_cols % kernels::kFp8BlockK == 0) {
+      return AddBlockScaled(std::move(view), format, true, out);
+    }
+    std::optional<BlockScales> scales;
+    if (IsBlockScaled(view.dtype)) {
+      PD_RETURN_IF_ERROR(CheckBlockScaled(view));
+      PD_ASSIGN_OR_RETURN(scales, ReadScales(view));
+    }
+    const int64_t k_blocks = (view.shape[1] + kQuantBlock - 1) / kQuantBlock;
+    *out = Tensor::Uninitialized(format, view.shape);
+    out->set_row_scales(Tensor::Uninitialized(DType::kF32, {view.shape[0], k_blocks}));
+    jobs_.push_back({std::move(view), out, std::move(scales), /*quantise=*/true});
+    held_8bit_ = format;
+    return Status::Ok();
+  }
+
+  // An FP8 or INT8 tensor's dtype against the config's quantization, and its shape.
+  Status CheckBlockScaled(const TensorView& view) const {
+    const bool fp8 = view.dtype == DType::kF8E4M3;
+    if (fp8 ? !quantization_.fp8() : !quantization_.int8()) {
       return Status::InvalidArgument(fmt::format(
-          "tensor '{}' in {} is F8_E4M3, but config.json has no quantization_config (quant_method "
-          "\"fp8\" with weight_block_size) to say how it is scaled",
-          view.name, view.file));
+          "tensor '{}' in {} is {}, but config.json has no quantization_config (quant_method "
+          "\"{}\" with weight_block_size) to say how it is scaled",
+          view.name, view.file, DTypeName(view.dtype), fp8 ? "fp8" : "int8"));
     }
     if (view.shape.size() != 2) {
       return Status::InvalidArgument(
-          fmt::format("tensor '{}' in {} is F8_E4M3 with shape {}: only weight matrices may be FP8",
-                      view.name, view.file, ShapeText(view.shape)));
+          fmt::format("tensor '{}' in {} is {} with shape {}: only weight matrices may be 8-bit",
+                      view.name, view.file, DTypeName(view.dtype), ShapeText(view.shape)));
     }
+    return Status::Ok();
+  }
+
+  Status AddBlockScaled(TensorView view, DType dtype, bool keep, Tensor* out) {
+    PD_RETURN_IF_ERROR(CheckBlockScaled(view));
     PD_ASSIGN_OR_RETURN(BlockScales scales, ReadScales(view));
-    if (!keep_fp8) {
+    if (!keep) {
       *out = Tensor::Uninitialized(dtype, view.shape);
       jobs_.push_back({std::move(view), out, std::move(scales)});
       return Status::Ok();
     }
     if (quantization_.block_cols % kernels::kFp8BlockK != 0) {
       return Status::InvalidArgument(fmt::format(
-          "quantization_config.weight_block_size [{}, {}]: FP8 matrices stay FP8 in memory only "
+          "quantization_config.weight_block_size [{}, {}]: {} matrices stay {} in memory only "
           "with column blocks of a multiple of {} (load with --dtype bf16 to dequantise them)",
-          quantization_.block_rows, quantization_.block_cols, kernels::kFp8BlockK));
+          quantization_.block_rows, quantization_.block_cols, DTypeName(view.dtype),
+          DTypeName(view.dtype), kernels::kFp8BlockK));
     }
     // Each row's scale of each 128-wide column block: its block's.
     const int64_t rows = view.shape[0], cols = view.shape[1];
@@ -316,21 +410,25 @@ class WeightCollector {
             scales.At(static_cast<size_t>(r * cols + j * kernels::kFp8BlockK));
       }
     }
-    *out = Tensor::Uninitialized(DType::kF8E4M3, view.shape);
+    held_8bit_ = view.dtype;
+    *out = Tensor::Uninitialized(view.dtype, view.shape);
     out->set_row_scales(std::move(row_scales));
     jobs_.push_back({std::move(view), out, std::nullopt});
     return Status::Ok();
   }
 
-  // `weight`'s weight_scale_inv as F32, checked against the config's blocks.
+  // `weight`'s scales (FP8: weight_scale_inv, INT8: weight_scale) as F32, checked against the
+  // config's blocks.
   Result<BlockScales> ReadScales(const TensorView& weight) {
-    const std::string name = weight.name + "_scale_inv";
+    const std::string name =
+        weight.name + (weight.dtype == DType::kF8E4M3 ? "_scale_inv" : "_scale");
     Result<TensorView> found = set_.Find(name);
     if (!found.ok()) {
       return Status::NotFound(fmt::format(
-          "FP8 tensor '{}' in {} has no scale tensor '{}' (quantization_config fp8 needs one "
+          "{} tensor '{}' in {} has no scale tensor '{}' (quantization_config {} needs one "
           "per quantised matrix)",
-          weight.name, weight.file, name));
+          DTypeName(weight.dtype), weight.name, weight.file, name,
+          weight.dtype == DType::kF8E4M3 ? "fp8" : "int8"));
     }
     const TensorView& view = *found;
     const int bo = quantization_.block_rows, bi = quantization_.block_cols;
@@ -343,9 +441,10 @@ class WeightCollector {
           name, view.file, ShapeText(view.shape), weight.name, ShapeText(weight.shape), bo, bi,
           ShapeText(want)));
     }
-    if (view.dtype == DType::kF8E4M3) {
-      return Status::InvalidArgument(fmt::format(
-          "scale tensor '{}' in {} is F8_E4M3; scales must be F32, BF16 or F16", name, view.file));
+    if (IsBlockScaled(view.dtype)) {
+      return Status::InvalidArgument(
+          fmt::format("scale tensor '{}' in {} is {}; scales must be F32, BF16 or F16", name,
+                      view.file, DTypeName(view.dtype)));
     }
     BlockScales scales{.scale = std::vector<float>(static_cast<size_t>(view.numel())),
                        .cols = weight.shape[1],
@@ -359,7 +458,9 @@ class WeightCollector {
   const SafetensorsSet& set_;
   const QuantizationConfig& quantization_;
   DType matrix_dtype_;
-  bool keep_fp8_;
+  bool keep_quantised_;
+  std::optional<DType> quantise_to_;
+  std::optional<DType> held_8bit_;
   std::vector<ConvertJob> jobs_;
   size_t scales_used_ = 0;
 };
@@ -514,13 +615,32 @@ Result<DType> ChooseMatrixDType(const SafetensorsSet& set, std::optional<DType> 
 }  // namespace
 
 Result<ModelWeights> LoadWeights(const ModelConfig& config, const std::string& model_dir,
-                                 std::optional<DType> matrix_dtype) {
+                                 std::optional<DType> matrix_dtype,
+                                 std::optional<DType> linear_format) {
   PD_RETURN_IF_ERROR(config.Validate());
+  if (linear_format.has_value() && !IsBlockScaled(*linear_format) &&
+      *linear_format != DType::kBF16) {
+    return Status::InvalidArgument(fmt::format("weights cannot be held as {} (bf16, fp8 or int8)",
+                                               DTypeFlagName(*linear_format)));
+  }
+  if (linear_format == DType::kBF16) {
+    if (matrix_dtype.has_value() && *matrix_dtype != DType::kBF16) {
+      return Status::InvalidArgument(
+          fmt::format("--weights bf16 holds every matrix in bf16, which --dtype {} contradicts",
+                      DTypeFlagName(*matrix_dtype)));
+    }
+    matrix_dtype = DType::kBF16;
+    linear_format.reset();
+  }
+  std::optional<DType> quantise_to = linear_format;
+  if (quantise_to.has_value() && !matrix_dtype.has_value()) {
+    matrix_dtype = DType::kBF16;  // the rest as an 8-bit checkpoint keeps it
+  }
   PD_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsSet> set, SafetensorsSet::Open(model_dir));
   ModelWeights w;
   PD_ASSIGN_OR_RETURN(w.matrix_dtype, ChooseMatrixDType(*set, matrix_dtype));
   WeightCollector collect(*set, config.quantization, w.matrix_dtype,
-                          /*keep_fp8=*/!matrix_dtype.has_value());
+                          /*keep_quantised=*/!matrix_dtype.has_value(), quantise_to);
   const int64_t vocab = config.vocab_size, hidden = config.hidden_size;
   PD_RETURN_IF_ERROR(collect.Embedding("model.embed_tokens.weight", {vocab, hidden}, &w.embed));
   w.layers.resize(config.num_layers);
@@ -556,6 +676,7 @@ Result<ModelWeights> LoadWeights(const ModelConfig& config, const std::string& m
                 config.architecture_name);
   }
   PD_RETURN_IF_ERROR(ConvertAll(collect.jobs()));
+  w.linear_dtype = collect.held_8bit().value_or(w.matrix_dtype);
   return w;
 }
 

@@ -45,12 +45,13 @@ class Tensor {
     return static_cast<const T*>(data());
   }
 
-  // An FP8 matrix (DType::kF8E4M3, [rows][cols]) carries its scales: F32 [rows][ceil(cols /
-  // kernels::kFp8BlockK)], element (r, j) multiplying row r's values in columns [128j,
-  // 128j + 128). They are the checkpoint's block scales, repeated for every row of a block, so
-  // that any rows of the matrix can be taken with their scales (model/matrix.h). Empty for
-  // every other tensor.
+  // An FP8 or INT8 matrix (DType::kF8E4M3 or kI8, [rows][cols]) carries its scales: F32
+  // [rows][ceil(cols / kernels::kFp8BlockK)], element (r, j) multiplying row r's values in columns
+  // [128j, 128j + 128). They are the checkpoint's block scales, repeated for every row of a block,
+  // so that any rows of the matrix can be taken with their scales (model/matrix.h); an INT8
+  // matrix's are its own (one per row and block). Empty for every other tensor.
   const Tensor& row_scales() const;
+  Tensor* mutable_row_scales() { return row_scales_.get(); }  // null when there are none
   void set_row_scales(Tensor scales);
 
  private:
@@ -63,9 +64,12 @@ class Tensor {
   std::unique_ptr<Tensor> row_scales_;
 };
 
-// An FP8 matrix (with its row scales) as F32 or BF16: each value fp8 * scale in F32, exactly as
-// the kernels weigh it, then rounded to BF16 (nearest even) for BF16.
-Tensor DequantiseFp8(const Tensor& fp8, DType to);
+// An FP8 or INT8 matrix (with its row scales) as F32 or BF16: each value fp8 (int8) * scale in
+// F32, exactly as the kernels weigh it, then rounded to BF16 (nearest even) for BF16.
+Tensor Dequantise8(const Tensor& w, DType to);
+inline Tensor DequantiseFp8(const Tensor& fp8, DType to) { return Dequantise8(fp8, to); }
+// Whether `dtype` is one of the 8-bit block-scaled weight formats (FP8, INT8).
+inline bool IsBlockScaled(DType dtype) { return dtype == DType::kF8E4M3 || dtype == DType::kI8; }
 
 // One SwiGLU expert of an MoE layer: [expert_intermediate, hidden] x2, [hidden, ...].
 struct ExpertWeights {
@@ -123,10 +127,13 @@ struct MtpModule {
 };
 
 struct ModelWeights {
-  DType matrix_dtype = DType::kBF16;  // of every matrix not kept in FP8
-  Tensor embed;                       // [vocab, hidden], matrix dtype
-  Tensor final_norm;                  // [hidden] F32
-  Tensor lm_head;                     // [vocab, hidden]; empty when tied (use embed)
+  DType matrix_dtype = DType::kBF16;  // of every matrix not kept in FP8 or INT8
+  // Of the linear layers' matrices (quantise.h's IsQuantisedLinearName): kF8E4M3 or kI8 when
+  // any is held in 8 bits, else matrix_dtype. Part of the model's fingerprint.
+  DType linear_dtype = DType::kBF16;
+  Tensor embed;       // [vocab, hidden], matrix dtype
+  Tensor final_norm;  // [hidden] F32
+  Tensor lm_head;     // [vocab, hidden]; empty when tied (use embed)
   std::vector<LayerWeights> layers;
   std::vector<MtpModule> mtp;  // [config.num_nextn_predict_layers]
 
@@ -151,7 +158,16 @@ struct ModelWeights {
 // blocks the FP8 kernels cannot keep (not a multiple of 128).
 // With config.num_nextn_predict_layers > 0 every tensor of each MTP module is required (a
 // missing one is named); an MTP embed_tokens copy that differs from the model's is refused.
+//
+// `linear_format` (`--weights`; nullopt: the checkpoint's own): kBF16 holds every matrix in BF16
+// (as matrix_dtype BF16); kF8E4M3 or kI8 holds the linear layers' matrices (quantise.h's policy:
+// not the embedding, the lm_head, the MoE router) in that format, quantised at load by
+// model/quantise.h from the checkpoint's values in F32 (an 8-bit checkpoint of the same format
+// is kept as it is; one of the other format is dequantised first), and the other matrices in
+// matrix_dtype, BF16 by default. INT8 checkpoints (quantization_config int8): their I8 matrices
+// stay INT8 unless another format or matrix_dtype is asked for.
 Result<ModelWeights> LoadWeights(const ModelConfig& config, const std::string& model_dir,
-                                 std::optional<DType> matrix_dtype = std::nullopt);
+                                 std::optional<DType> matrix_dtype = std::nullopt,
+                                 std::optional<DType> linear_format = std::nullopt);
 
 }  // namespace pdserve

@@ -3,6 +3,7 @@
 // this keeps the benchmark from rotting.)
 #include <regex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -33,25 +34,25 @@ testing::CommandRun RunBench(const std::vector<std::string>& extra,
 // the bandwidth binds.
 std::string TableRows(const std::string& out, const std::string& path) {
   const std::regex row(
-      R"(\| (prefill \d+|decode ctx \d+) \| ([a-z0-9]+) \| (\d+) \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ (GFLOP/s|GB/s) \| [0-9.]+ \| (\d+)% \| (bandwidth|GEMM) \| (-|\d+%) \|)");
+      R"(\| (prefill \d+|decode ctx \d+) \| ([a-z0-9]+) \| (bf16|f32|fp8|int8) \| (\d+) \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ (GFLOP/s|GB/s) \| [0-9.]+ \| (\d+)% \| (bandwidth|GEMM) \| (-|\d+%) \|)");
   std::string rows;
   for (auto it = std::sregex_iterator(out.begin(), out.end(), row); it != std::sregex_iterator();
        ++it) {
     const std::smatch& m = *it;
     EXPECT_EQ(m[2].str(), path) << out;
-    const std::string of_bandwidth = m[7].str();
+    const std::string of_bandwidth = m[8].str();
     if (m[1].str().starts_with("prefill")) {
       EXPECT_EQ(of_bandwidth, "-") << m[0];
     } else {
       EXPECT_NE(of_bandwidth, "-") << m[0];
       if (of_bandwidth == "-") continue;
-      const int bandwidth_pct = std::stoi(of_bandwidth), pct = std::stoi(m[5].str());
+      const int bandwidth_pct = std::stoi(of_bandwidth), pct = std::stoi(m[6].str());
       EXPECT_LE(bandwidth_pct, pct) << m[0];
-      if (m[6].str() == "bandwidth") {
+      if (m[7].str() == "bandwidth") {
         EXPECT_EQ(bandwidth_pct, pct) << m[0];
       }
     }
-    rows += m[1].str() + "/" + m[3].str() + ",";
+    rows += m[1].str() + "/" + m[4].str() + ",";
   }
   return rows;
 }
@@ -89,6 +90,37 @@ TEST(BenchEngineTest, KernelsFlagChoosesThePath) {
 }
 
 // Each decode context gets a row per batch, in the order given.
+// The bytes of weights a dense decode step reads, and the format the table rows name.
+std::pair<double, std::string> WeightsRead(const std::string& out) {
+  std::smatch m;
+  if (!std::regex_search(out, m,
+                         std::regex(R"(weights: linear layers in ([a-z0-9]+), ([0-9]+) bytes)"))) {
+    return {0.0, ""};
+  }
+  return {std::stod(m[2].str()), m[1].str()};
+}
+
+// --weights quantises at load: the rows name the format, the step reads about half the bytes of
+// the BF16 checkpoint as it is (which the decode ceilings follow), and fp8 and int8 read alike.
+TEST(BenchEngineTest, WeightsFlagSetsTheFormatAndTheBytesAStepReads) {
+  const testing::CommandRun bf16 = RunBench({});
+  const testing::CommandRun int8 = RunBench({"--weights", "int8"});
+  const testing::CommandRun fp8 = RunBench({"--weights", "fp8"});
+  for (const testing::CommandRun* run : {&bf16, &int8, &fp8}) {
+    ASSERT_TRUE(run->finished && run->exit.success()) << run->exit.ToString() << run->output;
+  }
+  const auto [bf16_bytes, bf16_format] = WeightsRead(bf16.output);
+  const auto [int8_bytes, int8_format] = WeightsRead(int8.output);
+  const auto [fp8_bytes, fp8_format] = WeightsRead(fp8.output);
+  EXPECT_EQ(bf16_format, "bf16") << bf16.output;
+  EXPECT_EQ(int8_format, "int8") << int8.output;
+  EXPECT_EQ(fp8_format, "fp8") << fp8.output;
+  EXPECT_GT(bf16_bytes, 0.0) << bf16.output;
+  EXPECT_LT(int8_bytes, 0.7 * bf16_bytes) << int8.output;
+  EXPECT_EQ(int8_bytes, fp8_bytes);
+  EXPECT_NE(int8.output.find(" | int8 | 3 | "), std::string::npos) << int8.output;
+}
+
 TEST(BenchEngineTest, ContextFlagAddsDecodeRowsPerContext) {
   const testing::CommandRun run =
       testing::RunPdserve({"bench", "engine", "--model", testing::TinyModelDir(), "--batch", "2",

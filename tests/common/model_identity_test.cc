@@ -61,7 +61,9 @@ TEST(ModelIdentityTest, CompareNamesEachDifferingField) {
   ModelIdentity dtype = kTiny;
   dtype.weights = "f32";
   EXPECT_EQ(ModelIdentity::Compare(kTiny, "P", dtype, "D"),
-            std::vector<std::string>{"weight dtype differs: P weights=bf16, D weights=f32"});
+            std::vector<std::string>{
+                "weight dtype or format differs (--dtype/--weights: the KV would differ): P "
+                "weights=bf16, D weights=f32"});
 
   // Another config: its files differ too, but that says nothing more.
   ModelIdentity shape = checkpoint;

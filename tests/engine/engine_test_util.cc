@@ -16,6 +16,7 @@ nlohmann::json ReadGolden() {
 EngineFixture::EngineFixture(const std::string& model_dir, const FixtureOptions& options) {
   ModelDirOptions mo;
   mo.transformer.threads = options.threads;
+  mo.weight_format = options.weight_format;
   auto dir = LoadModelDir(model_dir, mo);
   if (!dir.ok()) {
     ADD_FAILURE() << dir.status().ToString();

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,8 +24,9 @@ nlohmann::json ReadGolden();
 struct FixtureOptions {
   int page_tokens = 16;
   int max_batch_tokens = 512;
-  int num_pages = 0;  // 0: 64 MiB worth
-  int threads = 0;    // 0: the OpenMP default (OMP_NUM_THREADS)
+  int num_pages = 0;                                  // 0: 64 MiB worth
+  int threads = 0;                                    // 0: the OpenMP default (OMP_NUM_THREADS)
+  std::optional<DType> weight_format = std::nullopt;  // `--weights`: the checkpoint's own
 };
 
 class EngineFixture {

@@ -6,6 +6,7 @@
 // and decode steps of two sequences, on every synthetic architecture.
 #include <barrier>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -59,8 +60,9 @@ struct Rank {
 constexpr int kPageTokens = 8;
 constexpr int kPages = 16;
 
-Rank LoadRank(const std::string& path, int rank, int size) {
+Rank LoadRank(const std::string& path, int rank, int size, std::optional<DType> format) {
   ModelDirOptions options;
+  options.weight_format = format;
   options.load_tokenizer = false;
   options.transformer.threads = 1;
   options.transformer.tp_rank = rank;
@@ -109,9 +111,11 @@ void ExpectCacheIsSliceOf(const KvCache& whole, const KvCache& rank_cache, const
 struct Case {
   const char* preset;
   int tp;
-  DType dtype = DType::kBF16;  // of the checkpoint (kF8E4M3: its matrices stay FP8)
+  DType dtype = DType::kBF16;   // of the checkpoint (kF8E4M3, kI8: its matrices stay 8-bit)
+  std::optional<DType> format = std::nullopt;  // `--weights`: quantised at load
   friend void PrintTo(const Case& c, std::ostream* os) {
     *os << c.preset << " TP " << c.tp << " " << DTypeFlagName(c.dtype);
+    if (c.format) *os << " as " << DTypeFlagName(*c.format);
   }
 };
 
@@ -120,11 +124,11 @@ class TpForwardTest : public ::testing::TestWithParam<Case> {};
 TEST_P(TpForwardTest, RanksReproduceOneRankBitForBit) {
   const Case c = GetParam();
   const std::string path = SyntheticModelDir(c.preset, c.dtype);
-  Rank whole = LoadRank(path, 0, 1);
+  Rank whole = LoadRank(path, 0, 1, c.format);
   std::vector<Rank> ranks;
   SharedGather shared(c.tp);
   for (int r = 0; r < c.tp; ++r) {
-    ranks.push_back(LoadRank(path, r, c.tp));
+    ranks.push_back(LoadRank(path, r, c.tp, c.format));
     ranks.back().group = std::make_unique<ThreadGroup>(&shared, r, c.tp);
     ranks.back().dir.transformer->SetTpGroup(ranks.back().group.get());
   }
@@ -173,11 +177,20 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"tiny", 2, DType::kF8E4M3}, Case{"tiny", 4, DType::kF8E4M3},
         Case{"tiny-qwen3", 2, DType::kF8E4M3}, Case{"qwen3-moe-tiny", 2, DType::kF8E4M3},
         Case{"deepseek-v3-tiny", 2, DType::kF8E4M3}, Case{"deepseek-v3-tiny", 4, DType::kF8E4M3},
-        Case{"deepseek-v2-lite-tiny", 2, DType::kF8E4M3}),
+        Case{"deepseek-v2-lite-tiny", 2, DType::kF8E4M3},
+        // INT8 (a scale per row: any share keeps its rows' scales) and both 8-bit formats
+        // quantised at load from the BF16 checkpoint.
+        Case{"tiny", 2, DType::kI8}, Case{"tiny", 4, DType::kI8}, Case{"tiny-qwen3", 2, DType::kI8},
+        Case{"qwen3-moe-tiny", 2, DType::kI8}, Case{"deepseek-v3-tiny", 2, DType::kI8},
+        Case{"deepseek-v3-tiny", 4, DType::kI8}, Case{"tiny", 2, DType::kBF16, DType::kI8},
+        Case{"tiny", 4, DType::kBF16, DType::kI8}, Case{"tiny", 2, DType::kBF16, DType::kF8E4M3},
+        Case{"tiny", 4, DType::kBF16, DType::kF8E4M3},
+        Case{"tiny-llama3", 4, DType::kBF16, DType::kI8}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string name = std::string(info.param.preset) + "_tp" + std::to_string(info.param.tp);
       if (info.param.dtype != DType::kBF16)
         name += "_" + std::string(DTypeFlagName(info.param.dtype));
+      if (info.param.format) name += "_as_" + std::string(DTypeFlagName(*info.param.format));
       for (char& ch : name) {
         if (ch == '-' || ch == '.') ch = '_';
       }

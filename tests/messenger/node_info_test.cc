@@ -139,8 +139,9 @@ TEST(MessengerNodeInfoTest, ModelDifferencesAreNamedByField) {
   other_shape.weights = "f32";
   EXPECT_EQ(refusal(other_shape, tiny.Serialize()),
             "model config differs (another architecture or shape): prefill "
-            "config=0000000000000def, decode config=0000000000000abc; weight dtype differs: "
-            "prefill weights=f32, decode weights=auto");
+            "config=0000000000000def, decode config=0000000000000abc; weight dtype or format "
+            "differs (--dtype/--weights: the KV would differ): prefill weights=f32, decode "
+            "weights=auto");
 
   EXPECT_EQ(refusal(tiny, "sha256:00"),
             "model differs: prefill fingerprint '" + tiny.Serialize() + "', decode 'sha256:00'");

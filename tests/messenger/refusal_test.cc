@@ -21,10 +21,11 @@
 namespace pdserve::testing {
 namespace {
 
-std::unique_ptr<NodeProcess> StartKeyedPrefill(const std::string& model_dir,
-                                               const std::string& key) {
+std::unique_ptr<NodeProcess> StartKeyedPrefill(const std::string& model_dir, const std::string& key,
+                                               const std::vector<std::string>& extra = {}) {
   std::vector<std::string> args = {"--role",        "prefill", "--fabric-provider",  "tcp",
                                    "--cluster-key", key,       "--max-batch-tokens", "16"};
+  args.insert(args.end(), extra.begin(), extra.end());
   args.insert(args.end(), kQuickPeerLossFlags.begin(), kQuickPeerLossFlags.end());
   return std::make_unique<NodeProcess>(model_dir, args);
 }
@@ -101,11 +102,14 @@ TEST(MessengerRefusalTest, WrongClusterKeyIsRefusedAndTheGoodPeerServes) {
 TEST(MessengerRefusalTest, IncompatibleModelsAreRefusedNamingTheDifference) {
   auto checkpoint = StartKeyedPrefill(OtherCheckpointDir(), kClusterKey);
   auto shape = StartKeyedPrefill(SyntheticModelDir("tiny-llama3"), kClusterKey);
+  // The same checkpoint with its linear layers quantised to int8 at load: other KV.
+  auto int8 = StartKeyedPrefill(TinyModelDir(), kClusterKey, {"--weights", "int8"});
   ASSERT_TRUE(checkpoint->ok()) << checkpoint->error();
   ASSERT_TRUE(shape->ok()) << shape->error();
+  ASSERT_TRUE(int8->ok()) << int8->error();
   // Without local fallback, so that a request with no usable peer is refused, naming why.
   auto decode = std::make_unique<NodeProcess>(
-      TinyModelDir(), DecodeArgs("tcp", {checkpoint->port(), shape->port()}, [] {
+      TinyModelDir(), DecodeArgs("tcp", {checkpoint->port(), shape->port(), int8->port()}, [] {
         auto flags = kQuickPeerLossFlags;
         flags.insert(flags.end(), {"--local-prefill-fallback", "off"});
         return flags;
@@ -125,6 +129,13 @@ TEST(MessengerRefusalTest, IncompatibleModelsAreRefusedNamingTheDifference) {
   EXPECT_NE(shape_error.find("model config differs"), std::string::npos) << shape_error;
   EXPECT_NE(shape_error.find("KV layout differs"), std::string::npos) << shape_error;
 
+  const nlohmann::json other_format = WaitUntilRefused(decode->port(), PeerName(*int8));
+  ASSERT_FALSE(other_format.is_discarded()) << GetJson(decode->port(), "/internal/messenger/peers");
+  const std::string format_error = other_format.value("last_error", "");
+  EXPECT_NE(format_error.find("weight dtype or format differs"), std::string::npos) << format_error;
+  EXPECT_NE(format_error.find("weights=auto/int8"), std::string::npos) << format_error;
+  EXPECT_EQ(format_error.find("model weights differ"), std::string::npos) << format_error;
+
   // No usable prefill node: a request fails at once, naming both reasons.
   const auto start = std::chrono::steady_clock::now();
   const Completion c = Complete(decode->port(), RandomPrompt(13, 6), 3);
@@ -137,6 +148,7 @@ TEST(MessengerRefusalTest, IncompatibleModelsAreRefusedNamingTheDifference) {
   EXPECT_NE(message.find("model config differs"), std::string::npos) << message;
   EXPECT_EQ(NodeMetric(checkpoint->port(), "pdserve:messenger_peers_ready"), 0);
   EXPECT_EQ(NodeMetric(shape->port(), "pdserve:messenger_peers_ready"), 0);
+  EXPECT_EQ(NodeMetric(int8->port(), "pdserve:messenger_peers_ready"), 0);
   ExpectNodeDrained(decode->port());
 }
 

@@ -18,7 +18,7 @@ namespace pdserve::testing {
 namespace {
 
 // Bump when the synthetic writer writes other tensors or values for an unchanged config.
-constexpr int kWriterRevision = 2;
+constexpr int kWriterRevision = 3;  // 3: FP8 quantised from the BF16 values
 
 // A short hash of what the writer makes of `preset`: a directory written by a build whose
 // preset (config.json) or writer differed is not reused.
