@@ -111,7 +111,7 @@ void ExpectCacheIsSliceOf(const KvCache& whole, const KvCache& rank_cache, const
 struct Case {
   const char* preset;
   int tp;
-  DType dtype = DType::kBF16;   // of the checkpoint (kF8E4M3, kI8: its matrices stay 8-bit)
+  DType dtype = DType::kBF16;  // of the checkpoint (kF8E4M3, kI8: its matrices stay 8-bit)
   std::optional<DType> format = std::nullopt;  // `--weights`: quantised at load
   friend void PrintTo(const Case& c, std::ostream* os) {
     *os << c.preset << " TP " << c.tp << " " << DTypeFlagName(c.dtype);
