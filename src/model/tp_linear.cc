@@ -48,20 +48,47 @@ void TpLinear::LinearIntoColumns(const float* x, int m, const Matrix& w, DimRang
   }
 }
 
+namespace {
+
+// How a matrix is stored, as the products take it.
+enum class Stored { kFp8, kInt8, kBF16, kF32 };
+Stored StoredOf(const Matrix& w) {
+  return w.fp8 != nullptr    ? Stored::kFp8
+         : w.int8 != nullptr ? Stored::kInt8
+         : w.bf16 != nullptr ? Stored::kBF16
+                             : Stored::kF32;
+}
+const void* WeightsOf(const Matrix& w) {
+  switch (StoredOf(w)) {
+    case Stored::kFp8:
+      return w.fp8;
+    case Stored::kInt8:
+      return w.int8;
+    case Stored::kBF16:
+      return w.bf16;
+    case Stored::kF32:
+      break;
+  }
+  return w.f32.as<float>();
+}
+
+}  // namespace
+
 void TpLinear::GroupedLinear(const float* x, std::span<const RowGroup> groups, float* y) {
   if (groups.empty()) return;
   const Matrix& first = *groups.front().w;
   const int n = first.n, k = first.k;
+  const Stored stored = StoredOf(first);
   int rows = 0;  // x's rows up to the last group's
   for (const RowGroup& g : groups) {
-    PD_CHECK(g.w->n == n && g.w->k == k && (g.w->fp8 != nullptr) == (first.fp8 != nullptr) &&
-             (g.w->bf16 != nullptr) == (first.bf16 != nullptr));
+    PD_CHECK(g.w->n == n && g.w->k == k && StoredOf(*g.w) == stored);
     rows = std::max(rows, g.begin + g.rows);
   }
-  // BF16: every row rounded once (as Linear rounds the rows it is given).
+  // BF16: every row rounded once (as Linear rounds the rows it is given); 8-bit and F32
+  // products take x as it is.
   const void* input = x;
   size_t input_row = static_cast<size_t>(k) * sizeof(float);
-  if (first.fp8 == nullptr && first.bf16 != nullptr) {
+  if (stored == Stored::kBF16) {
     const size_t count = static_cast<size_t>(rows) * k;
     if (x_bf16_.size() < count) x_bf16_.resize(count);
     kernels::ToBF16(x, x_bf16_.data(), count);
@@ -70,18 +97,22 @@ void TpLinear::GroupedLinear(const float* x, std::span<const RowGroup> groups, f
   }
   products_.clear();
   for (const RowGroup& g : groups) {
-    const void* w = g.w->fp8 != nullptr    ? static_cast<const void*>(g.w->fp8)
-                    : g.w->bf16 != nullptr ? static_cast<const void*>(g.w->bf16)
-                                           : static_cast<const void*>(g.w->f32.as<float>());
-    products_.push_back({static_cast<const uint8_t*>(input) + g.begin * input_row, w,
+    products_.push_back({static_cast<const uint8_t*>(input) + g.begin * input_row, WeightsOf(*g.w),
                          y + static_cast<size_t>(g.begin) * n, g.rows});
   }
-  if (first.fp8 != nullptr) {
-    kernels::MatMulFP8Grouped(products_, n, k);
-  } else if (first.bf16 != nullptr) {
-    kernels::MatMulBF16Grouped(products_, n, k);
-  } else {
-    kernels::MatMulF32Grouped(products_, n, k);
+  switch (stored) {
+    case Stored::kFp8:
+      kernels::MatMulFP8Grouped(products_, n, k);
+      break;
+    case Stored::kInt8:
+      kernels::MatMulInt8Grouped(products_, n, k);
+      break;
+    case Stored::kBF16:
+      kernels::MatMulBF16Grouped(products_, n, k);
+      break;
+    case Stored::kF32:
+      kernels::MatMulF32Grouped(products_, n, k);
+      break;
   }
 }
 

@@ -1,6 +1,6 @@
 // Grouped products (an MoE layer's experts in one pass): each product of the group gives, bit
-// for bit, what it gives alone, for BF16, FP8 and F32 weights on every kernel path, with groups
-// of one row, of none, and of more rows than a token block.
+// for bit, what it gives alone, for BF16, FP8, INT8 and F32 weights on every kernel path, with
+// groups of one row, of none, and of more rows than a token block.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -70,7 +70,7 @@ TEST_P(GroupedMatMulTest, EachProductEqualsItselfAlone) {
   // Each product its own weights, in each dtype.
   std::vector<std::vector<float>> w_f32;
   std::vector<std::vector<uint16_t>> w_bf16;
-  std::vector<std::vector<uint8_t>> w_fp8;
+  std::vector<std::vector<uint8_t>> w_fp8, w_int8;
   std::uniform_int_distribution<int> byte(0, 255);
   for (size_t i = 0; i < kRows.size(); ++i) {
     std::vector<float> w(static_cast<size_t>(kN) * kK);
@@ -90,12 +90,17 @@ TEST_P(GroupedMatMulTest, EachProductEqualsItselfAlone) {
     for (float& s : scales) s = 0.001f * (1.0f + value(rng) * value(rng));
     std::vector<uint8_t> fp8(kernels::PackedFP8Bytes(kN, kK));
     kernels::PackFP8(bytes.data(), scales.data(), kN, kK, fp8.data());
+    std::vector<uint8_t> int8(kernels::PackedInt8Bytes(kN, kK));
+    kernels::PackInt8(reinterpret_cast<const int8_t*>(bytes.data()), scales.data(), kN, kK,
+                      int8.data());
+    w_int8.push_back(std::move(int8));
     w_f32.push_back(std::move(w));
     w_bf16.push_back(std::move(packed));
     w_fp8.push_back(std::move(fp8));
   }
-  std::vector<const void*> f32, bf16, fp8;
+  std::vector<const void*> f32, bf16, fp8, int8;
   for (size_t i = 0; i < kRows.size(); ++i) {
+    int8.push_back(w_int8[i].data());
     f32.push_back(w_f32[i].data());
     bf16.push_back(w_bf16[i].data());
     fp8.push_back(w_fp8[i].data());
@@ -112,6 +117,12 @@ TEST_P(GroupedMatMulTest, EachProductEqualsItselfAlone) {
         kernels::MatMulFP8(x, static_cast<const uint8_t*>(w), y, m, kN, kK);
       },
       [](const auto& p) { kernels::MatMulFP8Grouped(p, kN, kK); });
+  ExpectGroupedEqualsAlone(
+      xs_f32, int8,
+      [](const float* x, const void* w, float* y, int m) {
+        kernels::MatMulInt8(x, static_cast<const uint8_t*>(w), y, m, kN, kK);
+      },
+      [](const auto& p) { kernels::MatMulInt8Grouped(p, kN, kK); });
   ExpectGroupedEqualsAlone(
       xs_f32, f32,
       [](const float* x, const void* w, float* y, int m) {
