@@ -1,6 +1,7 @@
 // The router's relay thread (router/relay_loop.h) carries every open stream: one client that
 // stops reading must hold up no other stream, is cut after the stall limit, and a node that
-// falls silent ends its stream with an error event; many streams at once arrive whole. Real sockets, a node made of httplib.
+// falls silent ends its stream with an error event; many streams at once arrive whole. Real
+// sockets, a node made of httplib.
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
