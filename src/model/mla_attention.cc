@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels/kernels.h"
 
@@ -206,25 +207,39 @@ Status MlaAttention::Run(ForwardPass& pass) {
     }
   }
 
-  // q_lat[h] = W_UK[h]^T q_nope[h], head by head over all rows.
+  // q_lat[h] = W_UK[h]^T q_nope[h]: every head's rows, head-major, in one grouped product.
   float* q_lat = ws.Floats(kQLat, static_cast<size_t>(rows) * heads * lora);
-  float* head_in = ws.Floats(kHeadIn, static_cast<size_t>(rows) * std::max(nope, lora));
-  float* head_out = ws.Floats(kHeadOut, static_cast<size_t>(rows) * std::max(lora, vdim));
+  float* head_in = ws.Floats(kHeadIn, static_cast<size_t>(heads) * rows * std::max(nope, lora));
+  float* head_out = ws.Floats(kHeadOut, static_cast<size_t>(heads) * rows * std::max(lora, vdim));
+  std::vector<TpLinear::RowGroup> per_head(heads);
   for (int hd = 0; hd < heads; ++hd) {
-    CopyColumns(q, rows, heads * qhd, hd * qhd, nope, head_in);
-    pass.linear.Linear(head_in, rows, absorb_q_[hd], head_out);
-    PlaceColumns(head_out, rows, heads * lora, hd * lora, lora, q_lat);
+    CopyColumns(q, rows, heads * qhd, hd * qhd, nope,
+                head_in + static_cast<size_t>(hd) * rows * nope);
+    per_head[hd] = {hd * rows, rows, &absorb_q_[hd]};
+  }
+  pass.linear.GroupedLinear(head_in, per_head, head_out);
+  for (int hd = 0; hd < heads; ++hd) {
+    PlaceColumns(head_out + static_cast<size_t>(hd) * rows * lora, rows, heads * lora, hd * lora,
+                 lora, q_lat);
   }
   float* o_lat = ws.Floats(kOLat, static_cast<size_t>(rows) * heads * lora);
   Attend(pass, q_lat, q, o_lat);
 
-  // out[h] = W_UV[h] o_lat[h] into this rank's columns of every head's output, gathered.
+  // out[h] = W_UV[h] o_lat[h] into this rank's columns of every head's output, gathered; the
+  // heads again in one grouped product.
   const int attn_width = config_.num_heads * vdim;
   float* attn = ws.Floats(kQLat, static_cast<size_t>(rows) * attn_width);
+  head_in = ws.Floats(kHeadIn, static_cast<size_t>(heads) * rows * std::max(nope, lora));
+  head_out = ws.Floats(kHeadOut, static_cast<size_t>(heads) * rows * std::max(lora, vdim));
   for (int hd = 0; hd < heads; ++hd) {
-    CopyColumns(o_lat, rows, heads * lora, hd * lora, lora, head_in);
-    pass.linear.Linear(head_in, rows, absorb_o_[hd], head_out);
-    PlaceColumns(head_out, rows, attn_width, (tp_.q_heads.begin + hd) * vdim, vdim, attn);
+    CopyColumns(o_lat, rows, heads * lora, hd * lora, lora,
+                head_in + static_cast<size_t>(hd) * rows * lora);
+    per_head[hd].w = &absorb_o_[hd];
+  }
+  pass.linear.GroupedLinear(head_in, per_head, head_out);
+  for (int hd = 0; hd < heads; ++hd) {
+    PlaceColumns(head_out + static_cast<size_t>(hd) * rows * vdim, rows, attn_width,
+                 (tp_.q_heads.begin + hd) * vdim, vdim, attn);
   }
   PD_RETURN_IF_ERROR(pass.linear.GatherColumns(attn, rows, attn_width,
                                                {tp_.q_heads.begin * vdim, tp_.q_heads.end * vdim}));

@@ -76,43 +76,46 @@ const void* WeightsOf(const Matrix& w) {
 
 void TpLinear::GroupedLinear(const float* x, std::span<const RowGroup> groups, float* y) {
   if (groups.empty()) return;
-  const Matrix& first = *groups.front().w;
-  const int n = first.n, k = first.k;
-  const Stored stored = StoredOf(first);
+  const int n = groups.front().w->n, k = groups.front().w->k;
   int rows = 0;  // x's rows up to the last group's
   for (const RowGroup& g : groups) {
-    PD_CHECK(g.w->n == n && g.w->k == k && StoredOf(*g.w) == stored);
+    PD_CHECK(g.w->n == n && g.w->k == k);
     rows = std::max(rows, g.begin + g.rows);
   }
-  // BF16: every row rounded once (as Linear rounds the rows it is given); 8-bit and F32
-  // products take x as it is.
-  const void* input = x;
-  size_t input_row = static_cast<size_t>(k) * sizeof(float);
-  if (stored == Stored::kBF16) {
-    const size_t count = static_cast<size_t>(rows) * k;
-    if (x_bf16_.size() < count) x_bf16_.resize(count);
-    kernels::ToBF16(x, x_bf16_.data(), count);
-    input = x_bf16_.data();
-    input_row = static_cast<size_t>(k) * sizeof(uint16_t);
-  }
-  products_.clear();
-  for (const RowGroup& g : groups) {
-    products_.push_back({static_cast<const uint8_t*>(input) + g.begin * input_row, WeightsOf(*g.w),
-                         y + static_cast<size_t>(g.begin) * n, g.rows});
-  }
-  switch (stored) {
-    case Stored::kFp8:
-      kernels::MatMulFP8Grouped(products_, n, k);
-      break;
-    case Stored::kInt8:
-      kernels::MatMulInt8Grouped(products_, n, k);
-      break;
-    case Stored::kBF16:
-      kernels::MatMulBF16Grouped(products_, n, k);
-      break;
-    case Stored::kF32:
-      kernels::MatMulF32Grouped(products_, n, k);
-      break;
+  // One grouped product per kind of storage among the matrices (usually one kind).
+  for (const Stored kind : {Stored::kFp8, Stored::kInt8, Stored::kBF16, Stored::kF32}) {
+    // BF16: every row rounded once (as Linear rounds the rows it is given); 8-bit and F32
+    // products take x as it is.
+    const bool bf16 = kind == Stored::kBF16;
+    const size_t input_row = static_cast<size_t>(k) * (bf16 ? sizeof(uint16_t) : sizeof(float));
+    products_.clear();
+    for (const RowGroup& g : groups) {
+      if (StoredOf(*g.w) != kind) continue;
+      if (bf16 && products_.empty()) {
+        const size_t count = static_cast<size_t>(rows) * k;
+        if (x_bf16_.size() < count) x_bf16_.resize(count);
+        kernels::ToBF16(x, x_bf16_.data(), count);
+      }
+      const auto* input = bf16 ? reinterpret_cast<const uint8_t*>(x_bf16_.data())
+                               : reinterpret_cast<const uint8_t*>(x);
+      products_.push_back({input + g.begin * input_row, WeightsOf(*g.w),
+                           y + static_cast<size_t>(g.begin) * n, g.rows});
+    }
+    if (products_.empty()) continue;
+    switch (kind) {
+      case Stored::kFp8:
+        kernels::MatMulFP8Grouped(products_, n, k);
+        break;
+      case Stored::kInt8:
+        kernels::MatMulInt8Grouped(products_, n, k);
+        break;
+      case Stored::kBF16:
+        kernels::MatMulBF16Grouped(products_, n, k);
+        break;
+      case Stored::kF32:
+        kernels::MatMulF32Grouped(products_, n, k);
+        break;
+    }
   }
 }
 

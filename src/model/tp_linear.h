@@ -38,8 +38,9 @@ class TpLinear {
   void LinearIntoColumns(const float* x, int m, const Matrix& w, DimRange cols, int width,
                          float* y);
   // Products of one shape at once (an MoE layer's experts): for each group, rows [begin, begin
-  // + rows) of x ([*][k]) times its w into the same rows of y ([*][w.n]); every w of one dtype
-  // and shape. Each row gets exactly what Linear gives it, in one parallel pass for all groups.
+  // + rows) of x ([*][k]) times its w into the same rows of y ([*][w.n]); every w of one shape
+  // (of any storage: one pass per kind). Each row gets exactly what Linear gives it, in one
+  // parallel pass for all groups of a kind.
   struct RowGroup {
     int begin = 0;
     int rows = 0;
