@@ -18,6 +18,7 @@ namespace {
 
 struct GenerateFlags {
   ModelFlags model;
+  SpeculativeFlags speculative;
   std::string prompt;
   std::string prompt_ids;  // JSON array, instead of --prompt
   SamplingParams params;
@@ -45,8 +46,11 @@ int RunGenerate(GenerateFlags& f) {
   if (f.has_seed) f.params.seed = f.seed;
 
   EngineOptions options = EngineOptionsFromFlags(f.model);
-  PD_ASSIGN_OR_RETURN_CLI(auto engine,
-                          Engine::Create(std::move(dir.transformer), dir.tokenizer.get(), options));
+  PD_ASSIGN_OR_RETURN_CLI(std::unique_ptr<Drafter> drafter,
+                          MakeDrafterFromFlags(f.speculative, f.model, dir, &options));
+  PD_ASSIGN_OR_RETURN_CLI(
+      auto engine,
+      Engine::Create(std::move(dir.transformer), dir.tokenizer.get(), options, std::move(drafter)));
   std::vector<int32_t> generated;
   std::string text;
   RequestOutput last;
@@ -100,6 +104,7 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
   flags->params.max_tokens = 64;
   CLI::App* cmd = app.add_subcommand("generate", "Generate a completion for one prompt");
   AddModelFlags(cmd, &flags->model, /*tensor_parallel=*/true);
+  AddSpeculativeFlags(cmd, &flags->speculative);
   auto* prompt = cmd->add_option("--prompt", flags->prompt, "Prompt text");
   auto* ids = cmd->add_option("--prompt-ids", flags->prompt_ids,
                               "Prompt as a JSON array of token ids (instead of --prompt)");

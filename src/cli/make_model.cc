@@ -18,8 +18,8 @@ struct MakeModelFlags {
   std::string out;
   uint64_t seed = 0;
   std::string dtype = "bf16";
-  int layers = 0;  // 0: the preset's
   bool list = false;
+  SyntheticVariant variant;
 };
 
 // "4.51 GB", "3.4 MB": decimal units, as docs/benchmarks.md gives model sizes.
@@ -59,23 +59,17 @@ int RunMakeModel(const MakeModelFlags& f) {
                  f.dtype.c_str());
     return 2;
   }
-  Result<ModelConfig> config = SyntheticPresetConfig(f.preset);
-  if (!config.ok()) {
-    std::fprintf(stderr, "error: %s\n", config.status().ToString().c_str());
-    return 2;
-  }
-  if (f.layers > 0) config->num_layers = f.layers;
   const auto start = std::chrono::steady_clock::now();
-  Status s = WriteSyntheticModelFromConfig(*config, f.out, f.seed, *dtype);
+  Status s = WriteSyntheticModel(f.preset, f.out, f.seed, *dtype, f.variant);
   if (!s.ok()) {
     std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
     return 1;
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::fprintf(stderr, "wrote preset %s (%d layers, seed %llu, %s) to %s in %.1f s\n",
-               f.preset.c_str(), config->num_layers, static_cast<unsigned long long>(f.seed),
-               f.dtype.c_str(), f.out.c_str(), seconds);
+  std::fprintf(stderr, "wrote preset %s%s%s (seed %llu, %s) to %s in %.1f s\n", f.preset.c_str(),
+               f.variant.empty() ? "" : " variant ", f.variant.Name().c_str(),
+               static_cast<unsigned long long>(f.seed), f.dtype.c_str(), f.out.c_str(), seconds);
   return 0;
 }
 
@@ -96,10 +90,15 @@ void AddMakeModelCommand(CLI::App& app, int* exit_code) {
                   "int8: those weights I8 with an F32 weight_scale per row and 128 columns)")
       ->check(CLI::IsMember({"bf16", "f16", "f32", "fp8", "int8"}))
       ->capture_default_str();
-  cmd->add_option("--layers", flags->layers,
-                  "Decoder layers instead of the preset's (its shapes, another depth: e.g. to "
-                  "measure what a layer costs)")
-      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--num-layers", flags->variant.num_layers,
+                  "Write only the preset's first N decoder layers, every other tensor as the "
+                  "whole preset's (a draft model of it; no MTP modules)");
+  cmd->add_option("--quiet-from-layer", flags->variant.quiet_from_layer,
+                  "Scale the output projections (o_proj, down_proj) of this layer and the later "
+                  "ones by --quiet-scale (a target that its --num-layers draft predicts well)");
+  cmd->add_option("--quiet-scale", flags->variant.quiet_scale,
+                  "Scale of the quiet layers' output projections, in [0, 1]")
+      ->capture_default_str();
   cmd->add_flag("--list", flags->list, "List the presets and exit");
   cmd->callback([flags, exit_code] { *exit_code = RunMakeModel(*flags); });
 }

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "common/dtype.h"
+#include "engine/draft_model_drafter.h"
 #include "kernels/dispatch.h"
 
 namespace pdserve::cli {
@@ -64,6 +65,47 @@ void AddModelFlags(CLI::App* cmd, ModelFlags* flags, bool tensor_parallel) {
                   "(a stopped or hung rank) before the node gives up on the ranks")
       ->check(CLI::Range(1, 3600))
       ->capture_default_str();
+}
+
+void AddSpeculativeFlags(CLI::App* cmd, SpeculativeFlags* flags) {
+  cmd->add_option("--speculative", flags->method,
+                  "Speculative decoding: 'draft' (a draft model, --draft-model); greedy "
+                  "requests' output is unchanged")
+      ->check(CLI::IsMember({"draft"}));
+  cmd->add_option("--draft-model", flags->draft_model,
+                  "With --speculative draft: the draft model's directory (the target's "
+                  "vocabulary and tokenizer)");
+  cmd->add_option("--num-speculative-tokens", flags->num_tokens,
+                  "With --speculative: tokens drafted per sequence and step")
+      ->check(CLI::Range(1, EngineOptions::kMaxSpeculativeTokens))
+      ->capture_default_str();
+}
+
+Result<std::unique_ptr<Drafter>> MakeDrafterFromFlags(const SpeculativeFlags& flags,
+                                                      const ModelFlags& model,
+                                                      const ModelDir& target,
+                                                      EngineOptions* options) {
+  if (flags.method.empty()) {
+    if (!flags.draft_model.empty()) {
+      return Status::InvalidArgument("--draft-model needs --speculative draft");
+    }
+    return std::unique_ptr<Drafter>();
+  }
+  if (flags.draft_model.empty()) {
+    return Status::InvalidArgument("--speculative draft needs --draft-model DIR");
+  }
+  PD_ASSIGN_OR_RETURN(ModelDirOptions load, LoadOptionsFromFlags(model));
+  load.transformer.tp_size = 1;
+  PD_ASSIGN_OR_RETURN(ModelDir draft, LoadModelDir(flags.draft_model, load));
+  if (Status s = CheckDraftCompatible(target.config, target.tokenizer.get(), draft.config,
+                                      draft.tokenizer.get());
+      !s.ok()) {
+    return s.WithContext("--draft-model " + flags.draft_model);
+  }
+  PD_ASSIGN_OR_RETURN(auto drafter,
+                      DraftModelDrafter::Create(std::move(draft.transformer), target.config));
+  options->num_speculative_tokens = flags.num_tokens;
+  return std::unique_ptr<Drafter>(std::move(drafter));
 }
 
 Result<ModelDirOptions> LoadOptionsFromFlags(const ModelFlags& flags) {

@@ -28,6 +28,22 @@ struct ModelFlags {
   int tp_timeout_s = 120;
 };
 
+// Speculative decoding (--speculative draft --draft-model DIR --num-speculative-tokens K).
+struct SpeculativeFlags {
+  std::string method;  // "" (off) or "draft"
+  std::string draft_model;
+  int num_tokens = 3;
+};
+void AddSpeculativeFlags(CLI::App* cmd, SpeculativeFlags* flags);
+// The drafter the flags ask for, null when they ask for none; checks the draft model against
+// `target` (config and tokenizer: engine/draft_model_drafter.h). Sets
+// options->num_speculative_tokens. The draft model loads as `model` says (dtype, threads) on
+// one rank.
+Result<std::unique_ptr<Drafter>> MakeDrafterFromFlags(const SpeculativeFlags& flags,
+                                                      const ModelFlags& model,
+                                                      const ModelDir& target,
+                                                      EngineOptions* options);
+
 // `tensor_parallel`: also --tp and --tp-timeout-s, for the commands that run an Engine
 // (generate, serve) and for rank-worker; the benchmarks that drive one rank's Transformer or
 // plan TP-1 transfers themselves do not offer them.

@@ -30,6 +30,7 @@ namespace {
 
 struct ServeFlags {
   ModelFlags model;
+  SpeculativeFlags speculative;
   MessengerFlags messenger;
   std::string role = "colocated";
   std::string listen = "127.0.0.1:8000";
@@ -100,11 +101,17 @@ int RunServe(const ServeFlags& f) {
     rank_failed.store(true);
     kill(getpid(), SIGTERM);
   };
+  if (!f.speculative.method.empty() && role == server::NodeRole::kPrefill) {
+    return Fail("--speculative is for the nodes that decode (a prefill node never samples)");
+  }
+  PD_ASSIGN_OR_RETURN_CLI(std::unique_ptr<Drafter> drafter,
+                          MakeDrafterFromFlags(f.speculative, f.model, dir, &engine_options));
   server::ServedModel served;
   served.max_model_len = dir.config.MaxContext();
   served.tokenizer = std::move(dir.tokenizer);
-  PD_ASSIGN_OR_RETURN_CLI(served.engine, Engine::Create(std::move(dir.transformer),
-                                                        served.tokenizer.get(), engine_options));
+  PD_ASSIGN_OR_RETURN_CLI(served.engine,
+                          Engine::Create(std::move(dir.transformer), served.tokenizer.get(),
+                                         engine_options, std::move(drafter)));
   std::string fingerprint;
   if (role != server::NodeRole::kColocated) {
     // The handshake compares it field by field and names what differs (messenger/node_info.h).
@@ -148,6 +155,7 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   auto flags = std::make_shared<ServeFlags>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve a model over the OpenAI-compatible HTTP API");
   AddModelFlags(cmd, &flags->model, /*tensor_parallel=*/true);
+  AddSpeculativeFlags(cmd, &flags->speculative);
   AddMessengerFlags(cmd, &flags->messenger);
   cmd->add_option("--role", flags->role, "colocated | prefill | decode")
       ->check(CLI::IsMember({"colocated", "prefill", "decode"}))

@@ -44,7 +44,7 @@ class Engine::LayerCounter : public LayerObserver {
 };
 
 Sequence::Sequence(EngineRequest req, int page_tokens, Sampler s)
-    : request(std::move(req)), table(page_tokens), sampler(std::move(s)) {
+    : request(std::move(req)), table(page_tokens), sampler(std::move(s)), draft_table(page_tokens) {
   tokens = request.prompt;
   prompt_len = static_cast<int>(tokens.size());
 }
@@ -65,8 +65,16 @@ KvLayout RankKvLayout(const Transformer& model, int rank, int num_pages, int pag
 
 Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Transformer> model,
                                                const Tokenizer* tokenizer,
-                                               const EngineOptions& options) {
+                                               const EngineOptions& options,
+                                               std::unique_ptr<Drafter> drafter) {
   if (model == nullptr) return Status::InvalidArgument("engine needs a model");
+  if (drafter != nullptr &&
+      (options.num_speculative_tokens < 1 ||
+       options.num_speculative_tokens > EngineOptions::kMaxSpeculativeTokens)) {
+    return Status::InvalidArgument(
+        fmt::format("{} speculative tokens: with a drafter, between 1 and {}",
+                    options.num_speculative_tokens, EngineOptions::kMaxSpeculativeTokens));
+  }
   if (options.page_tokens <= 0 || options.page_tokens > 1024) {
     return Status::InvalidArgument(
         fmt::format("page size {} out of range [1, 1024]", options.page_tokens));
@@ -92,6 +100,15 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Transformer> mode
   PD_ASSIGN_OR_RETURN(auto cache, KvCache::Create(model->MakeKvLayout(pages, options.page_tokens)));
   std::unique_ptr<Engine> engine(
       new Engine(std::move(model), tokenizer, std::move(cache), options));
+  if (drafter != nullptr) {
+    PD_RETURN_IF_ERROR(drafter->CreateCache(pages, options.page_tokens));
+    engine->drafter_ = std::move(drafter);
+    engine->spec_.accepted_per_position.assign(options.num_speculative_tokens, 0);
+    engine->spec_.draft_pages_total = engine->drafter_->page_pool().capacity();
+    MutexLock lock(&engine->mu_);
+    engine->stats_.num_speculative_tokens = options.num_speculative_tokens;
+    engine->stats_.spec = engine->spec_;
+  }
   PD_RETURN_IF_ERROR(engine->StartRankWorkers(pages));
   return engine;
 }
@@ -132,6 +149,8 @@ Engine::Engine(std::unique_ptr<Transformer> model, const Tokenizer* tokenizer,
       seeds_(options.seed),
       options_(options),
       layer_counter_(std::make_unique<LayerCounter>(this)) {
+  scheduler_.set_max_sequence_tokens(std::min<int64_t>(
+      model_->config().MaxContext(), static_cast<int64_t>(pool_.capacity()) * options.page_tokens));
   for (int id : model_->config().eos_token_ids) eos_ids_.push_back(id);
   if (tokenizer_ != nullptr) {
     for (int32_t id : tokenizer_->eos_ids()) {
@@ -176,6 +195,11 @@ Status Engine::Submit(EngineRequest request) {
   auto seq =
       std::make_unique<Sequence>(std::move(request), options_.page_tokens, std::move(sampler));
   seq->stop = std::make_unique<StopChecker>(seq->request.params, eos_ids_);
+  // Stage 1 of speculation verifies greedy requests only: their output cannot change.
+  if (drafter_ != nullptr && seq->request.kind != RequestKind::kPrefillOnly &&
+      seq->request.params.greedy()) {
+    seq->spec_tokens = options_.num_speculative_tokens;
+  }
   if (tokenizer_ != nullptr) {
     seq->decoder = std::make_unique<IncrementalDecoder>(tokenizer_, /*skip_special=*/true);
   }
@@ -305,18 +329,29 @@ bool Engine::Step() {
   DrainInbox();
   TryAllocateRemote();
   std::vector<ScheduledChunk> plan = scheduler_.Schedule();
+  if (drafter_ != nullptr) {
+    // A sequence that waits (preempted) holds no draft pages: it is recomputed anyway.
+    for (Sequence* s : scheduler_.waiting()) {
+      if (!s->draft_table.pages().empty()) drafter_->Release(*s);
+    }
+  }
   if (plan.empty()) {
     PublishStats();
     return false;
   }
   const uint64_t step = steps_.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (drafter_ != nullptr) Draft(plan);
   std::vector<SequenceChunk> chunks;
   chunks.reserve(plan.size());
   for (const ScheduledChunk& c : plan) {
-    chunks.push_back({.tokens = std::span<const int32_t>(c.seq->tokens).subspan(c.start, c.count),
+    const std::span<const int32_t> tokens =
+        c.logit_rows > 1 ? std::span<const int32_t>(c.seq->verify)
+                         : std::span<const int32_t>(c.seq->tokens).subspan(c.start, c.count);
+    chunks.push_back({.tokens = tokens,
                       .start = c.start,
                       .pages = c.seq->table.pages(),
-                      .want_logits = c.want_logits});
+                      .want_logits = c.want_logits,
+                      .logit_rows = c.logit_rows});
   }
   if (observer_ != nullptr) {
     std::vector<AnnouncedChunk> announced;
@@ -363,6 +398,48 @@ void Engine::PublishStats() {
   stats_.pages_used = pool_.used();
   stats_.preemptions = scheduler_.preemptions();
   stats_.steps = static_cast<int64_t>(steps_.load(std::memory_order_relaxed));
+  if (drafter_ != nullptr) {
+    spec_.draft_pages_used = drafter_->page_pool().used();
+    stats_.spec = spec_;
+  }
+}
+
+void Engine::Draft(std::span<ScheduledChunk> plan) {
+  std::vector<DraftWish> wishes;
+  for (const ScheduledChunk& c : plan) {
+    if (c.speculative > 0) wishes.push_back({c.seq, c.speculative});
+  }
+  if (wishes.empty()) return;
+  if (Status s = drafter_->Propose(wishes); !s.ok()) {
+    PD_LOG_ERROR("drafting failed, the step decodes without drafts: {}", s.ToString());
+  }
+  for (ScheduledChunk& c : plan) {
+    if (c.speculative <= 0 || c.seq->drafts.empty()) continue;
+    Sequence& seq = *c.seq;
+    seq.verify.assign(1, seq.tokens.back());
+    seq.verify.insert(seq.verify.end(), seq.drafts.begin(), seq.drafts.end());
+    c.count = static_cast<int64_t>(seq.verify.size());
+    c.logit_rows = static_cast<int>(seq.verify.size());
+  }
+}
+
+FinishReason Engine::Emit(Sequence* seq, SampleResult sample, RequestOutput& out) {
+  seq->tokens.push_back(sample.token);
+  std::string piece;
+  if (seq->decoder != nullptr) piece = seq->decoder->Append(sample.token);
+  StopDecision decision = seq->stop->Update(sample.token, piece);
+  out.tokens.push_back(sample.token);
+  out.samples.push_back(std::move(sample));
+  out.text += decision.emit;
+  FinishReason reason = decision.stop ? decision.reason : FinishReason::kNone;
+  // No room for the new token's position in the model's context or in the whole cache.
+  const int64_t room = std::min<int64_t>(
+      model_->config().MaxContext(), static_cast<int64_t>(pool_.capacity()) * options_.page_tokens);
+  if (reason == FinishReason::kNone && seq->num_tokens() > room) reason = FinishReason::kLength;
+  if (reason != FinishReason::kNone && (!decision.stop || reason == FinishReason::kLength)) {
+    if (seq->decoder != nullptr) out.text += seq->stop->Flush(seq->decoder->Flush());
+  }
+  return reason;
 }
 
 void Engine::ProcessLogits(std::span<const ScheduledChunk> plan, const std::vector<float>& logits) {
@@ -371,31 +448,44 @@ void Engine::ProcessLogits(std::span<const ScheduledChunk> plan, const std::vect
   for (const ScheduledChunk& c : plan) {
     if (!c.want_logits) continue;
     Sequence* seq = c.seq;
-    std::span<const float> row_logits(&logits[row * vocab], vocab);
-    ++row;
+    const size_t first_row = row;
+    row += c.logit_rows;
     if (seq->state != SequenceState::kRunning) continue;
-    SampleResult sample = seq->sampler.Sample(row_logits);
-    seq->tokens.push_back(sample.token);
-    std::string piece;
-    if (seq->decoder != nullptr) piece = seq->decoder->Append(sample.token);
-    StopDecision decision = seq->stop->Update(sample.token, piece);
+    // Row r holds the target's logits after the chunk's token r: with drafts, the token it
+    // samples is kept, and the next row looked at, while it equals draft r (greedy: the
+    // target's argmax is the draft). The first that differs, or the row after the last draft,
+    // gives the target's own token.
+    const int drafted = c.logit_rows - 1;
+    const int64_t before = seq->num_tokens();
     RequestOutput out;
     out.id = seq->request.id;
-    out.tokens.push_back(sample.token);
-    out.samples.push_back(std::move(sample));
-    out.text = std::move(decision.emit);
-    FinishReason reason = decision.stop ? decision.reason : FinishReason::kNone;
-    // No room for the new token's position in the model's context or in the whole cache.
-    const int64_t room =
-        std::min<int64_t>(model_->config().MaxContext(),
-                          static_cast<int64_t>(pool_.capacity()) * options_.page_tokens);
-    if (reason == FinishReason::kNone && seq->num_tokens() > room) reason = FinishReason::kLength;
+    FinishReason reason = FinishReason::kNone;
+    int accepted = 0;
+    for (int r = 0; r <= drafted; ++r) {
+      std::span<const float> row_logits(&logits[(first_row + r) * vocab], vocab);
+      SampleResult sample = seq->sampler.Sample(row_logits);
+      const bool match = r < drafted && sample.token == seq->drafts[r];
+      reason = Emit(seq, std::move(sample), out);
+      if (!match) break;
+      ++accepted;
+      ++spec_.accepted_per_position[r];
+      if (reason != FinishReason::kNone) break;
+    }
+    if (drafted > 0) {
+      ++spec_.drafts;
+      spec_.draft_tokens += drafted;
+      spec_.accepted_tokens += accepted;
+    }
     if (reason != FinishReason::kNone) {
-      if (decision.stop == false || reason == FinishReason::kLength) {
-        if (seq->decoder != nullptr) out.text += seq->stop->Flush(seq->decoder->Flush());
-      }
       Finish(seq, reason, Status::Ok(), std::move(out));
       continue;
+    }
+    if (drafted > 0) {
+      // The rejected drafts' KV stays in the pages but past the sequence's length, where no
+      // attention reads it and the next steps overwrite it; whole pages past it go back.
+      seq->num_computed = before + accepted;
+      seq->table.Truncate(pool_, seq->num_tokens());
+      drafter_->Rollback(*seq, seq->num_computed);
     }
     out.prompt_tokens = seq->prompt_len;
     out.completion_tokens = seq->completion_tokens();
@@ -411,6 +501,7 @@ void Engine::Finish(Sequence* seq, FinishReason reason, Status status, RequestOu
   out.completion_tokens = seq->completion_tokens();
   scheduler_.Remove(seq);
   std::erase(remote_pending_, seq);
+  if (drafter_ != nullptr) drafter_->Release(*seq);
   const std::string id = seq->request.id;
   auto node = live_.extract(id);
   // Writes may still land in a kAwaitingKv request's pages, and a prefill-only request's

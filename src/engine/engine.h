@@ -23,6 +23,7 @@
 
 #include "common/mutex.h"
 #include "common/status.h"
+#include "engine/drafter.h"
 #include "engine/rank_workers.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
@@ -43,6 +44,21 @@ struct EngineOptions {
   // TP > 1: the model is rank 0 of tensor_parallel.size and the engine starts the other ranks
   // (engine/rank_workers.h). The KV budget (kv_cache_bytes) is the node's, over all ranks.
   TensorParallelOptions tensor_parallel;
+  // Speculative decoding (with a Drafter given to Create): tokens drafted per sequence and
+  // step, in [1, kMaxSpeculativeTokens].
+  int num_speculative_tokens = 0;
+  static constexpr int kMaxSpeculativeTokens = 16;
+};
+
+// Speculative decoding's counters, as vLLM defines them: one draft per verified run of drafted
+// tokens; accepted tokens are drafted tokens the target kept (not the token verification adds).
+struct SpecDecodeStats {
+  int64_t drafts = 0;
+  int64_t draft_tokens = 0;
+  int64_t accepted_tokens = 0;
+  std::vector<int64_t> accepted_per_position;  // [k]: drafts whose token k was accepted
+  int draft_pages_used = 0;                    // the drafter's cache
+  int draft_pages_total = 0;
 };
 
 // A chunk as announced to observers: which request, which tokens, which pages hold them.
@@ -70,16 +86,21 @@ struct EngineStats {
   int pages_total = 0;
   int64_t preemptions = 0;
   int64_t steps = 0;
-  int tp_size = 1;  // tensor-parallel ranks computing each step
+  int tp_size = 1;                 // tensor-parallel ranks computing each step
+  int num_speculative_tokens = 0;  // 0: no speculative decoding
+  SpecDecodeStats spec;
 };
 
 class Engine {
  public:
   // The engine owns the model. tokenizer may be null (then stop strings are not supported and
-  // outputs carry no text); it must outlive the engine.
+  // outputs carry no text); it must outlive the engine. With a drafter, greedy sequences in
+  // decode (kGenerate, and kRemotePrefill once admitted) speculate
+  // options.num_speculative_tokens tokens a step; their output is the same as without it.
   static Result<std::unique_ptr<Engine>> Create(std::unique_ptr<Transformer> model,
                                                 const Tokenizer* tokenizer,
-                                                const EngineOptions& options);
+                                                const EngineOptions& options,
+                                                std::unique_ptr<Drafter> drafter = nullptr);
   ~Engine();  // stops the loop thread; live requests finish with kCancelled
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -123,6 +144,7 @@ class Engine {
   int tp_size() const { return 1 + static_cast<int>(rank_caches_.size()); }
   KvCache& kv_cache(int rank);  // precondition: 0 <= rank < tp_size()
   const PagePool& page_pool() const { return pool_; }
+  const Drafter* drafter() const { return drafter_.get(); }  // null without speculation
 
  private:
   class LayerCounter;
@@ -141,8 +163,15 @@ class Engine {
   void DrainInbox() EXCLUDES(mu_);
   void Apply(Command& cmd);
   void TryAllocateRemote();
-  // Samples, checks stops and emits outputs for the chunks that produced logits.
+  // Asks the drafter for the plan's speculative chunks and turns them into verification
+  // chunks (the pending token, then the drafts).
+  void Draft(std::span<ScheduledChunk> plan);
+  // Samples, checks stops and emits outputs for the chunks that produced logits; verifies
+  // drafted tokens and rolls back what was rejected.
   void ProcessLogits(std::span<const ScheduledChunk> plan, const std::vector<float>& logits);
+  // Appends one sampled token to the sequence and to `out`, with its text; returns why the
+  // sequence ends with it (kNone: it goes on), the text then flushed where due.
+  FinishReason Emit(Sequence* seq, SampleResult sample, RequestOutput& out);
   void Finish(Sequence* seq, FinishReason reason, Status status, RequestOutput out);
   void FinishPrefillOnly(Sequence* seq);
   void Fail(Sequence* seq, Status status);
@@ -155,6 +184,7 @@ class Engine {
   std::unique_ptr<KvCache> cache_;                     // rank 0's
   std::vector<std::unique_ptr<KvCache>> rank_caches_;  // ranks 1.. (TP > 1)
   std::unique_ptr<RankWorkers> workers_;               // after the caches: stops first
+  std::unique_ptr<Drafter> drafter_;                   // null without speculation
   PagePool pool_;
   Scheduler scheduler_;
   SeedSource seeds_;
@@ -170,6 +200,7 @@ class Engine {
   std::map<std::string, std::unique_ptr<Sequence>> held_;  // finished, pages still held
   std::vector<Sequence*> remote_pending_;                  // kRemotePrefill waiting for pages
   std::vector<float> logits_;
+  SpecDecodeStats spec_;
 
   mutable Mutex mu_;
   CondVar cv_;

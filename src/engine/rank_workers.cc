@@ -2,26 +2,29 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
 #include <fmt/format.h>
 
 #include "common/byte_codec.h"
+#include "common/check.h"
 #include "common/logging.h"
 
 namespace pdserve {
 
 namespace {
 
-// Per chunk: start (u64), token count (u32), page count (u32), want_logits (u8).
+// Per chunk: start (u64), token count (u32), page count (u32), logit rows (u8: 0 = none, at
+// most the token count).
 constexpr size_t kChunkHeaderBytes = 8 + 4 + 4 + 1;
 
 struct ChunkHeader {
   int64_t start = 0;
   uint32_t tokens = 0;
   uint32_t pages = 0;
-  bool want_logits = false;
+  uint8_t logit_rows = 0;
 };
 
 Status ReadStep(ByteReader& r, DecodedStep* step) {
@@ -32,14 +35,15 @@ Status ReadStep(ByteReader& r, DecodedStep* step) {
   uint64_t tokens = 0, pages = 0;
   for (ChunkHeader& h : headers) {
     uint64_t start = 0;
-    uint8_t want_logits = 0;
     PD_RETURN_IF_ERROR(r.U64("chunk start", &start));
     PD_RETURN_IF_ERROR(r.U32("chunk tokens", &h.tokens));
     PD_RETURN_IF_ERROR(r.U32("chunk pages", &h.pages));
-    PD_RETURN_IF_ERROR(r.U8("chunk want_logits", &want_logits));
-    if (want_logits > 1) return Status::ProtocolError("chunk want_logits is neither 0 nor 1");
+    PD_RETURN_IF_ERROR(r.U8("chunk logit rows", &h.logit_rows));
+    if (h.logit_rows > h.tokens) {
+      return Status::ProtocolError(
+          fmt::format("{} logit rows in a chunk of {} tokens", h.logit_rows, h.tokens));
+    }
     h.start = static_cast<int64_t>(start);
-    h.want_logits = want_logits != 0;
     tokens += h.tokens;
     pages += h.pages;
   }
@@ -60,7 +64,8 @@ Status ReadStep(ByteReader& r, DecodedStep* step) {
     step->chunks.push_back({.tokens = chunk_tokens,
                             .start = h.start,
                             .pages = chunk_pages,
-                            .want_logits = h.want_logits});
+                            .want_logits = h.logit_rows > 0,
+                            .logit_rows = std::max<int>(h.logit_rows, 1)});
     all_tokens = all_tokens.subspan(h.tokens);
     all_pages = all_pages.subspan(h.pages);
   }
@@ -76,7 +81,8 @@ std::string EncodeStep(std::span<const SequenceChunk> chunks) {
     w.U64(static_cast<uint64_t>(c.start));
     w.U32(static_cast<uint32_t>(c.tokens.size()));
     w.U32(static_cast<uint32_t>(c.pages.size()));
-    w.U8(c.want_logits ? 1 : 0);
+    PD_CHECK(c.logit_rows >= 1 && c.logit_rows <= 255);  // the engine drafts at most 16
+    w.U8(c.want_logits ? static_cast<uint8_t>(c.logit_rows) : 0);
   }
   for (const SequenceChunk& c : chunks) {
     w.I32s(c.tokens);

@@ -64,9 +64,26 @@ std::vector<ScheduledChunk> Scheduler::Schedule() {
   }
   std::sort(decoding.begin(), decoding.end(),
             [](const Sequence* a, const Sequence* b) { return a->admit_order < b->admit_order; });
-  for (Sequence* s : decoding) {
+  for (size_t i = 0; i < decoding.size(); ++i) {
+    Sequence* s = decoding[i];
     if (s->state != SequenceState::kRunning) continue;  // preempted below by an older one
-    bool ok = s->table.EnsureCapacity(*pool_, s->num_tokens()).ok();
+    // Drafted tokens: at most max_tokens - 1 past this step's (verification adds one of its
+    // own), inside the context; pages for them only if free.
+    int64_t speculative = std::min<int64_t>(
+        {s->spec_tokens, s->request.params.max_tokens - s->completion_tokens() - 1,
+         max_sequence_tokens_ - s->num_tokens(), budget - 1});
+    bool ok = false;
+    if (speculative > 0) {
+      ok = s->table.EnsureCapacity(*pool_, s->num_tokens() + speculative).ok();
+      // Never at the cost of a page a later sequence needs for its one plain token.
+      const int later = static_cast<int>(decoding.size() - i - 1);
+      if (ok && pool_->free_pages() < later) {
+        s->table.Truncate(*pool_, s->num_tokens());
+        ok = false;
+      }
+      if (!ok) speculative = 0;
+    }
+    if (!ok) ok = s->table.EnsureCapacity(*pool_, s->num_tokens()).ok();
     while (!ok && PreemptNewest(s)) ok = s->table.EnsureCapacity(*pool_, s->num_tokens()).ok();
     if (!ok) {  // nothing else to preempt: this one waits for pages
       std::erase(running_, s);
@@ -77,8 +94,13 @@ std::vector<ScheduledChunk> Scheduler::Schedule() {
       continue;
     }
     if (budget <= 0) break;
-    plan.push_back({s, s->num_computed, 1, true});
-    --budget;
+    speculative = std::max<int64_t>(speculative, 0);
+    plan.push_back({.seq = s,
+                    .start = s->num_computed,
+                    .count = 1,
+                    .want_logits = true,
+                    .speculative = static_cast<int>(speculative)});
+    budget -= 1 + speculative;
   }
   // Drop chunks of sequences preempted after they were planned.
   std::erase_if(plan,

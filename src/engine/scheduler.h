@@ -5,11 +5,15 @@
 // Policy, per step:
 //  1. every running sequence in decode gets one token (oldest first); if its next page cannot
 //     be allocated, the newest running sequence is preempted (pages released, recomputed later;
-//     kernels are batch-invariant, so recomputation reproduces the same KV);
+//     kernels are batch-invariant, so recomputation reproduces the same KV). A sequence with
+//     speculation (Sequence::spec_tokens) also gets room for up to that many drafted tokens —
+//     fewer where max_tokens, the context, the budget or free pages allow fewer; never by
+//     preempting;
 //  2. running sequences still in prefill get chunks from the remaining budget (oldest first);
 //  3. waiting sequences are admitted (FIFO) while budget, running slots and pages allow.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <deque>
 #include <vector>
@@ -29,11 +33,18 @@ struct ScheduledChunk {
   int64_t start = 0;  // first token position of the chunk
   int64_t count = 0;
   bool want_logits = false;  // the chunk ends where a token must be sampled
+  // Decode with speculation: tokens that may be drafted and verified after this one (pages are
+  // allocated for them); the engine sets `count` and `logit_rows` to 1 + the drafted tokens.
+  int speculative = 0;
+  int logit_rows = 1;
 };
 
 class Scheduler {
  public:
   Scheduler(const SchedulerOptions& options, PagePool* pool) : options_(options), pool_(pool) {}
+
+  // Positions a sequence may reach (the model's context, the cache): drafted tokens stop there.
+  void set_max_sequence_tokens(int64_t tokens) { max_sequence_tokens_ = tokens; }
 
   // Queues a sequence for admission (kGenerate/kPrefillOnly) — or, for preempted ones, at the
   // front so they resume first.
@@ -61,6 +72,7 @@ class Scheduler {
   PagePool* pool_;
   std::deque<Sequence*> running_;  // admission order
   std::deque<Sequence*> waiting_;
+  int64_t max_sequence_tokens_ = INT64_MAX;
   uint64_t next_admit_order_ = 0;
   int64_t preemptions_ = 0;
 };

@@ -1,5 +1,7 @@
 #include "kv/block_table.h"
 
+#include <algorithm>
+
 namespace pdserve {
 
 Status BlockTable::EnsureCapacity(PagePool& pool, int64_t tokens) {
@@ -12,6 +14,14 @@ Status BlockTable::EnsureCapacity(PagePool& pool, int64_t tokens) {
 
 void BlockTable::Append(std::span<const PageId> pages) {
   pages_.insert(pages_.end(), pages.begin(), pages.end());
+}
+
+void BlockTable::Truncate(PagePool& pool, int64_t tokens) {
+  const size_t keep =
+      static_cast<size_t>((std::max<int64_t>(tokens, 0) + page_tokens_ - 1) / page_tokens_);
+  if (keep >= pages_.size()) return;
+  pool.Free(std::span<const PageId>(pages_).subspan(keep));
+  pages_.resize(keep);
 }
 
 void BlockTable::Release(PagePool& pool) {

@@ -25,6 +25,9 @@ class BlockTable {
   Status EnsureCapacity(PagePool& pool, int64_t tokens);
   // Adopts pages allocated elsewhere (e.g. by the messenger). Appended in order.
   void Append(std::span<const PageId> pages);
+  // Returns the pages past the first ones that hold `tokens` tokens to the pool (speculative
+  // decoding's rejected positions); a no-op if no page lies wholly past them.
+  void Truncate(PagePool& pool, int64_t tokens);
   // Returns every page to the pool and empties the table.
   void Release(PagePool& pool);
 

@@ -24,6 +24,9 @@ struct SequenceChunk {
   int64_t start = 0;
   std::span<const PageId> pages;
   bool want_logits = false;  // logits of the chunk's last token
+  // With want_logits: logits of the chunk's last `logit_rows` tokens (1 .. tokens.size()), in
+  // order — how speculative decoding verifies drafted tokens in one pass.
+  int logit_rows = 1;
 };
 
 // Float buffers that the blocks of a pass share for their intermediates: a block may use any of

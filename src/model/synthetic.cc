@@ -9,6 +9,7 @@
 #include <string_view>
 #include <thread>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "common/check.h"
@@ -239,6 +240,7 @@ struct TensorInit {
   float center;
   float scale;
   int copy_of = -1;  // >= 0: the values of that tensor of the list (a copy the checkpoint stores)
+  int draw_index = -1;  // >= 0: drawn as that tensor of the whole preset's list (a variant's)
 };
 
 // Matrices scale by 1/sqrt(fan_in) so every projection keeps unit-variance activations; the
@@ -337,6 +339,36 @@ std::vector<TensorInit> TensorInits(const ModelConfig& c) {
   const int output = c.tie_word_embeddings ? 0 : static_cast<int>(t.size()) - 1;
   for (size_t i : head_copies) t[i].copy_of = output;
   return t;
+}
+
+// The tensors of `variant` of the model `full` (the preset's config): the whole list, each
+// tensor drawn as in the whole model (draw_index), less the decoder layers a truncated variant
+// drops (and the MTP modules, whose layer index would move), with the quiet layers' output
+// projections scaled down.
+std::vector<TensorInit> VariantInits(const ModelConfig& full, const SyntheticVariant& variant) {
+  std::vector<TensorInit> all = TensorInits(full);
+  const int keep = variant.num_layers > 0 ? variant.num_layers : 1 << 30;
+  // Decoder layer of a tensor name ("model.layers.<i>."), or -1.
+  auto layer_of = [](const std::string& name) {
+    constexpr std::string_view kPrefix = "model.layers.";
+    if (!name.starts_with(kPrefix)) return -1;
+    return std::atoi(name.c_str() + kPrefix.size());
+  };
+  std::vector<TensorInit> out;
+  for (size_t i = 0; i < all.size(); ++i) {
+    TensorInit t = all[i];
+    t.draw_index = t.copy_of >= 0 ? t.copy_of : static_cast<int>(i);
+    t.copy_of = -1;
+    const int layer = layer_of(t.name);
+    if (layer >= keep) continue;  // dropped (a truncated model has no MTP modules either)
+    if (variant.quiet_from_layer >= 0 && layer >= variant.quiet_from_layer &&
+        layer < full.num_layers &&
+        (t.name.ends_with("self_attn.o_proj.weight") || t.name.ends_with("down_proj.weight"))) {
+      t.scale *= variant.quiet_scale;
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
 }
 
 // SplitMix64: tiny state, good enough statistics for weights, about a nanosecond per draw.
@@ -518,7 +550,9 @@ Status WriteWeights(const std::string& path, const std::vector<TensorInit>& init
     const FileTensor& source = sources[f];
     const TensorInit& init = inits[source.init];
     // A copy is drawn as its original (same shape and scale): the same values.
-    const size_t draw = init.copy_of >= 0 ? static_cast<size_t>(init.copy_of) : source.init;
+    const size_t draw = init.copy_of >= 0      ? static_cast<size_t>(init.copy_of)
+                        : init.draw_index >= 0 ? static_cast<size_t>(init.draw_index)
+                                               : source.init;
     switch (source.kind) {
       case FileTensor::Kind::kDrawn:
         FillTensor(init, seed, draw, tensors[f].dtype, out);
@@ -625,6 +659,10 @@ const char* TorchDTypeName(DType dtype) {
   return "bfloat16";
 }
 
+// Writes the tokenizer, config.json and the tensors `inits` of `config_in`.
+Status WriteSyntheticModelWith(const ModelConfig& config_in, std::vector<TensorInit> inits,
+                               const std::string& out_dir, uint64_t seed, DType dtype);
+
 }  // namespace
 
 const std::vector<SyntheticPreset>& SyntheticPresets() {
@@ -662,14 +700,50 @@ uint64_t SyntheticWeightBytes(const ModelConfig& config, DType dtype) {
   return bytes;
 }
 
-Status WriteSyntheticModel(const std::string& preset, const std::string& out_dir, uint64_t seed,
-                           DType dtype) {
-  PD_ASSIGN_OR_RETURN(ModelConfig config, SyntheticPresetConfig(preset));
-  return WriteSyntheticModelFromConfig(config, out_dir, seed, dtype);
+std::string SyntheticVariant::Name() const {
+  std::string name;
+  if (num_layers > 0) name += "l" + std::to_string(num_layers);
+  if (quiet_from_layer >= 0) {
+    char scale[32];
+    std::snprintf(scale, sizeof(scale), "%g", static_cast<double>(quiet_scale));
+    name += (name.empty() ? "" : "-") + std::string("q") + std::to_string(quiet_from_layer) + "x" +
+            scale;
+  }
+  return name;
 }
 
-Status WriteSyntheticModelFromConfig(const ModelConfig& config_in, const std::string& out_dir,
+Status WriteSyntheticModel(const std::string& preset, const std::string& out_dir, uint64_t seed,
+                           DType dtype, const SyntheticVariant& variant) {
+  PD_ASSIGN_OR_RETURN(ModelConfig config, SyntheticPresetConfig(preset));
+  if (variant.empty()) return WriteSyntheticModelFromConfig(config, out_dir, seed, dtype);
+  if (variant.num_layers < 0 || variant.num_layers > config.num_layers) {
+    return Status::InvalidArgument(
+        fmt::format("{} layers: preset {} has {}", variant.num_layers, preset, config.num_layers));
+  }
+  if (variant.quiet_from_layer >= config.num_layers ||
+      !(variant.quiet_scale >= 0.0f && variant.quiet_scale <= 1.0f)) {
+    return Status::InvalidArgument(
+        fmt::format("quiet layers from {} scaled by {}: preset {} has {} layers, the scale must "
+                    "be in [0, 1]",
+                    variant.quiet_from_layer, variant.quiet_scale, preset, config.num_layers));
+  }
+  std::vector<TensorInit> inits = VariantInits(config, variant);
+  if (variant.num_layers > 0) {
+    config.num_layers = variant.num_layers;
+    config.num_nextn_predict_layers = 0;
+  }
+  return WriteSyntheticModelWith(config, std::move(inits), out_dir, seed, dtype);
+}
+
+Status WriteSyntheticModelFromConfig(const ModelConfig& config, const std::string& out_dir,
                                      uint64_t seed, DType dtype) {
+  return WriteSyntheticModelWith(config, TensorInits(config), out_dir, seed, dtype);
+}
+
+namespace {
+
+Status WriteSyntheticModelWith(const ModelConfig& config_in, std::vector<TensorInit> inits,
+                               const std::string& out_dir, uint64_t seed, DType dtype) {
   PD_RETURN_IF_ERROR(config_in.Validate());
   PD_RETURN_IF_ERROR(CheckOutputDir(out_dir));
   PD_RETURN_IF_ERROR(WriteSyntheticTokenizer(out_dir, config_in.vocab_size, seed));
@@ -692,7 +766,9 @@ Status WriteSyntheticModelFromConfig(const ModelConfig& config_in, const std::st
   const json generation = {{"bos_token_id", bos}, {"eos_token_id", eos}};
   PD_RETURN_IF_ERROR(WriteTextFile(out_dir + "/generation_config.json", generation.dump(2) + "\n"));
 
-  return WriteWeights(out_dir + "/model.safetensors", TensorInits(config), seed, dtype);
+  return WriteWeights(out_dir + "/model.safetensors", inits, seed, dtype);
 }
+
+}  // namespace
 
 }  // namespace pdserve

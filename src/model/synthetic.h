@@ -28,6 +28,22 @@ std::vector<std::string> SyntheticPresetNames();
 // NotFound listing the known presets if `name` is not one.
 Result<ModelConfig> SyntheticPresetConfig(const std::string& name);
 
+// A model derived from a preset, for speculative decoding: a draft model of the preset's first
+// `num_layers` decoder layers (every other tensor — embedding, final norm, lm_head — drawn as the
+// whole preset's, and no MTP modules), or a target whose layers from `quiet_from_layer` on have
+// their output projections (o_proj, down_proj) scaled by `quiet_scale`, so that they add little
+// to the residual stream. The truncated preset then drafts the quiet one with high acceptance:
+// `make-model --preset tiny --num-layers 2` drafts `make-model --preset tiny --quiet-from-layer 2
+// --quiet-scale 0.05` (same seed).
+struct SyntheticVariant {
+  int num_layers = 0;         // 0: the preset's
+  int quiet_from_layer = -1;  // -1: none
+  float quiet_scale = 1.0f;   // in [0, 1]
+  bool empty() const { return num_layers == 0 && quiet_from_layer < 0; }
+  // "" for the preset itself, else e.g. "l2" or "q2x0.05": part of a directory name.
+  std::string Name() const;
+};
+
 // Writes preset `preset` into out_dir (created if needed; existing files are replaced).
 // The same (preset, seed, dtype) always gives byte-identical files. DType::kF8E4M3 writes an FP8
 // checkpoint as DeepSeek ships one: the linear layers' weights (attention and MLP/expert
@@ -39,7 +55,7 @@ Result<ModelConfig> SyntheticPresetConfig(const std::string& name);
 // columns, max|w| / 127), quantization_config {"quant_method": "int8", "weight_block_size":
 // [1, 128]}.
 Status WriteSyntheticModel(const std::string& preset, const std::string& out_dir, uint64_t seed,
-                           DType dtype = DType::kBF16);
+                           DType dtype = DType::kBF16, const SyntheticVariant& variant = {});
 
 // Bytes of the tensors WriteSyntheticModel writes for `config` in `dtype` (the data of
 // model.safetensors without its header; kF8E4M3: the FP8 matrices, their F32 scales and the BF16

@@ -170,6 +170,10 @@ Status Transformer::Validate(std::span<const SequenceChunk> chunks, const KvCach
     for (PageId p : c.pages) {
       if (p < 0 || p >= l.num_pages) return Status::InvalidArgument("page id out of range");
     }
+    if (c.want_logits && (c.logit_rows < 1 || c.logit_rows > static_cast<int>(c.tokens.size()))) {
+      return Status::InvalidArgument(
+          fmt::format("{} logit rows of a chunk of {} tokens", c.logit_rows, c.tokens.size()));
+    }
     for (int32_t t : c.tokens) {
       if (t < 0 || t >= config_.vocab_size) {
         return Status::InvalidArgument(
@@ -232,7 +236,8 @@ Status Transformer::Forward(std::span<const SequenceChunk> chunks, KvCache& cach
     row = 0;
     for (const SequenceChunk& c : chunks) {
       row += static_cast<int>(c.tokens.size());
-      if (c.want_logits) rows.push_back(row - 1);
+      if (!c.want_logits) continue;
+      for (int i = c.logit_rows; i >= 1; --i) rows.push_back(row - i);
     }
     logits->resize(rows.size() * static_cast<size_t>(config_.vocab_size));
     PD_RETURN_IF_ERROR(head_->Logits(pass, rows, logits->data()));

@@ -98,10 +98,10 @@ class Transformer {
   DType linear_dtype() const { return weights_.linear_dtype; }
 
   // Runs the chunks on the calling thread with a team of `threads` (TransformerOptions). logits
-  // receives one row of vocab_size floats per chunk with want_logits, in chunk order. Errors: empty
-  // chunk, pages not covering the tokens, position beyond the model's context, token id out of
-  // range, cache layout not matching this model. With TP, every rank runs Forward with the same
-  // chunks on its own cache (and gets the same logits); a failed group fails the pass.
+  // receives logit_rows rows of vocab_size floats per chunk with want_logits, in chunk order.
+  // Errors: empty chunk, pages not covering the tokens, position beyond the model's context, token
+  // id out of range, cache layout not matching this model. With TP, every rank runs Forward with
+  // the same chunks on its own cache (and gets the same logits); a failed group fails the pass.
   Status Forward(std::span<const SequenceChunk> chunks, KvCache& cache, std::vector<float>* logits,
                  LayerObserver* observer = nullptr);
   // The checks Forward makes first (a TP leader makes them before handing a step to its

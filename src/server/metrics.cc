@@ -1,6 +1,7 @@
 #include "server/metrics.h"
 
 #include <algorithm>
+#include <string>
 
 #include "common/metrics_text.h"
 
@@ -17,6 +18,32 @@ const std::vector<double> kItlBounds = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2
 const std::vector<double> kE2eBounds = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.5,
                                         5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
                                         60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+// Speculative decoding, in vLLM's names and meanings (its counters, which Prometheus's client
+// library exposes with _total), and the drafter's cache as pdserve's own gauges.
+void RenderSpecDecode(const EngineStats& stats, MetricsText& out) {
+  const SpecDecodeStats& s = stats.spec;
+  out.Counter("vllm:spec_decode_num_drafts_total",
+              "Runs of drafted tokens verified (one per sequence and step that drafted).",
+              static_cast<double>(s.drafts))
+      .Counter("vllm:spec_decode_num_draft_tokens_total", "Drafted tokens verified.",
+               static_cast<double>(s.draft_tokens))
+      .Counter("vllm:spec_decode_num_accepted_tokens_total",
+               "Drafted tokens accepted by verification.", static_cast<double>(s.accepted_tokens))
+      .Family("vllm:spec_decode_num_accepted_tokens_per_pos_total", MetricType::kCounter,
+              "Drafts whose token at this position (0 = the first drafted) was accepted.");
+  for (size_t i = 0; i < s.accepted_per_position.size(); ++i) {
+    out.Sample("vllm:spec_decode_num_accepted_tokens_per_pos_total",
+               {{"position", std::to_string(i)}}, static_cast<double>(s.accepted_per_position[i]));
+  }
+  out.Gauge("pdserve:spec_decode_num_speculative_tokens",
+            "Tokens drafted per sequence and step (--num-speculative-tokens).",
+            stats.num_speculative_tokens)
+      .Gauge("pdserve:spec_decode_draft_pages_used", "Pages in use in the drafter's KV cache.",
+             s.draft_pages_used)
+      .Gauge("pdserve:spec_decode_draft_pages_total", "Pages of the drafter's KV cache.",
+             s.draft_pages_total);
+}
 
 }  // namespace
 
@@ -68,6 +95,7 @@ std::string ServerMetrics::Render(const EngineStats& stats) const {
              stats.tp_size)
       .Counter("pdserve:num_preemptions_total", "Sequences preempted for lack of KV pages.",
                static_cast<double>(stats.preemptions));
+  if (stats.num_speculative_tokens > 0) RenderSpecDecode(stats, out);
   MutexLock lock(&mu_);
   out.Counter("pdserve:prompt_tokens_total", "Prompt tokens processed.",
               static_cast<double>(prompt_tokens_))

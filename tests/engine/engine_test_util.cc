@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/draft_model_drafter.h"
 #include "testing/test_paths.h"
 
 namespace pdserve::testing {
@@ -28,7 +29,24 @@ EngineFixture::EngineFixture(const std::string& model_dir, const FixtureOptions&
   eo.num_pages = options.num_pages;
   eo.kv_cache_bytes = size_t{64} << 20;
   eo.scheduler.max_batch_tokens = options.max_batch_tokens;
-  auto engine = Engine::Create(std::move(dir_.transformer), dir_.tokenizer.get(), eo);
+  std::unique_ptr<Drafter> drafter;
+  if (!options.draft_dir.empty()) {
+    mo.load_tokenizer = false;
+    auto draft = LoadModelDir(options.draft_dir, mo);
+    if (!draft.ok()) {
+      ADD_FAILURE() << draft.status().ToString();
+      std::abort();
+    }
+    auto made = DraftModelDrafter::Create(std::move(draft->transformer), dir_.config);
+    if (!made.ok()) {
+      ADD_FAILURE() << made.status().ToString();
+      std::abort();
+    }
+    drafter = std::move(made).value();
+    eo.num_speculative_tokens = options.speculative_tokens;
+  }
+  auto engine =
+      Engine::Create(std::move(dir_.transformer), dir_.tokenizer.get(), eo, std::move(drafter));
   if (!engine.ok()) {
     ADD_FAILURE() << engine.status().ToString();
     std::abort();

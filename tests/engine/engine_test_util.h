@@ -27,6 +27,9 @@ struct FixtureOptions {
   int num_pages = 0;                                  // 0: 64 MiB worth
   int threads = 0;                                    // 0: the OpenMP default (OMP_NUM_THREADS)
   std::optional<DType> weight_format = std::nullopt;  // `--weights`: the checkpoint's own
+  // Speculative decoding with this draft model (engine/draft_model_drafter.h), when not empty.
+  std::string draft_dir = {};
+  int speculative_tokens = 3;
 };
 
 class EngineFixture {

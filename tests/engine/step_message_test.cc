@@ -18,8 +18,9 @@ TEST(StepMessageTest, ChunksReadBackWithTheirTokensPagesStartsAndLogitWishes) {
   const std::vector<int32_t> tokens_a = {5, 6, 7}, tokens_b = {9};
   const std::vector<PageId> pages_a = {3, 4}, pages_b = {0};
   const std::vector<SequenceChunk> chunks = {
-      {.tokens = tokens_a, .start = 0, .pages = pages_a, .want_logits = false},
+      {.tokens = tokens_a, .start = 0, .pages = pages_a, .want_logits = true, .logit_rows = 2},
       {.tokens = tokens_b, .start = (int64_t{1} << 40) + 17, .pages = pages_b, .want_logits = true},
+      {.tokens = tokens_a, .start = 0, .pages = pages_a, .want_logits = false},
       {.tokens = {}, .start = 3, .pages = {}, .want_logits = false}};
 
   Result<DecodedStep> step = DecodeStep(EncodeStep(chunks));
@@ -33,6 +34,9 @@ TEST(StepMessageTest, ChunksReadBackWithTheirTokensPagesStartsAndLogitWishes) {
               std::vector<PageId>(chunks[i].pages.begin(), chunks[i].pages.end()));
     EXPECT_EQ(got.start, chunks[i].start);
     EXPECT_EQ(got.want_logits, chunks[i].want_logits);
+    if (got.want_logits) {
+      EXPECT_EQ(got.logit_rows, chunks[i].logit_rows);
+    }
   }
   EXPECT_TRUE(DecodeStep(EncodeStep({})).ok());
 }
@@ -46,7 +50,7 @@ TEST(StepMessageTest, BytesAreLittleEndianWithNoPadding) {
             "\x01\x00\x00\x00"s                  // one chunk
             "\x02\x01\x00\x00\x00\x00\x00\x00"s  // start
             "\x01\x00\x00\x00\x01\x00\x00\x00"s  // 1 token, 1 page
-            "\x01"s                              // want_logits
+            "\x01"s                              // logit rows
             "\x04\x03\x02\x01\x02\x00\x00\x00"s);
 }
 
@@ -72,7 +76,7 @@ TEST(StepMessageTest, TruncatedPaddedOrNegativeMessagesAreRefused) {
   EXPECT_NE(s.message().find("step message"), std::string::npos) << s.message();
 
   std::string bad_flag = bytes;
-  bad_flag[4 + 16] = '\x02';  // want_logits
+  bad_flag[4 + 16] = '\x03';  // logit rows: more than the chunk's 2 tokens
   EXPECT_EQ(DecodeStep(bad_flag).status().code(), StatusCode::kProtocolError);
 }
 

@@ -69,6 +69,22 @@ TEST(BlockTableTest, GrowsByPagesAndMapsTokensToSlots) {
   EXPECT_TRUE(table.pages().empty());
 }
 
+TEST(BlockTableTest, TruncateReturnsOnlyPagesWhollyPastTheTokens) {
+  PagePool pool(10);
+  BlockTable table(16);
+  ASSERT_TRUE(table.EnsureCapacity(pool, 64).ok());
+  const std::vector<PageId> before(table.pages().begin(), table.pages().end());
+  table.Truncate(pool, 64);  // all four hold tokens
+  EXPECT_EQ(pool.used(), 4);
+  table.Truncate(pool, 17);  // token 16 is in the second page
+  EXPECT_EQ(std::vector<PageId>(table.pages().begin(), table.pages().end()),
+            std::vector<PageId>(before.begin(), before.begin() + 2));
+  EXPECT_EQ(pool.used(), 2);
+  table.Truncate(pool, 0);
+  EXPECT_TRUE(table.pages().empty());
+  EXPECT_EQ(pool.used(), 0);
+}
+
 TEST(KvLayoutTest, HndOffsetsKeepHeadsContiguous) {
   KvLayout l{.num_layers = 3,
              .num_kv_heads = 4,

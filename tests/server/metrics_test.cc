@@ -46,5 +46,25 @@ TEST(MetricsTest, RenderHasGaugesCountersAndHistograms) {
   EXPECT_NE(out.find("pdserve:e2e_request_latency_seconds_count 0\n"), std::string::npos);
 }
 
+TEST(MetricsTest, SpeculativeDecodingCountersInVllmNamesOnlyWithSpeculation) {
+  ServerMetrics m;
+  EngineStats stats;
+  EXPECT_EQ(m.Render(stats).find("spec_decode"), std::string::npos);
+  stats.num_speculative_tokens = 2;
+  stats.spec = {.drafts = 5,
+                .draft_tokens = 9,
+                .accepted_tokens = 6,
+                .accepted_per_position = {4, 2},
+                .draft_pages_used = 1,
+                .draft_pages_total = 8};
+  const std::string out = m.Render(stats);
+  EXPECT_NE(out.find("vllm:spec_decode_num_drafts_total 5\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("vllm:spec_decode_num_draft_tokens_total 9\n"), std::string::npos);
+  EXPECT_NE(out.find("vllm:spec_decode_num_accepted_tokens_total 6\n"), std::string::npos);
+  EXPECT_NE(out.find("vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"1\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(out.find("pdserve:spec_decode_draft_pages_total 8\n"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace pdserve::server

@@ -36,14 +36,24 @@ std::string PresetVersion(const std::string& preset) {
 }  // namespace
 
 std::string SyntheticModelDir(const std::string& preset, DType dtype) {
+  return SyntheticModelDir(preset, dtype, SyntheticVariant{});
+}
+
+std::string SyntheticModelDir(const std::string& preset, const SyntheticVariant& variant) {
+  return SyntheticModelDir(preset, DType::kBF16, variant);
+}
+
+std::string SyntheticModelDir(const std::string& preset, DType dtype,
+                              const SyntheticVariant& variant) {
   namespace fs = std::filesystem;
-  const std::string dir = BinaryPath("test-models/" + preset + "-" + std::string(DTypeName(dtype)) +
+  const std::string name = variant.empty() ? preset : preset + "-" + variant.Name();
+  const std::string dir = BinaryPath("test-models/" + name + "-" + std::string(DTypeName(dtype)) +
                                      "-" + PresetVersion(preset));
   if (fs::exists(dir + "/config.json")) return dir;
   fs::create_directories(BinaryPath("test-models"));
   const std::string tmp = dir + ".tmp." + std::to_string(getpid());
   fs::remove_all(tmp);
-  Status s = WriteSyntheticModel(preset, tmp, /*seed=*/1, dtype);
+  Status s = WriteSyntheticModel(preset, tmp, /*seed=*/1, dtype, variant);
   EXPECT_TRUE(s.ok()) << s.ToString();
   std::error_code ec;
   fs::rename(tmp, dir, ec);  // fails harmlessly if another process got there first

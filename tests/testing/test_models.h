@@ -9,11 +9,18 @@
 
 #include "common/dtype.h"
 #include "model/config.h"
+#include "model/synthetic.h"
 
 namespace pdserve::testing {
 
 // DIR of `preset` (seed 1) with matrices in `dtype`. A failure to write it is a test failure.
 std::string SyntheticModelDir(const std::string& preset, DType dtype = DType::kBF16);
+
+// DIR of a variant of `preset` (seed 1, BF16): a draft or quiet target for speculative decoding
+// (model/synthetic.h).
+std::string SyntheticModelDir(const std::string& preset, const SyntheticVariant& variant);
+std::string SyntheticModelDir(const std::string& preset, DType dtype,
+                              const SyntheticVariant& variant);
 
 // The "tiny" preset in BF16: the model the server, router and `up` tests serve.
 inline std::string TinyModelDir() { return SyntheticModelDir("tiny"); }

@@ -1,0 +1,293 @@
+// Speculative decoding with a draft model (engine/draft_model_drafter.h): greedy output
+// identical to the target's without speculation, while the draft is accepted often; rejected
+// positions rolled back; max_tokens, stop strings, cancels and pages.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/draft_model_drafter.h"
+#include "engine_test_util.h"
+#include "model/synthetic.h"
+#include "testing/test_models.h"
+#include "testing/test_paths.h"
+
+namespace pdserve {
+namespace {
+
+using testing::EngineFixture;
+using testing::FixtureOptions;
+
+// The pair: "tiny" with layers 2 and 3 quiet (their output projections x 0.05) is the target;
+// "tiny" cut to its first two layers, with the same embedding, final norm and head, drafts it.
+std::string SpecTargetDir() {
+  return testing::SyntheticModelDir("tiny", {.quiet_from_layer = 2, .quiet_scale = 0.05f});
+}
+std::string SpecDraftDir() { return testing::SyntheticModelDir("tiny", {.num_layers = 2}); }
+
+std::vector<std::vector<int32_t>> SpecPrompts(int count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> prompts(count);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    prompts[i].resize(1 + (i * 13 + rng() % 7) % 45);  // mixed lengths, 1 to 45
+    for (int32_t& t : prompts[i]) t = static_cast<int32_t>(3 + rng() % 2000);
+  }
+  return prompts;
+}
+
+FixtureOptions WithDraft(int k, FixtureOptions o = {}) {
+  o.draft_dir = SpecDraftDir();
+  o.speculative_tokens = k;
+  return o;
+}
+
+double AcceptanceRate(const Engine& engine) {
+  const SpecDecodeStats s = engine.stats().spec;
+  return s.draft_tokens == 0 ? 0.0 : static_cast<double>(s.accepted_tokens) / s.draft_tokens;
+}
+
+// What the counters must say of any run: each draft's accepted tokens are a prefix of it.
+void ExpectConsistentCounters(const Engine& engine, int k) {
+  const SpecDecodeStats s = engine.stats().spec;
+  ASSERT_EQ(static_cast<int>(s.accepted_per_position.size()), k);
+  int64_t sum = 0;
+  for (int i = 0; i < k; ++i) {
+    sum += s.accepted_per_position[i];
+    if (i > 0) {
+      EXPECT_LE(s.accepted_per_position[i], s.accepted_per_position[i - 1]);
+    }
+  }
+  EXPECT_EQ(sum, s.accepted_tokens);
+  EXPECT_LE(s.accepted_tokens, s.draft_tokens);
+  EXPECT_LE(s.draft_tokens, s.drafts * k);
+  EXPECT_LE(s.accepted_per_position[0], s.drafts);
+}
+
+ModelDir LoadForSpecTest(const std::string& dir) {
+  auto loaded = LoadModelDir(dir, {});
+  EXPECT_TRUE(loaded.ok()) << loaded.status().ToString();
+  if (!loaded.ok()) std::abort();
+  return std::move(loaded).value();
+}
+
+void ExpectNoPages(const Engine& engine) {
+  EXPECT_EQ(engine.page_pool().used(), 0);
+  ASSERT_NE(engine.drafter(), nullptr);
+  EXPECT_EQ(engine.drafter()->page_pool().used(), 0);
+}
+
+// The central property: batch-invariant kernels give a verified position the same logits as a
+// plain decode step, so greedy output cannot change — alone and in a batch, for every K.
+TEST(SpecDecodeTest, GreedyOutputIsIdenticalWithADraftModel) {
+  const std::string target = SpecTargetDir();
+  const auto prompts = SpecPrompts(8, 5);
+  const int n = 64;
+  std::vector<std::vector<int32_t>> want;
+  {
+    EngineFixture plain(target, {});
+    want = plain.GreedyBatch(prompts, n);
+  }
+  for (int k : {1, 3, 5}) {
+    {
+      EngineFixture fx(target, WithDraft(k));
+      for (size_t i = 0; i < 5; ++i) EXPECT_EQ(fx.Greedy(prompts[i], n), want[i]) << "K " << k;
+      ExpectNoPages(fx.engine());
+      ExpectConsistentCounters(fx.engine(), k);
+      const SpecDecodeStats s = fx.engine().stats().spec;
+      // Not vacuous: most drafts are accepted, and some are rejected (rollback is exercised).
+      EXPECT_GT(AcceptanceRate(fx.engine()), 0.5) << "K " << k;
+      EXPECT_LT(s.accepted_tokens, s.draft_tokens) << "K " << k;
+      // Fewer target steps than tokens: a step yields 1 + accepted tokens.
+      EXPECT_LT(fx.engine().stats().steps, 5 * n) << "K " << k;
+      std::printf("K %d alone: %lld drafts, %lld drafted, %lld accepted (%.1f%%), %lld steps\n", k,
+                  static_cast<long long>(s.drafts), static_cast<long long>(s.draft_tokens),
+                  static_cast<long long>(s.accepted_tokens), 100 * AcceptanceRate(fx.engine()),
+                  static_cast<long long>(fx.engine().stats().steps));
+    }
+    {
+      // A batch of 8 of mixed lengths, small pages and a tight budget: drafts, prefill chunks
+      // and pages split everywhere.
+      EngineFixture fx(target, WithDraft(k, {.page_tokens = 4, .max_batch_tokens = 24}));
+      EXPECT_EQ(fx.GreedyBatch(prompts, n), want) << "K " << k;
+      ExpectNoPages(fx.engine());
+      ExpectConsistentCounters(fx.engine(), k);
+      EXPECT_GT(AcceptanceRate(fx.engine()), 0.5) << "K " << k;
+    }
+  }
+}
+
+// A draft model that predicts the target badly changes nothing but the acceptance.
+TEST(SpecDecodeTest, APoorDraftModelLeavesTheOutputUnchanged) {
+  const std::string target = testing::SyntheticModelDir("tiny");  // no quiet layers
+  const auto prompts = SpecPrompts(4, 9);
+  EngineFixture plain(target, {});
+  const auto want = plain.GreedyBatch(prompts, 32);
+  FixtureOptions o = WithDraft(4);
+  o.draft_dir = testing::SyntheticModelDir("tiny", {.num_layers = 1});
+  EngineFixture fx(target, o);
+  EXPECT_EQ(fx.GreedyBatch(prompts, 32), want);
+  EXPECT_LT(AcceptanceRate(fx.engine()), 0.5);
+  ExpectNoPages(fx.engine());
+}
+
+// Speculative pages are taken only when free; preemption under page pressure still gives the
+// same tokens, and every page comes back.
+TEST(SpecDecodeTest, PagePressureAndPreemptionKeepTheOutput) {
+  const std::string target = SpecTargetDir();
+  const auto prompts = SpecPrompts(6, 3);
+  EngineFixture plain(target, {.page_tokens = 4});
+  const auto want = plain.GreedyBatch(prompts, 40);
+  EngineFixture tight(target, WithDraft(5, {.page_tokens = 4, .num_pages = 40}));
+  EXPECT_EQ(tight.GreedyBatch(prompts, 40), want);
+  EXPECT_GT(tight.engine().stats().preemptions, 0);
+  ExpectNoPages(tight.engine());
+}
+
+struct Collected {
+  std::vector<int32_t> tokens;
+  std::vector<SampleResult> samples;
+  std::string text;
+  FinishReason reason = FinishReason::kNone;
+  int outputs = 0;
+};
+
+std::map<std::string, Collected> RunRequests(Engine& engine, std::vector<EngineRequest> requests) {
+  std::map<std::string, Collected> got;
+  for (EngineRequest& r : requests) {
+    Collected* c = &got[r.id];
+    r.on_output = [c](const RequestOutput& o) {
+      EXPECT_TRUE(o.status.ok() || o.finish_reason == FinishReason::kCancelled)
+          << o.status.ToString();
+      c->tokens.insert(c->tokens.end(), o.tokens.begin(), o.tokens.end());
+      c->samples.insert(c->samples.end(), o.samples.begin(), o.samples.end());
+      c->text += o.text;
+      ++c->outputs;
+      if (o.finished) c->reason = o.finish_reason;
+    };
+    EXPECT_TRUE(engine.Submit(std::move(r)).ok());
+  }
+  engine.RunUntilIdle();
+  return got;
+}
+
+// A run of accepted tokens that crosses max_tokens or a stop string emits only up to it; the
+// logprobs of accepted tokens are the target's; streamed outputs add up to the whole.
+TEST(SpecDecodeTest, MaxTokensStopStringsAndLogprobsAsWithoutSpeculation) {
+  const std::string target = SpecTargetDir();
+  const auto prompts = SpecPrompts(5, 17);
+  auto make = [&](const Tokenizer* tok, const std::vector<std::string>& stops) {
+    std::vector<EngineRequest> requests;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EngineRequest r;
+      r.id = "r" + std::to_string(i);
+      r.prompt = prompts[i];
+      r.params.temperature = 0;
+      r.params.ignore_eos = true;
+      r.params.max_tokens = 3 + static_cast<int>(i) * 4;  // 3, 7, 11, 15, 19
+      r.params.logprobs = 3;
+      if (i < stops.size() && !stops[i].empty()) r.params.stop = {stops[i]};
+      (void)tok;
+      requests.push_back(std::move(r));
+    }
+    return requests;
+  };
+  EngineFixture plain(target, {});
+  const auto base = RunRequests(plain.engine(), make(plain.tokenizer(), {}));
+  // Stop strings taken from the middle of the plain texts, so they end runs mid-draft.
+  std::vector<std::string> stops;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::string& t = base.at("r" + std::to_string(i)).text;
+    stops.push_back(i % 2 == 1 && t.size() >= 8 ? t.substr(t.size() / 2, 2) : "");
+  }
+  EngineFixture plain_stops(target, {});
+  const auto want = RunRequests(plain_stops.engine(), make(plain_stops.tokenizer(), stops));
+  EngineFixture fx(target, WithDraft(5));
+  const auto got = RunRequests(fx.engine(), make(fx.tokenizer(), stops));
+  int stopped = 0;
+  for (const auto& [id, w] : want) {
+    const Collected& g = got.at(id);
+    EXPECT_EQ(g.tokens, w.tokens) << id;
+    EXPECT_EQ(g.text, w.text) << id;
+    EXPECT_EQ(g.reason, w.reason) << id;
+    stopped += w.reason == FinishReason::kStop;
+    ASSERT_EQ(g.samples.size(), w.samples.size()) << id;
+    for (size_t j = 0; j < w.samples.size(); ++j) {
+      EXPECT_EQ(g.samples[j].token, w.samples[j].token);
+      EXPECT_EQ(g.samples[j].logprob, w.samples[j].logprob) << id << " token " << j;
+      EXPECT_EQ(g.samples[j].top_logprobs, w.samples[j].top_logprobs) << id << " token " << j;
+    }
+    // Several tokens per output: fewer outputs than tokens somewhere.
+    EXPECT_LE(g.outputs, w.outputs) << id;
+  }
+  EXPECT_GT(stopped, 0);
+  EXPECT_GT(fx.engine().stats().spec.accepted_tokens, 0);
+  ExpectNoPages(fx.engine());
+}
+
+// Many mixed requests — greedy with speculation, sampled ones without, stop strings, cancels
+// at random steps — leave both page pools empty.
+TEST(SpecDecodeTest, NoPagesLeakWithCancelsStopsAndRejections) {
+  const std::string target = SpecTargetDir();
+  EngineFixture fx(target,
+                   WithDraft(4, {.page_tokens = 4, .max_batch_tokens = 64, .num_pages = 120}));
+  Engine& engine = fx.engine();
+  std::mt19937 rng(7);
+  const auto prompts = SpecPrompts(40, 23);
+  int finished = 0, cancelled = 0;
+  for (int round = 0; round < 5; ++round) {
+    std::vector<std::string> ids;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EngineRequest r;
+      r.id = "m" + std::to_string(round) + "-" + std::to_string(i);
+      r.prompt = prompts[i];
+      r.params.temperature = rng() % 4 == 0 ? 0.8f : 0.0f;
+      r.params.max_tokens = 1 + static_cast<int>(rng() % 40);
+      if (rng() % 3 == 0) r.params.stop = {"e", " t"};
+      r.on_output = [&finished, &cancelled](const RequestOutput& o) {
+        if (!o.finished) return;
+        ++finished;
+        cancelled += o.finish_reason == FinishReason::kCancelled;
+      };
+      ids.push_back(r.id);
+      ASSERT_TRUE(engine.Submit(std::move(r)).ok());
+    }
+    for (int step = 0; step < 200 && engine.Step(); ++step) {
+      if (rng() % 5 == 0) engine.Cancel(ids[rng() % ids.size()]);
+    }
+    engine.RunUntilIdle();
+  }
+  EXPECT_EQ(finished, 5 * 40);
+  EXPECT_GT(cancelled, 0);
+  EXPECT_GT(engine.stats().spec.accepted_tokens, 0);
+  EXPECT_LT(engine.stats().spec.accepted_tokens, engine.stats().spec.draft_tokens);
+  ExpectNoPages(engine);
+}
+
+TEST(SpecDecodeTest, IncompatibleDraftModelsAreRefusedAtStartUp) {
+  auto target = LoadForSpecTest(SpecTargetDir());
+  // Another vocabulary size.
+  auto other_vocab = LoadForSpecTest(testing::SyntheticModelDir("tiny-qwen2"));
+  Status s = CheckDraftCompatible(target.config, target.tokenizer.get(), other_vocab.config,
+                                  other_vocab.tokenizer.get());
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("vocabulary"), std::string::npos) << s.message();
+  EXPECT_FALSE(DraftModelDrafter::Create(std::move(other_vocab.transformer), target.config).ok());
+  // The same size, other tokens.
+  auto draft = LoadForSpecTest(SpecDraftDir());
+  EXPECT_TRUE(CheckDraftCompatible(target.config, target.tokenizer.get(), draft.config,
+                                   draft.tokenizer.get())
+                  .ok());
+  const std::string other_tokens = testing::BinaryPath("test-models/spec-other-tokenizer");
+  ASSERT_TRUE(
+      WriteSyntheticModel("tiny", other_tokens, /*seed=*/2, DType::kBF16, {.num_layers = 1}).ok());
+  auto retokenised = LoadForSpecTest(other_tokens);
+  s = CheckDraftCompatible(target.config, target.tokenizer.get(), retokenised.config,
+                           retokenised.tokenizer.get());
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("token"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace pdserve
