@@ -99,6 +99,10 @@ void AddMakeModelCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--quiet-scale", flags->variant.quiet_scale,
                   "Scale of the quiet layers' output projections, in [0, 1]")
       ->capture_default_str();
+  cmd->add_option("--head-scale", flags->variant.head_scale,
+                  "Scale of an untied lm_head's weights (> 1: sharper next-token "
+                  "distributions)")
+      ->capture_default_str();
   cmd->add_flag("--list", flags->list, "List the presets and exit");
   cmd->callback([flags, exit_code] { *exit_code = RunMakeModel(*flags); });
 }

@@ -6,6 +6,7 @@
 
 #include "common/check.h"
 #include "common/logging.h"
+#include "engine/spec_sampling.h"
 #include "engine/stop_checker.h"
 
 namespace pdserve {
@@ -195,9 +196,7 @@ Status Engine::Submit(EngineRequest request) {
   auto seq =
       std::make_unique<Sequence>(std::move(request), options_.page_tokens, std::move(sampler));
   seq->stop = std::make_unique<StopChecker>(seq->request.params, eos_ids_);
-  // Stage 1 of speculation verifies greedy requests only: their output cannot change.
-  if (drafter_ != nullptr && seq->request.kind != RequestKind::kPrefillOnly &&
-      seq->request.params.greedy()) {
+  if (drafter_ != nullptr && seq->request.kind != RequestKind::kPrefillOnly) {
     seq->spec_tokens = options_.num_speculative_tokens;
   }
   if (tokenizer_ != nullptr) {
@@ -451,10 +450,9 @@ void Engine::ProcessLogits(std::span<const ScheduledChunk> plan, const std::vect
     const size_t first_row = row;
     row += c.logit_rows;
     if (seq->state != SequenceState::kRunning) continue;
-    // Row r holds the target's logits after the chunk's token r: with drafts, the token it
-    // samples is kept, and the next row looked at, while it equals draft r (greedy: the
-    // target's argmax is the draft). The first that differs, or the row after the last draft,
-    // gives the target's own token.
+    // Row r holds the target's logits after the chunk's token r: draft r is kept, and the next
+    // row looked at, while verification accepts it (engine/spec_sampling.h); the first
+    // rejected, or the row after the last draft, gives the target's own token.
     const int drafted = c.logit_rows - 1;
     const int64_t before = seq->num_tokens();
     RequestOutput out;
@@ -463,10 +461,9 @@ void Engine::ProcessLogits(std::span<const ScheduledChunk> plan, const std::vect
     int accepted = 0;
     for (int r = 0; r <= drafted; ++r) {
       std::span<const float> row_logits(&logits[(first_row + r) * vocab], vocab);
-      SampleResult sample = seq->sampler.Sample(row_logits);
-      const bool match = r < drafted && sample.token == seq->drafts[r];
-      reason = Emit(seq, std::move(sample), out);
-      if (!match) break;
+      VerifiedToken verified = VerifyRow(*seq, row_logits, r, drafted, verify_scratch_);
+      reason = Emit(seq, std::move(verified.sample), out);
+      if (!verified.accepted) break;
       ++accepted;
       ++spec_.accepted_per_position[r];
       if (reason != FinishReason::kNone) break;
@@ -486,6 +483,7 @@ void Engine::ProcessLogits(std::span<const ScheduledChunk> plan, const std::vect
       seq->num_computed = before + accepted;
       seq->table.Truncate(pool_, seq->num_tokens());
       drafter_->Rollback(*seq, seq->num_computed);
+      seq->drafts.clear();
     }
     out.prompt_tokens = seq->prompt_len;
     out.completion_tokens = seq->completion_tokens();

@@ -94,9 +94,10 @@ struct EngineStats {
 class Engine {
  public:
   // The engine owns the model. tokenizer may be null (then stop strings are not supported and
-  // outputs carry no text); it must outlive the engine. With a drafter, greedy sequences in
-  // decode (kGenerate, and kRemotePrefill once admitted) speculate
-  // options.num_speculative_tokens tokens a step; their output is the same as without it.
+  // outputs carry no text); it must outlive the engine. With a drafter, sequences in decode
+  // (kGenerate, and kRemotePrefill once admitted) speculate options.num_speculative_tokens
+  // tokens a step: greedy output is the same as without it, sampled output has the same
+  // distribution (engine/spec_sampling.h).
   static Result<std::unique_ptr<Engine>> Create(std::unique_ptr<Transformer> model,
                                                 const Tokenizer* tokenizer,
                                                 const EngineOptions& options,
@@ -201,6 +202,7 @@ class Engine {
   std::vector<Sequence*> remote_pending_;                  // kRemotePrefill waiting for pages
   std::vector<float> logits_;
   SpecDecodeStats spec_;
+  std::vector<float> verify_scratch_;
 
   mutable Mutex mu_;
   CondVar cv_;

@@ -159,6 +159,52 @@ SampleResult Sampler::Sample(std::span<const float> logits) {
   return result;
 }
 
+void Sampler::Distribution(std::span<const float> logits, std::span<float> probs) {
+  PD_CHECK(!logits.empty() && probs.size() == logits.size());
+  const int vocab = static_cast<int>(logits.size());
+  const float max_logit = MaxLogit(logits);
+  std::fill(probs.begin(), probs.end(), 0.0f);
+  if (greedy_ || !(max_logit > -kInf && max_logit < kInf)) {
+    probs[FirstIndexOf(logits, max_logit)] = 1.0f;
+    return;
+  }
+  // The kept set and weights exactly as Sample computes them.
+  const float inv_temp = 1.0f / temperature_;
+  double mass = 0.0;
+  if (top_k_ > 0 && top_k_ < vocab) {
+    SelectTopK(logits, top_k_);
+    mass = CandidateWeights(logits, max_logit, inv_temp);
+    if (top_p_ < 1.0f) mass = ApplyTopP(mass);
+  } else {
+    mass = VocabWeights(logits, max_logit, inv_temp, &vocab_weights_);
+    if (top_p_ >= 1.0f) {
+      for (int i = 0; i < vocab; ++i) probs[i] = static_cast<float>(vocab_weights_[i] / mass);
+      return;
+    }
+    mass = VocabTopP(logits, mass);
+  }
+  for (size_t i = 0; i < candidates_.size(); ++i) {
+    probs[candidates_[i]] = static_cast<float>(candidate_weights_[i] / mass);
+  }
+}
+
+SampleResult Sampler::Describe(std::span<const float> logits, int32_t token) {
+  PD_CHECK(token >= 0 && static_cast<size_t>(token) < logits.size());
+  const float max_logit = MaxLogit(logits);
+  SampleResult result;
+  result.token = token;
+  if (!(max_logit > -kInf && max_logit < kInf)) {
+    result.logprob = logits[token] == max_logit ? (max_logit == kInf ? 0.0f : -kInf) : -kInf;
+    FillTopLogprobs(logits, std::numeric_limits<double>::quiet_NaN(), &result);
+    return result;
+  }
+  const double raw_mass = VocabWeights(logits, max_logit, 1.0f, &vocab_weights_);
+  const double log_normalizer = max_logit + std::log(raw_mass);
+  result.logprob = static_cast<float>(logits[token] - log_normalizer);
+  FillTopLogprobs(logits, log_normalizer, &result);
+  return result;
+}
+
 void Sampler::SelectTopK(std::span<const float> logits, int k) {
   const int vocab = static_cast<int>(logits.size());
   k = std::min(k, vocab);

@@ -67,6 +67,20 @@ class Sampler {
   SampleResult Sample(std::span<const float> logits);
 
   uint64_t seed() const { return seed_; }
+  bool greedy() const { return greedy_; }
+
+  // Speculative decoding (engine/spec_sampling.h) needs the distribution Sample draws from and
+  // draws of its own from the same RNG:
+  // - Distribution: probs[id] = the probability Sample would pick id (temperature, top-k and
+  //   top-p applied, normalised; 0 outside the kept set; greedy: 1 for the argmax). probs has
+  //   the vocabulary's size. No RNG draw.
+  // - Describe: the result Sample would report had it picked `token` (its raw logprob and the
+  //   top alternatives).
+  // - Uniform: the next draw in [0, 1) of this sequence's RNG, from 53 bits: identical on every
+  //   standard library, unlike std::uniform_real_distribution.
+  void Distribution(std::span<const float> logits, std::span<float> probs);
+  SampleResult Describe(std::span<const float> logits, int32_t token);
+  double Uniform();
 
  private:
   friend class SamplerTestPeer;  // reads the kept candidate set after Sample()
@@ -89,9 +103,6 @@ class Sampler {
   int32_t DrawFromCandidates(double mass);
   int32_t DrawFromVocab(double mass);
   void FillTopLogprobs(std::span<const float> logits, double log_normalizer, SampleResult* out);
-  // Uniform in [0, 1) from 53 RNG bits: identical on every standard library, unlike
-  // std::uniform_real_distribution.
-  double Uniform();
 
   float temperature_;
   int top_k_;  // <= 0: off

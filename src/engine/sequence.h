@@ -42,11 +42,12 @@ struct Sequence {
 
   // Speculative decoding (engine/drafter.h). The target verifies `verify` (the pending token,
   // then the drafts) in one chunk; the drafter's own cache holds [0, draft_computed).
-  int spec_tokens = 0;          // most tokens drafted a step; 0: no speculation
-  std::vector<int32_t> drafts;  // this step's drafted tokens
-  std::vector<int32_t> verify;  // this step's verified chunk
-  BlockTable draft_table;       // pages of the drafter's cache
-  int64_t draft_computed = 0;   // tokens [0, draft_computed) have KV in the drafter's cache
+  int spec_tokens = 0;             // most tokens drafted a step; 0: no speculation
+  std::vector<int32_t> drafts;     // this step's drafted tokens
+  std::vector<float> draft_probs;  // sampling: [drafts][vocab], the q each draft was drawn from
+  std::vector<int32_t> verify;     // this step's verified chunk
+  BlockTable draft_table;          // pages of the drafter's cache
+  int64_t draft_computed = 0;      // tokens [0, draft_computed) have KV in the drafter's cache
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int completion_tokens() const { return static_cast<int>(tokens.size()) - prompt_len; }

@@ -366,6 +366,7 @@ std::vector<TensorInit> VariantInits(const ModelConfig& full, const SyntheticVar
         (t.name.ends_with("self_attn.o_proj.weight") || t.name.ends_with("down_proj.weight"))) {
       t.scale *= variant.quiet_scale;
     }
+    if (t.name == "lm_head.weight") t.scale *= variant.head_scale;
     out.push_back(std::move(t));
   }
   return out;
@@ -709,6 +710,11 @@ std::string SyntheticVariant::Name() const {
     name += (name.empty() ? "" : "-") + std::string("q") + std::to_string(quiet_from_layer) + "x" +
             scale;
   }
+  if (head_scale != 1.0f) {
+    char scale[32];
+    std::snprintf(scale, sizeof(scale), "%g", static_cast<double>(head_scale));
+    name += (name.empty() ? "" : "-") + std::string("h") + scale;
+  }
   return name;
 }
 
@@ -726,6 +732,11 @@ Status WriteSyntheticModel(const std::string& preset, const std::string& out_dir
         fmt::format("quiet layers from {} scaled by {}: preset {} has {} layers, the scale must "
                     "be in [0, 1]",
                     variant.quiet_from_layer, variant.quiet_scale, preset, config.num_layers));
+  }
+  if (!(variant.head_scale > 0.0f) || (variant.head_scale != 1.0f && config.tie_word_embeddings)) {
+    return Status::InvalidArgument(
+        fmt::format("head scale {}: must be positive, and preset {} must have an untied lm_head",
+                    variant.head_scale, preset));
   }
   std::vector<TensorInit> inits = VariantInits(config, variant);
   if (variant.num_layers > 0) {

@@ -39,8 +39,11 @@ struct SyntheticVariant {
   int num_layers = 0;         // 0: the preset's
   int quiet_from_layer = -1;  // -1: none
   float quiet_scale = 1.0f;   // in [0, 1]
-  bool empty() const { return num_layers == 0 && quiet_from_layer < 0; }
-  // "" for the preset itself, else e.g. "l2" or "q2x0.05": part of a directory name.
+  // Scale of an untied lm_head's weights: > 1 sharpens the next-token distributions (random
+  // weights otherwise spread them over hundreds of tokens).
+  float head_scale = 1.0f;
+  bool empty() const { return num_layers == 0 && quiet_from_layer < 0 && head_scale == 1.0f; }
+  // "" for the preset itself, else e.g. "l2", "q2x0.05" or "h4": part of a directory name.
   std::string Name() const;
 };
 

@@ -3,6 +3,8 @@
 // positions rolled back; max_tokens, stop strings, cancels and pages.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <random>
 #include <string>
@@ -263,6 +265,150 @@ TEST(SpecDecodeTest, NoPagesLeakWithCancelsStopsAndRejections) {
   EXPECT_GT(engine.stats().spec.accepted_tokens, 0);
   EXPECT_LT(engine.stats().spec.accepted_tokens, engine.stats().spec.draft_tokens);
   ExpectNoPages(engine);
+}
+
+// Tokens 2..4 of `count` sampled continuations of one prompt (seeds first_seed, ...): token 1
+// comes from the prefill, the others from verification steps (with speculation).
+std::vector<std::vector<int32_t>> SampleContinuations(Engine& engine,
+                                                      const std::vector<int32_t>& prompt, int count,
+                                                      uint64_t first_seed) {
+  std::vector<std::vector<int32_t>> tokens(count);
+  constexpr int kBatch = 1000;
+  for (int begin = 0; begin < count; begin += kBatch) {
+    for (int i = begin; i < std::min(count, begin + kBatch); ++i) {
+      EngineRequest r;
+      r.id = "s" + std::to_string(i);
+      r.prompt = prompt;
+      r.params.temperature = 0.7f;
+      r.params.top_p = 0.9f;
+      r.params.seed = first_seed + i;
+      r.params.max_tokens = 4;
+      r.params.ignore_eos = true;
+      std::vector<int32_t>* out = &tokens[i];
+      r.on_output = [out](const RequestOutput& o) {
+        out->insert(out->end(), o.tokens.begin(), o.tokens.end());
+      };
+      EXPECT_TRUE(engine.Submit(std::move(r)).ok());
+    }
+    engine.RunUntilIdle();
+  }
+  return tokens;
+}
+
+// Two-sample chi-square statistic over the values of `a` and `b` (equal sizes); values seen
+// fewer than 20 times in both together are pooled into one bin. Returns (statistic, df).
+std::pair<double, int> TwoSampleChiSquare(const std::vector<int64_t>& a,
+                                          const std::vector<int64_t>& b) {
+  std::map<int64_t, std::pair<int, int>> counts;
+  for (int64_t v : a) ++counts[v].first;
+  for (int64_t v : b) ++counts[v].second;
+  double stat = 0.0;
+  int bins = 0;
+  std::pair<int, int> pooled{0, 0};
+  auto add = [&](std::pair<int, int> c) {
+    const double d = c.first - c.second;
+    stat += d * d / (c.first + c.second);
+    ++bins;
+  };
+  for (const auto& [value, c] : counts) {
+    if (c.first + c.second < 20) {
+      pooled.first += c.first;
+      pooled.second += c.second;
+    } else {
+      add(c);
+    }
+  }
+  if (pooled.first + pooled.second > 0) add(pooled);
+  return {stat, bins - 1};
+}
+
+// The chi-square quantile of upper tail 0.001 (Wilson-Hilferty).
+double ChiSquareCritical(int df) {
+  const double z = 3.0902, k = df;
+  const double t = 1.0 - 2.0 / (9.0 * k) + z * std::sqrt(2.0 / (9.0 * k));
+  return k * t * t * t;
+}
+
+// The rejection scheme returns the target's distribution: 20,000 sampled continuations at
+// temperature 0.7 and top-p 0.9 with speculation are distributed as 20,000 without (each
+// position's token, and tokens 2-3 together), while many drafts are accepted and many
+// rejected. A pair with sharp distributions (tiny-llama3, its lm_head x 3) so that the test
+// has the power to see a wrong scheme (it fails when every draft is kept).
+TEST(SpecDecodeTest, SampledContinuationsAreDistributedAsTheTargetsAlone) {
+  const std::string target = testing::SyntheticModelDir(
+      "tiny-llama3", {.quiet_from_layer = 2, .quiet_scale = 0.3f, .head_scale = 3.0f});
+  FixtureOptions with_draft;
+  with_draft.draft_dir =
+      testing::SyntheticModelDir("tiny-llama3", {.num_layers = 2, .head_scale = 3.0f});
+  with_draft.speculative_tokens = 2;
+  const std::vector<int32_t> prompt = {17};
+  const int n = 20000;
+  EngineFixture plain(target, {});
+  const auto want = SampleContinuations(plain.engine(), prompt, n, 1);
+  EngineFixture fx(target, with_draft);
+  const auto got = SampleContinuations(fx.engine(), prompt, n, 1000001);
+  ExpectNoPages(fx.engine());
+  const SpecDecodeStats s = fx.engine().stats().spec;
+  EXPECT_GT(s.accepted_tokens, s.draft_tokens / 3);
+  EXPECT_LT(s.accepted_tokens, s.draft_tokens * 9 / 10);
+  std::printf("sampling: %lld drafted, %lld accepted (%.1f%%)\n",
+              static_cast<long long>(s.draft_tokens), static_cast<long long>(s.accepted_tokens),
+              100.0 * s.accepted_tokens / std::max<int64_t>(s.draft_tokens, 1));
+  for (int position = 0; position <= 4; ++position) {  // 4: tokens 2 and 3 together
+    std::vector<int64_t> a, b;
+    for (int i = 0; i < n; ++i) {
+      ASSERT_EQ(want[i].size(), 4u);
+      ASSERT_EQ(got[i].size(), 4u);
+      if (position < 4) {
+        a.push_back(want[i][position]);
+        b.push_back(got[i][position]);
+      } else {  // tokens 2 and 3 together
+        a.push_back(int64_t{want[i][1]} * 65536 + want[i][2]);
+        b.push_back(int64_t{got[i][1]} * 65536 + got[i][2]);
+      }
+    }
+    const auto [stat, df] = TwoSampleChiSquare(a, b);
+    std::printf("position %d: chi-square %.1f, %d degrees of freedom, critical %.1f\n", position,
+                stat, df, ChiSquareCritical(df));
+    // Token 1 (from the prefill) may be nearly certain; the verified ones must spread.
+    if (position > 0) {
+      EXPECT_GE(df, 3) << position;
+    }
+    if (df > 0) {
+      EXPECT_LT(stat, ChiSquareCritical(df)) << "position " << position;
+    }
+  }
+}
+
+// A seeded sampled request gives the same tokens alone and in a batch, with speculation.
+TEST(SpecDecodeTest, SeededSampledRequestsAreReproducible) {
+  const std::string target = SpecTargetDir();
+  const auto prompts = SpecPrompts(8, 31);
+  auto run = [&](Engine& engine, const std::vector<size_t>& which) {
+    std::vector<EngineRequest> requests;
+    for (size_t i : which) {
+      EngineRequest r;
+      r.id = "q" + std::to_string(i);
+      r.prompt = prompts[i];
+      r.params.temperature = 0.8f;
+      r.params.top_k = 50;
+      r.params.seed = 100 + i;
+      r.params.max_tokens = 32;
+      r.params.ignore_eos = true;
+      requests.push_back(std::move(r));
+    }
+    return RunRequests(engine, std::move(requests));
+  };
+  EngineFixture alone(target, WithDraft(3));
+  std::map<std::string, Collected> first;
+  for (size_t i = 0; i < prompts.size(); ++i) first.merge(run(alone.engine(), {i}));
+  EngineFixture batched(target, WithDraft(3));
+  const auto together = run(batched.engine(), {0, 1, 2, 3, 4, 5, 6, 7});
+  for (const auto& [id, c] : first) {
+    EXPECT_EQ(together.at(id).tokens, c.tokens) << id;
+    EXPECT_EQ(c.tokens.size(), 32u);
+  }
+  EXPECT_GT(batched.engine().stats().spec.accepted_tokens, 0);
 }
 
 TEST(SpecDecodeTest, IncompatibleDraftModelsAreRefusedAtStartUp) {
