@@ -23,5 +23,6 @@ void AddBenchServeCommand(CLI::App& bench, int* exit_code);
 void AddBenchSweepCommand(CLI::App& bench, int* exit_code);
 void AddBenchSoakCommand(CLI::App& bench, int* exit_code);
 void AddBenchDisaggCommand(CLI::App& bench, int* exit_code);
+void AddBenchSpecCommand(CLI::App& bench, int* exit_code);
 
 }  // namespace pdserve::cli

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   pdserve::cli::AddBenchSweepCommand(*bench, &exit_code);
   pdserve::cli::AddBenchSoakCommand(*bench, &exit_code);
   pdserve::cli::AddBenchDisaggCommand(*bench, &exit_code);
+  pdserve::cli::AddBenchSpecCommand(*bench, &exit_code);
   pdserve::cli::AddTokenizeCommand(app, &exit_code);
   pdserve::cli::AddMakeModelCommand(app, &exit_code);
   pdserve::cli::AddRouterCommand(app, &exit_code);

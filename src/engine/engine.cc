@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include <fmt/format.h>
 
@@ -409,9 +410,12 @@ void Engine::Draft(std::span<ScheduledChunk> plan) {
     if (c.speculative > 0) wishes.push_back({c.seq, c.speculative});
   }
   if (wishes.empty()) return;
+  const auto start = std::chrono::steady_clock::now();
   if (Status s = drafter_->Propose(wishes); !s.ok()) {
     PD_LOG_ERROR("drafting failed, the step decodes without drafts: {}", s.ToString());
   }
+  spec_.draft_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (ScheduledChunk& c : plan) {
     if (c.speculative <= 0 || c.seq->drafts.empty()) continue;
     Sequence& seq = *c.seq;

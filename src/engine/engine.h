@@ -57,6 +57,7 @@ struct SpecDecodeStats {
   int64_t draft_tokens = 0;
   int64_t accepted_tokens = 0;
   std::vector<int64_t> accepted_per_position;  // [k]: drafts whose token k was accepted
+  double draft_seconds = 0;                    // spent in Drafter::Propose (benchmarks)
   int draft_pages_used = 0;                    // the drafter's cache
   int draft_pages_total = 0;
 };
