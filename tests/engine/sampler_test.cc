@@ -355,6 +355,47 @@ TEST(SamplerTest, LargeTopKUsesTheSameOrderAsSmall) {
   for (int i = 0; i < 20; ++i) EXPECT_GE(logits[s2.Sample(logits).token], kth);
 }
 
+// Speculative decoding's view of the sampler: Distribution is the processed distribution over
+// exactly the kept set Sample draws from, and Describe reports what Sample would.
+TEST(SamplerTest, DistributionIsWhatSampleDrawsFrom) {
+  const std::vector<float> logits = RandomLogits(3000, 21);
+  for (auto [top_k, top_p] : {std::pair{0, 1.0f}, {0, 0.9f}, {50, 1.0f}, {200, 0.8f}}) {
+    SeedSource seeds(1);
+    SamplingParams p = Seeded(31);
+    p.temperature = 0.7f;
+    p.top_k = top_k;
+    p.top_p = top_p;
+    Sampler s(p, seeds);
+    std::vector<float> probs(logits.size());
+    s.Distribution(logits, probs);
+    double sum = 0.0;
+    std::vector<int32_t> support;
+    for (size_t i = 0; i < probs.size(); ++i) {
+      sum += probs[i];
+      if (probs[i] > 0) support.push_back(static_cast<int32_t>(i));
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-5);
+    const SampleResult drawn = s.Sample(logits);
+    if (top_k > 0 || top_p < 1.0f) {
+      EXPECT_EQ(support, SamplerTestPeer::KeptIds(s)) << top_k << " " << top_p;
+    }
+    EXPECT_GT(probs[drawn.token], 0.0f);
+    const SampleResult described = s.Describe(logits, drawn.token);
+    EXPECT_EQ(described.logprob, drawn.logprob);
+    // Temperature 0.7: the ratio of two kept tokens' probabilities is exp(dlogit / 0.7).
+    const int32_t a = support.front(), b = support.back();
+    EXPECT_NEAR(std::log(probs[a] / probs[b]), (logits[a] - logits[b]) / 0.7, 1e-3);
+  }
+  SeedSource seeds(1);
+  SamplingParams greedy = Seeded(1);
+  greedy.temperature = 0;
+  Sampler g(greedy, seeds);
+  std::vector<float> probs(logits.size());
+  g.Distribution(logits, probs);
+  const auto argmax = std::max_element(logits.begin(), logits.end()) - logits.begin();
+  EXPECT_EQ(probs[argmax], 1.0f);
+}
+
 TEST(SamplingParamsTest, ValidateAcceptsDefaultsAndNamesBadFields) {
   EXPECT_TRUE(SamplingParams{}.Validate(1000).ok());
   auto error_of = [](auto mutate) {
