@@ -42,7 +42,11 @@ TEST(SpecDisaggTest, DecodeNodeSpeculatesWithColocatedTokensAndAcceptance) {
     ASSERT_EQ(got.status, 200) << got.body.dump();
     EXPECT_EQ(got.token_ids, want.token_ids) << "prompt " << i;
     EXPECT_EQ(Complete(colocated_spec.port(), prompt, 64).token_ids, want.token_ids);
-    // Acceptance parity, request by request.
+    // Acceptance parity, request by request. A node publishes its counters after the step that
+    // finished the request, which may be after the answer left: wait for that step.
+    for (const NodeProcess* node : {&decode, &colocated_spec}) {
+      EXPECT_EQ(WaitForMetric(node->port(), "pdserve:num_requests_running", 0, 10000), 0);
+    }
     for (const char* name :
          {"vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
           "vllm:spec_decode_num_accepted_tokens_total"}) {

@@ -1,8 +1,10 @@
 // `pdserve serve --speculative draft`: the real binary with a draft model gives the tokens and
 // text `pdserve generate` gives without one, reports vLLM's speculative-decoding counters on
 // /metrics, and refuses a draft model of another vocabulary at start-up.
+#include <chrono>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -65,10 +67,17 @@ TEST(SpecServeTest, DraftModelServesTheSameTokensAndCountsAcceptance) {
   EXPECT_EQ(got, want);
   EXPECT_GT(multi_token_events, 0u);  // accepted drafts stream together
 
+  // The node publishes its counters after the step that finished the request, which may be
+  // after the stream's last event: poll until that step's figures are out.
   auto client = node.Client();
-  auto metrics = client.Get("/metrics");
-  ASSERT_TRUE(metrics);
-  const std::string& m = metrics->body;
+  std::string m;
+  for (int i = 0; i < 200; ++i) {
+    auto metrics = client.Get("/metrics");
+    ASSERT_TRUE(metrics);
+    m = metrics->body;
+    if (MetricValue(m, "pdserve:num_requests_running") == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   const double drafts = MetricValue(m, "vllm:spec_decode_num_drafts_total");
   const double drafted = MetricValue(m, "vllm:spec_decode_num_draft_tokens_total");
   const double accepted = MetricValue(m, "vllm:spec_decode_num_accepted_tokens_total");
