@@ -22,45 +22,6 @@ namespace {
 using testing::EngineFixture;
 using testing::SyntheticModelDir;
 
-std::vector<int32_t> EightBitPrompt(int n, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = static_cast<int32_t>(rng() % vocab);
-  return t;
-}
-
-ModelDir LoadEightBit(const std::string& path, std::optional<DType> format) {
-  ModelDirOptions options;
-  options.load_tokenizer = false;
-  options.weight_format = format;
-  options.transformer.threads = 1;
-  auto dir = LoadModelDir(path, options);
-  EXPECT_TRUE(dir.ok()) << dir.status().ToString();
-  return std::move(*dir);
-}
-
-// The last position's logits of `prompt`, prefilled in chunks of 7 over pages of 4.
-std::vector<float> EightBitLogits(ModelDir& dir, const std::vector<int32_t>& prompt) {
-  Transformer& model = *dir.transformer;
-  constexpr int kPageTokens = 4;
-  const int pages = static_cast<int>((prompt.size() + kPageTokens - 1) / kPageTokens);
-  auto cache = KvCache::Create(model.MakeKvLayout(pages, kPageTokens));
-  EXPECT_TRUE(cache.ok());
-  std::vector<PageId> table(pages);
-  for (int i = 0; i < pages; ++i) table[i] = i;
-  std::vector<float> logits;
-  for (size_t start = 0; start < prompt.size(); start += 7) {
-    const size_t count = std::min<size_t>(7, prompt.size() - start);
-    SequenceChunk c{.tokens = std::span<const int32_t>(prompt).subspan(start, count),
-                    .start = static_cast<int64_t>(start),
-                    .pages = table,
-                    .want_logits = start + count == prompt.size()};
-    Status s = model.Forward(std::span<const SequenceChunk>(&c, 1), **cache, &logits);
-    EXPECT_TRUE(s.ok()) << s.ToString();
-  }
-  return logits;
-}
-
 class QuantisedAtLoadTest : public ::testing::TestWithParam<std::tuple<const char*, DType>> {};
 
 // The BF16 checkpoint loaded with --weights fp8 (int8) against the checkpoint make-model writes
@@ -69,12 +30,13 @@ class QuantisedAtLoadTest : public ::testing::TestWithParam<std::tuple<const cha
 // KV differs) and about half the bytes.
 TEST_P(QuantisedAtLoadTest, HoldsWhatMakeModelWritesBitForBit) {
   const auto [preset, format] = GetParam();
-  ModelDir at_load = LoadEightBit(SyntheticModelDir(preset, DType::kBF16), format);
-  ModelDir written = LoadEightBit(SyntheticModelDir(preset, format), std::nullopt);
-  ModelDir bf16 = LoadEightBit(SyntheticModelDir(preset, DType::kBF16), std::nullopt);
-  const std::vector<int32_t> prompt = EightBitPrompt(30, at_load.config.vocab_size, 3);
-  const std::vector<float> a = EightBitLogits(at_load, prompt);
-  const std::vector<float> b = EightBitLogits(written, prompt);
+  ModelDir at_load =
+      testing::LoadForLogits(SyntheticModelDir(preset, DType::kBF16), std::nullopt, format);
+  ModelDir written = testing::LoadForLogits(SyntheticModelDir(preset, format), std::nullopt);
+  ModelDir bf16 = testing::LoadForLogits(SyntheticModelDir(preset, DType::kBF16), std::nullopt);
+  const std::vector<int32_t> prompt = testing::SeededTokens(30, at_load.config.vocab_size, 3);
+  const std::vector<float> a = testing::ChunkedLogits(at_load, prompt, 4, 7);
+  const std::vector<float> b = testing::ChunkedLogits(written, prompt, 4, 7);
   ASSERT_EQ(a.size(), b.size());
   ASSERT_FALSE(a.empty());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
@@ -82,7 +44,7 @@ TEST_P(QuantisedAtLoadTest, HoldsWhatMakeModelWritesBitForBit) {
   EXPECT_NE(at_load.transformer->Fingerprint(), bf16.transformer->Fingerprint());
   // One byte a weight plus 4 per 128 (the BF16 lm_head and embedding stay).
   EXPECT_LT(at_load.transformer->WeightBytes(), bf16.transformer->WeightBytes() * 0.7);
-  const std::vector<float> c = EightBitLogits(bf16, prompt);
+  const std::vector<float> c = testing::ChunkedLogits(bf16, prompt, 4, 7);
   EXPECT_NE(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)), 0);
 }
 
@@ -114,7 +76,7 @@ TEST_P(EightBitInvarianceTest, AloneInABatchOfEightAndChunkedGiveIdenticalTokens
   const EightBitCase c = GetParam();
   const std::string dir = SyntheticModelDir("tiny-qwen2", c.checkpoint);
   std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < 8; ++i) prompts.push_back(EightBitPrompt(3 + 7 * i, 1024, 40 + i));
+  for (int i = 0; i < 8; ++i) prompts.push_back(testing::SeededTokens(3 + 7 * i, 1024, 40 + i));
   const int n = 12;
   std::vector<std::vector<int32_t>> alone;
   {
@@ -140,17 +102,17 @@ INSTANTIATE_TEST_SUITE_P(Formats, EightBitInvarianceTest,
 // scale, rounded to BF16) and --weights fp8 requantises it, each a model of its own fingerprint.
 TEST(EightBitWeightsTest, Int8CheckpointStaysInt8UnlessAskedOtherwise) {
   const std::string path = SyntheticModelDir("tiny", DType::kI8);
-  ModelDir kept = LoadEightBit(path, std::nullopt);
-  ModelDir dequantised = LoadEightBit(path, DType::kBF16);
-  ModelDir fp8 = LoadEightBit(path, DType::kF8E4M3);
+  ModelDir kept = testing::LoadForLogits(path, std::nullopt);
+  ModelDir dequantised = testing::LoadForLogits(path, std::nullopt, DType::kBF16);
+  ModelDir fp8 = testing::LoadForLogits(path, std::nullopt, DType::kF8E4M3);
   ASSERT_TRUE(kept.config.quantization.int8());
   EXPECT_LT(kept.transformer->WeightBytes(), dequantised.transformer->WeightBytes() * 0.7);
   EXPECT_EQ(kept.transformer->WeightBytes(), fp8.transformer->WeightBytes());
   EXPECT_NE(kept.transformer->Fingerprint(), dequantised.transformer->Fingerprint());
   EXPECT_NE(kept.transformer->Fingerprint(), fp8.transformer->Fingerprint());
-  const std::vector<int32_t> prompt = EightBitPrompt(20, kept.config.vocab_size, 9);
-  const std::vector<float> a = EightBitLogits(kept, prompt);
-  const std::vector<float> b = EightBitLogits(dequantised, prompt);
+  const std::vector<int32_t> prompt = testing::SeededTokens(20, kept.config.vocab_size, 9);
+  const std::vector<float> a = testing::ChunkedLogits(kept, prompt, 4, 7);
+  const std::vector<float> b = testing::ChunkedLogits(dequantised, prompt, 4, 7);
   ASSERT_EQ(a.size(), b.size());
   float largest = 0, worst = 0;
   for (float v : b) largest = std::max(largest, std::fabs(v));

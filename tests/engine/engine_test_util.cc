@@ -1,6 +1,7 @@
 #include "engine_test_util.h"
 
 #include <fstream>
+#include <random>
 
 #include <gtest/gtest.h>
 
@@ -82,17 +83,13 @@ std::vector<std::vector<int32_t>> EngineFixture::GreedyBatch(
   return tokens;
 }
 
-std::vector<float> ForwardLogits(const std::string& model_dir, const std::vector<int32_t>& prompt,
-                                 int page_tokens, int chunk) {
-  ModelDirOptions mo;
-  mo.load_tokenizer = false;
-  auto dir = LoadModelDir(model_dir, mo);
-  EXPECT_TRUE(dir.ok()) << dir.status().ToString();
-  if (!dir.ok()) return {};
-  Transformer& model = *dir->transformer;
+std::vector<float> ChunkedLogits(ModelDir& dir, const std::vector<int32_t>& prompt, int page_tokens,
+                                 int chunk) {
+  Transformer& model = *dir.transformer;
   const int pages = static_cast<int>((prompt.size() + page_tokens - 1) / page_tokens);
   auto cache = KvCache::Create(model.MakeKvLayout(pages, page_tokens));
   EXPECT_TRUE(cache.ok());
+  if (!cache.ok()) return {};
   std::vector<PageId> table(pages);
   for (int i = 0; i < pages; ++i) table[i] = pages - 1 - i;  // scattered, not in order
   std::vector<float> logits;
@@ -106,6 +103,35 @@ std::vector<float> ForwardLogits(const std::string& model_dir, const std::vector
     EXPECT_TRUE(s.ok()) << s.ToString();
   }
   return logits;
+}
+
+std::vector<float> ForwardLogits(const std::string& model_dir, const std::vector<int32_t>& prompt,
+                                 int page_tokens, int chunk) {
+  ModelDirOptions mo;
+  mo.load_tokenizer = false;
+  auto dir = LoadModelDir(model_dir, mo);
+  EXPECT_TRUE(dir.ok()) << dir.status().ToString();
+  if (!dir.ok()) return {};
+  return ChunkedLogits(*dir, prompt, page_tokens, chunk);
+}
+
+ModelDir LoadForLogits(const std::string& model_dir, std::optional<DType> dtype,
+                       std::optional<DType> format) {
+  ModelDirOptions options;
+  options.load_tokenizer = false;
+  options.weight_dtype = dtype;
+  options.weight_format = format;
+  options.transformer.threads = 1;
+  auto dir = LoadModelDir(model_dir, options);
+  EXPECT_TRUE(dir.ok()) << dir.status().ToString();
+  return std::move(*dir);
+}
+
+std::vector<int32_t> SeededTokens(int n, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (int32_t& x : t) x = static_cast<int32_t>(rng() % vocab);
+  return t;
 }
 
 }  // namespace pdserve::testing

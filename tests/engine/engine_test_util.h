@@ -50,9 +50,18 @@ class EngineFixture {
   int next_id_ = 0;
 };
 
-// Logits of the last prompt position from a fresh Transformer, prefilled in chunks of
-// `chunk` tokens over pages of `page_tokens`.
+// Logits of the last prompt position from `dir`'s Transformer on a fresh cache, prefilled in
+// chunks of `chunk` tokens over pages of `page_tokens` (scattered, not in order).
+std::vector<float> ChunkedLogits(ModelDir& dir, const std::vector<int32_t>& prompt, int page_tokens,
+                                 int chunk);
+// The same from a fresh load of `model_dir`.
 std::vector<float> ForwardLogits(const std::string& model_dir, const std::vector<int32_t>& prompt,
                                  int page_tokens, int chunk);
+// `model_dir` loaded without its tokenizer, on one thread, with these weight options
+// (ModelDirOptions::weight_dtype and weight_format).
+ModelDir LoadForLogits(const std::string& model_dir, std::optional<DType> dtype,
+                       std::optional<DType> format = std::nullopt);
+// n tokens in [0, vocab) drawn from `seed`.
+std::vector<int32_t> SeededTokens(int n, int vocab, uint32_t seed);
 
 }  // namespace pdserve::testing

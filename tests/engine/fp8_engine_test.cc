@@ -25,45 +25,6 @@ namespace {
 using testing::EngineFixture;
 using testing::SyntheticModelDir;
 
-std::vector<int32_t> RandomTokens(int n, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = static_cast<int32_t>(rng() % vocab);
-  return t;
-}
-
-ModelDir Load(const std::string& path, std::optional<DType> dtype) {
-  ModelDirOptions options;
-  options.load_tokenizer = false;
-  options.weight_dtype = dtype;
-  options.transformer.threads = 1;
-  auto dir = LoadModelDir(path, options);
-  EXPECT_TRUE(dir.ok()) << dir.status().ToString();
-  return std::move(*dir);
-}
-
-// The last position's logits of `prompt`, prefilled in chunks of 7 over pages of 4.
-std::vector<float> Logits(ModelDir& dir, const std::vector<int32_t>& prompt) {
-  Transformer& model = *dir.transformer;
-  constexpr int kPageTokens = 4;
-  const int pages = static_cast<int>((prompt.size() + kPageTokens - 1) / kPageTokens);
-  auto cache = KvCache::Create(model.MakeKvLayout(pages, kPageTokens));
-  EXPECT_TRUE(cache.ok());
-  std::vector<PageId> table(pages);
-  for (int i = 0; i < pages; ++i) table[i] = i;
-  std::vector<float> logits;
-  for (size_t start = 0; start < prompt.size(); start += 7) {
-    const size_t count = std::min<size_t>(7, prompt.size() - start);
-    SequenceChunk c{.tokens = std::span<const int32_t>(prompt).subspan(start, count),
-                    .start = static_cast<int64_t>(start),
-                    .pages = table,
-                    .want_logits = start + count == prompt.size()};
-    Status s = model.Forward(std::span<const SequenceChunk>(&c, 1), **cache, &logits);
-    EXPECT_TRUE(s.ok()) << s.ToString();
-  }
-  return logits;
-}
-
 // The tiny preset's matrices: q|k|v, o, gate|up, down per layer, n x k each.
 struct Shape {
   int n, k;
@@ -78,8 +39,8 @@ std::vector<Shape> LayerMatrices(const ModelConfig& c) {
 
 TEST(Fp8EngineTest, MatricesStayFp8OneBytePerWeightPlusScales) {
   const std::string path = SyntheticModelDir("tiny", DType::kF8E4M3);
-  ModelDir fp8 = Load(path, std::nullopt);
-  ModelDir f32 = Load(path, DType::kF32);
+  ModelDir fp8 = testing::LoadForLogits(path, std::nullopt);
+  ModelDir f32 = testing::LoadForLogits(path, DType::kF32);
   const ModelConfig& c = fp8.config;
   ASSERT_TRUE(c.quantization.fp8());
   size_t want = 0, weights = 0;
@@ -151,13 +112,14 @@ class Fp8LogitsTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(Fp8LogitsTest, MatchTheModelDequantisedToF32) {
   const std::string path = Fp8ModelWithF32Rest(GetParam());
-  ModelDir fp8 = Load(path, std::nullopt);
-  ModelDir f32 = Load(path, DType::kF32);
+  ModelDir fp8 = testing::LoadForLogits(path, std::nullopt);
+  ModelDir f32 = testing::LoadForLogits(path, DType::kF32);
   ASSERT_LT(fp8.transformer->WeightBytes(), f32.transformer->WeightBytes());
   for (uint32_t seed : {1u, 2u, 3u}) {
-    const std::vector<int32_t> prompt = RandomTokens(20 + 5 * seed, fp8.config.vocab_size, seed);
-    const std::vector<float> a = Logits(fp8, prompt);
-    const std::vector<float> b = Logits(f32, prompt);
+    const std::vector<int32_t> prompt =
+        testing::SeededTokens(20 + 5 * seed, fp8.config.vocab_size, seed);
+    const std::vector<float> a = testing::ChunkedLogits(fp8, prompt, 4, 7);
+    const std::vector<float> b = testing::ChunkedLogits(f32, prompt, 4, 7);
     ASSERT_EQ(a.size(), b.size());
     float largest = 0, worst = 0;
     for (float v : b) largest = std::max(largest, std::fabs(v));
@@ -184,11 +146,11 @@ INSTANTIATE_TEST_SUITE_P(Presets, Fp8LogitsTest,
 // the logits' spread from the F32-dequantised model.
 TEST(Fp8EngineTest, AsShippedLogitsAreCloseToTheDequantisedModel) {
   const std::string path = SyntheticModelDir("tiny", DType::kF8E4M3);
-  ModelDir fp8 = Load(path, std::nullopt);
-  ModelDir f32 = Load(path, DType::kF32);
-  const std::vector<int32_t> prompt = RandomTokens(30, fp8.config.vocab_size, 7);
-  const std::vector<float> a = Logits(fp8, prompt);
-  const std::vector<float> b = Logits(f32, prompt);
+  ModelDir fp8 = testing::LoadForLogits(path, std::nullopt);
+  ModelDir f32 = testing::LoadForLogits(path, DType::kF32);
+  const std::vector<int32_t> prompt = testing::SeededTokens(30, fp8.config.vocab_size, 7);
+  const std::vector<float> a = testing::ChunkedLogits(fp8, prompt, 4, 7);
+  const std::vector<float> b = testing::ChunkedLogits(f32, prompt, 4, 7);
   ASSERT_EQ(a.size(), b.size());
   float largest = 0, worst = 0;
   for (float v : b) largest = std::max(largest, std::fabs(v));
@@ -202,8 +164,9 @@ TEST(Fp8EngineTest, GeneratesTheSameTokensAloneAndInABatch) {
   options.page_tokens = 8;
   options.max_batch_tokens = 24;  // prompts prefilled in chunks across steps
   const int vocab = 2048;
-  const std::vector<std::vector<int32_t>> prompts = {
-      RandomTokens(5, vocab, 11), RandomTokens(40, vocab, 12), RandomTokens(17, vocab, 13)};
+  const std::vector<std::vector<int32_t>> prompts = {testing::SeededTokens(5, vocab, 11),
+                                                     testing::SeededTokens(40, vocab, 12),
+                                                     testing::SeededTokens(17, vocab, 13)};
   std::vector<std::vector<int32_t>> alone;
   {
     EngineFixture fixture(path, options);
