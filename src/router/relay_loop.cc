@@ -145,7 +145,12 @@ void RelayLoop::Run() {
       }
     }
     AdoptQueued();
-    if (aborted_.load() && streams_.empty()) return;
+    if (aborted_.load()) {
+      // Once aborted, Relay queues nothing more; what it queued before is taken (and ended)
+      // here, even if the adoption above ran just before it.
+      AdoptQueued();
+      if (streams_.empty()) return;
+    }
     if (Clock::now() >= next_check) {
       CheckDeadlines();
       next_check = Clock::now() + kDeadlineCheckInterval;
