@@ -15,11 +15,14 @@
 #include "common/dtype.h"
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
+#include "matmul_checks.h"
 #include "testing/kernel_paths.h"
 
 namespace pdserve {
 namespace {
 
+using ::pdserve::testing::ExpectRowsIndependentOfBatch;
+using ::pdserve::testing::ExpectSameBitsForEveryThreadCount;
 using ::pdserve::testing::KernelPathNames;
 using ::pdserve::testing::KernelPathTestName;
 using ::pdserve::testing::UseKernelPath;
@@ -166,24 +169,7 @@ TEST_P(Fp8PathTest, RowsDoNotDependOnTheBatch) {
   const int n = 136, k = 333, rows = 40;
   const Fp8Matrix w(n, k, rng);
   const std::vector<float> x = RandomFloats(static_cast<size_t>(rows) * k, rng);
-  std::vector<float> alone(static_cast<size_t>(rows) * n);
-  for (int i = 0; i < rows; ++i) {
-    kernels::MatMulFP8(&x[static_cast<size_t>(i) * k], w.packed.data(),
-                       &alone[static_cast<size_t>(i) * n], 1, n, k);
-  }
-  std::vector<float> y(static_cast<size_t>(rows) * n);
-  kernels::MatMulFP8(x.data(), w.packed.data(), y.data(), 37, n, k);
-  ASSERT_EQ(std::memcmp(y.data(), alone.data(), sizeof(float) * 37 * n), 0) << "m = 37";
-  for (int first = 0; first < rows; first += 3) {
-    for (int count = 1; first + count <= rows; count += 5) {
-      kernels::MatMulFP8(&x[static_cast<size_t>(first) * k], w.packed.data(), y.data(), count, n,
-                         k);
-      ASSERT_EQ(
-          std::memcmp(y.data(), &alone[static_cast<size_t>(first) * n], sizeof(float) * count * n),
-          0)
-          << "rows [" << first << ", " << first + count << ")";
-    }
-  }
+  ExpectRowsIndependentOfBatch(x, w.packed.data(), n, k, kernels::MatMulFP8, /*all_at_once=*/37);
 }
 
 // Large enough to run on the OpenMP team (kernels.cc's kParallelMacs): the same bits with 1, 2,
@@ -193,17 +179,7 @@ TEST_P(Fp8PathTest, ResultsDoNotDependOnTheThreadCount) {
   const int n = 700, k = 1000, m = 9;
   const Fp8Matrix w(n, k, rng);
   const std::vector<float> x = RandomFloats(static_cast<size_t>(m) * k, rng);
-  std::vector<float> want(static_cast<size_t>(m) * n), got(want.size());
-  omp_set_num_threads(1);
-  kernels::MatMulFP8(x.data(), w.packed.data(), want.data(), m, n, k);
-  for (const int threads : {2, 3, 5}) {
-    omp_set_num_threads(threads);
-    for (const int rows : {1, m}) {
-      kernels::MatMulFP8(x.data(), w.packed.data(), got.data(), rows, n, k);
-      ASSERT_EQ(std::memcmp(got.data(), want.data(), sizeof(float) * rows * n), 0)
-          << threads << " threads, " << rows << " rows";
-    }
-  }
+  ExpectSameBitsForEveryThreadCount(x, w.packed.data(), n, k, kernels::MatMulFP8);
 }
 
 // The order is fixed across paths (kernel_table.h): every path computes the generic path's bits,

@@ -17,11 +17,13 @@
 
 #include "common/dtype.h"
 #include "kernels/dispatch.h"
+#include "matmul_checks.h"
 #include "testing/kernel_paths.h"
 
 namespace pdserve {
 namespace {
 
+using ::pdserve::testing::ExpectRowsIndependentOfBatch;
 using ::pdserve::testing::KernelPathNames;
 using ::pdserve::testing::KernelPathTestName;
 using ::pdserve::testing::UseKernelPath;
@@ -110,28 +112,6 @@ INSTANTIATE_TEST_SUITE_P(Paths, PackedMatMulTest,
                            return KernelPathTestName(std::get<0>(info.param)) + "_" +
                                   ShapeName(std::get<1>(info.param));
                          });
-
-// Every row of a product over rows [first, first + count) equals that row computed alone, bit
-// for bit, for every window of a 40-row batch (tile tails of every size are exercised).
-template <typename Elem, typename MatMul>
-void ExpectRowsIndependentOfBatch(const std::vector<Elem>& x, const Elem* w, int n, int k,
-                                  MatMul matmul) {
-  const int rows = static_cast<int>(x.size() / k);
-  std::vector<float> alone(static_cast<size_t>(rows) * n);
-  for (int i = 0; i < rows; ++i) {
-    matmul(&x[static_cast<size_t>(i) * k], w, &alone[static_cast<size_t>(i) * n], 1, n, k);
-  }
-  std::vector<float> y(static_cast<size_t>(rows) * n);
-  for (int first = 0; first < rows; first += 3) {
-    for (int count = 1; first + count <= rows; count += 5) {
-      matmul(&x[static_cast<size_t>(first) * k], w, y.data(), count, n, k);
-      ASSERT_EQ(
-          std::memcmp(y.data(), &alone[static_cast<size_t>(first) * n], sizeof(float) * count * n),
-          0)
-          << "rows [" << first << ", " << first + count << ")";
-    }
-  }
-}
 
 TEST_P(PathTest, Bf16RowsDoNotDependOnTheBatch) {
   std::mt19937 rng(7);
