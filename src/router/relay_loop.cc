@@ -249,7 +249,6 @@ void RelayLoop::Pump(Stream& s) {
         s.end.detail = s.piece;
         break;
       case UpstreamExchange::Next::kTimeout:
-      case UpstreamExchange::Next::kClientGone:
         break;
     }
     // One read per readiness (the epoll set is level-triggered): after a piece, only what

@@ -226,14 +226,13 @@ void UpstreamExchange::FinishConnection() {
   fd_ = -1;
 }
 
-ssize_t UpstreamExchange::Fill(Deadline deadline, int client_fd, bool* client_gone, bool wait) {
-  *client_gone = false;
+ssize_t UpstreamExchange::Fill(Deadline deadline, bool wait) {
   // Into a buffer of its own: growing in_ by the most a read may bring would zero that much
   // memory per event.
   char buf[kReadBytes];
   for (;;) {
-    // What the node sent while the last piece went out (usual when the machine is busy) is
-    // taken without waiting; a wait comes only when nothing is there.
+    // What the node sent meanwhile is taken without waiting; a wait comes only when nothing
+    // is there.
     const ssize_t got = recv(fd_, buf, sizeof(buf), MSG_DONTWAIT);
     if (got > 0) {
       in_.append(buf, static_cast<size_t>(got));
@@ -243,15 +242,9 @@ ssize_t UpstreamExchange::Fill(Deadline deadline, int client_fd, bool* client_go
     if (got == 0) return -1;  // the node closed the connection
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
     if (!wait) return 0;
-    // The client's side is watched for its close only (POLLRDHUP), so that a client sending
-    // more (a pipelined request) does not wake this loop.
-    pollfd fds[2] = {{fd_, POLLIN, 0}, {client_fd, POLLRDHUP, 0}};
-    const int n = poll(fds, client_fd >= 0 ? 2 : 1, PollMs(deadline));
+    pollfd p{fd_, POLLIN, 0};
+    const int n = poll(&p, 1, PollMs(deadline));
     if (n < 0 && errno != EINTR) return -1;
-    if (n > 0 && client_fd >= 0 && fds[1].revents != 0) {
-      *client_gone = true;
-      return 0;
-    }
     if (n == 0 && deadline.Passed()) return 0;
   }
 }
@@ -323,8 +316,7 @@ Result<UpstreamHead> UpstreamExchange::WaitHead(Deadline deadline) {
       Fail("response head too large");
       continue;
     }
-    bool client_gone = false;
-    const ssize_t n = Fill(deadline, -1, &client_gone);
+    const ssize_t n = Fill(deadline);
     if (n == 0)
       return Status::DeadlineExceeded(node_.url + ": no response head before the deadline");
     if (n < 0 && reused_ && !answered_) {
@@ -372,16 +364,16 @@ bool UpstreamExchange::TakeBody(std::string* data) {
   return false;
 }
 
-UpstreamExchange::Next UpstreamExchange::Pop(std::string* data, Deadline deadline, int client_fd) {
-  return PopWithin(data, deadline, client_fd, /*wait=*/true);
+UpstreamExchange::Next UpstreamExchange::Pop(std::string* data, Deadline deadline) {
+  return PopWithin(data, deadline, /*wait=*/true);
 }
 
 UpstreamExchange::Next UpstreamExchange::PopReady(std::string* data) {
-  return PopWithin(data, Deadline::After(Duration::zero()), -1, /*wait=*/false);
+  return PopWithin(data, Deadline::After(Duration::zero()), /*wait=*/false);
 }
 
 UpstreamExchange::Next UpstreamExchange::PopWithin(std::string* data, Deadline deadline,
-                                                   int client_fd, bool wait) {
+                                                   bool wait) {
   data->clear();
   bool filled = false;  // without `wait`, the one read is done
   for (;;) {
@@ -399,9 +391,7 @@ UpstreamExchange::Next UpstreamExchange::PopWithin(std::string* data, Deadline d
     }
     if (filled) return Next::kTimeout;
     filled = !wait;
-    bool client_gone = false;
-    const ssize_t n = Fill(deadline, client_fd, &client_gone, wait);
-    if (client_gone) return Next::kClientGone;
+    const ssize_t n = Fill(deadline, wait);
     if (n == 0) return Next::kTimeout;
     if (n < 0) {
       if (body_ == Body::kUntilClose) {
@@ -430,7 +420,6 @@ Result<std::string> UpstreamExchange::ReadAll(Deadline deadline, size_t limit,
       case Next::kEnd:
         return body;
       case Next::kTimeout:
-      case Next::kClientGone:
         if (abort != nullptr && abort->load()) {
           Cancel();
           return Status::Cancelled(node_.url + ": abandoned (router stopping)");

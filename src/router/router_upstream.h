@@ -1,13 +1,11 @@
-// One HTTP/1.1 exchange between the router and a node, run by the thread that serves the
-// client's request: it sends the request on an idle keep-alive connection to the node
-// (router/upstream_connections.h) or a new one, reads the response head, then reads the body
-// piece by piece as the node sends it (chunked, sized or until the node closes), so that a
-// relayed event goes from the node's socket to the client's without passing between threads.
-// (It had a thread of its own, started per request, that pushed each piece into a queue for
-// the handler: two thread switches per event, a thread per request, and on a loaded machine
-// most of the relay's cost.) A response read whole gives its connection back for the next
-// request; Cancel, or destruction before the end, closes it, which the node takes for its
-// client leaving. Thread-compatible: used by one thread at a time.
+// One HTTP/1.1 exchange between the router and a node: it sends the request on an idle
+// keep-alive connection to the node (router/upstream_connections.h) or a new one, reads the
+// response head, then the body piece by piece as the node sends it (chunked, sized or until the
+// node closes) — waiting itself (Pop, ReadAll: the client's handler thread, for a whole answer)
+// or reading only what is there when the caller waits on the socket (PopReady: the relay thread
+// of router/relay_loop.h, for a stream). A response read whole gives its connection back for
+// the next request; Cancel, or destruction before the end, closes it, which the node takes for
+// its client leaving. Thread-compatible: used by one thread at a time.
 #pragma once
 
 #include <atomic>
@@ -63,12 +61,10 @@ class UpstreamExchange {
   // DeadlineExceeded past `deadline` (call again to wait on).
   Result<UpstreamHead> WaitHead(Deadline deadline);
 
-  enum class Next { kData, kEnd, kTimeout, kError, kClientGone };
+  enum class Next { kData, kEnd, kTimeout, kError };
   // After WaitHead: the next body piece into *data (kData), the end of the body (kEnd),
   // nothing before `deadline` (kTimeout), or a broken exchange (kError, message in *data).
-  // With `client_fd` (the connection of the client the body is relayed to), kClientGone as
-  // soon as that client closes its side.
-  Next Pop(std::string* data, Deadline deadline, int client_fd = -1);
+  Next Pop(std::string* data, Deadline deadline);
   // Pop without waiting: what the node's socket holds now (at most one read), kTimeout if that
   // is no whole body piece. For a caller that waits for the socket itself (router/relay_loop.h).
   Next PopReady(std::string* data);
@@ -108,11 +104,11 @@ class UpstreamExchange {
   // Parses the head at the start of in_ (whole); false (error_ set) if it is malformed.
   bool ParseHead(size_t head_size);
   // Appends what the node sends to in_, waiting for it until `deadline`: bytes read, 0 at the
-  // deadline (or, with `client_fd`, once that client closed: *client_gone), -1 when the node
-  // closed the connection or it failed.
-  // Without `wait`, one read of what is there (0 if nothing is).
-  ssize_t Fill(Deadline deadline, int client_fd, bool* client_gone, bool wait = true);
-  Next PopWithin(std::string* data, Deadline deadline, int client_fd, bool wait);
+  // deadline, -1 when the node closed the connection or it failed. Without `wait`, one read of
+  // what is there (0 if nothing is).
+  ssize_t Fill(Deadline deadline, bool wait = true);
+  // Pop (`wait`) or PopReady.
+  Next PopWithin(std::string* data, Deadline deadline, bool wait);
   // Takes the body bytes in in_ into *data; true once the body is complete.
   bool TakeBody(std::string* data);
   void Fail(std::string error);
