@@ -29,19 +29,21 @@ int RunBenchSpec(const BenchSpecFlags& f) {
     if (b <= 0) return Fail("--batch must be a comma-separated list of positive integers");
     options.batches.push_back(b);
   }
-  if (f.speculative.method.empty()) return Fail("bench spec needs --speculative draft");
+  if (f.speculative.method.empty()) return Fail("bench spec needs --speculative draft or mtp");
   options.prompt_len = f.prompt_len;
   options.max_tokens = f.max_tokens;
   options.num_speculative_tokens = f.speculative.num_tokens;
   if (Status s = kernels::SelectPathFromEnvironment(); !s.ok()) return Fail(s.ToString());
   PD_LOG_INFO("kernels: {}", kernels::DescribeSelection());
   auto make_engine = [&f](bool speculative) -> Result<std::unique_ptr<Engine>> {
-    PD_ASSIGN_OR_RETURN(ModelDir dir, LoadFromFlags(f.model));
-    EngineOptions engine_options = EngineOptionsFromFlags(f.model);
+    ModelFlags model = f.model;  // without speculation: the plain model, no MTP KV layer
+    if (speculative) ApplySpeculativeToModel(f.speculative, &model);
+    PD_ASSIGN_OR_RETURN(ModelDir dir, LoadFromFlags(model));
+    EngineOptions engine_options = EngineOptionsFromFlags(model);
     std::unique_ptr<Drafter> drafter;
     if (speculative) {
       PD_ASSIGN_OR_RETURN(drafter,
-                          MakeDrafterFromFlags(f.speculative, f.model, dir, &engine_options));
+                          MakeDrafterFromFlags(f.speculative, model, dir, &engine_options));
     }
     // The tokenizer is not needed (no stop strings, no text) and would not outlive the call.
     return Engine::Create(std::move(dir.transformer), nullptr, engine_options, std::move(drafter));

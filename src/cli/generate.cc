@@ -31,6 +31,7 @@ int RunGenerate(GenerateFlags& f) {
   // Before any kernel runs: a path this CPU lacks is an error here, not a SIGILL later.
   if (Status s = kernels::SelectPathFromEnvironment(); !s.ok()) return Fail(s.ToString());
   PD_LOG_INFO("kernels: {}", kernels::DescribeSelection());
+  ApplySpeculativeToModel(f.speculative, &f.model);
   PD_ASSIGN_OR_RETURN_CLI(ModelDir dir, LoadFromFlags(f.model));
   std::vector<int32_t> prompt;
   if (!f.prompt_ids.empty()) {

@@ -103,6 +103,10 @@ void AddMakeModelCommand(CLI::App& app, int* exit_code) {
                   "Scale of an untied lm_head's weights (> 1: sharper next-token "
                   "distributions)")
       ->capture_default_str();
+  cmd->add_flag("--mtp-mimic", flags->variant.mtp_mimic,
+                "With --quiet-from-layer, on a preset with an MTP module: make the module draft "
+                "what the quiet model says next (eh_proj = [I | R/4], its layer quieted too), a "
+                "pair for --speculative mtp with high acceptance");
   cmd->add_flag("--list", flags->list, "List the presets and exit");
   cmd->callback([flags, exit_code] { *exit_code = RunMakeModel(*flags); });
 }

@@ -69,9 +69,10 @@ void AddModelFlags(CLI::App* cmd, ModelFlags* flags, bool tensor_parallel) {
 
 void AddSpeculativeFlags(CLI::App* cmd, SpeculativeFlags* flags) {
   cmd->add_option("--speculative", flags->method,
-                  "Speculative decoding: 'draft' (a draft model, --draft-model); greedy "
-                  "requests' output is unchanged")
-      ->check(CLI::IsMember({"draft"}));
+                  "Speculative decoding: 'draft' (a draft model, --draft-model) or 'mtp' (the "
+                  "model's own multi-token-prediction module, DeepSeek-V3/R1; on a prefill node: "
+                  "write its KV for the decode nodes); greedy requests' output is unchanged")
+      ->check(CLI::IsMember({"draft", "mtp"}));
   cmd->add_option("--draft-model", flags->draft_model,
                   "With --speculative draft: the draft model's directory (the target's "
                   "vocabulary and tokenizer)");
@@ -79,6 +80,10 @@ void AddSpeculativeFlags(CLI::App* cmd, SpeculativeFlags* flags) {
                   "With --speculative: tokens drafted per sequence and step")
       ->check(CLI::Range(1, EngineOptions::kMaxSpeculativeTokens))
       ->capture_default_str();
+}
+
+void ApplySpeculativeToModel(const SpeculativeFlags& flags, ModelFlags* model) {
+  model->mtp_kv = flags.method == "mtp";
 }
 
 Result<std::unique_ptr<Drafter>> MakeDrafterFromFlags(const SpeculativeFlags& flags,
@@ -89,6 +94,16 @@ Result<std::unique_ptr<Drafter>> MakeDrafterFromFlags(const SpeculativeFlags& fl
     if (!flags.draft_model.empty()) {
       return Status::InvalidArgument("--draft-model needs --speculative draft");
     }
+    return std::unique_ptr<Drafter>();
+  }
+  if (flags.method == "mtp") {
+    if (!flags.draft_model.empty()) {
+      return Status::InvalidArgument("--draft-model is for --speculative draft, not mtp");
+    }
+    if (!target.transformer->mtp_kv()) {
+      return Status::InvalidArgument("--speculative mtp: the model was loaded without --mtp-kv");
+    }
+    options->num_speculative_tokens = flags.num_tokens;
     return std::unique_ptr<Drafter>();
   }
   if (flags.draft_model.empty()) {
@@ -115,6 +130,7 @@ Result<ModelDirOptions> LoadOptionsFromFlags(const ModelFlags& flags) {
   PD_ASSIGN_OR_RETURN(options.transformer.kv_dtype, ParseAutoDType("--kv-dtype", flags.kv_dtype));
   options.transformer.threads = flags.threads;
   options.transformer.tp_size = flags.tp;
+  options.transformer.mtp_kv = flags.mtp_kv;
   return options;
 }
 
@@ -134,18 +150,20 @@ EngineOptions EngineOptionsFromFlags(const ModelFlags& flags) {
   // Each worker loads the model as this process did, as its own rank, on the same kernel path.
   options.tensor_parallel.worker_env = {{"PDSERVE_KERNELS", std::string(kernels::ActivePath())}};
   options.tensor_parallel.worker_argv = [flags](int rank, int group_fd, int kv_fd) {
-    return std::vector<std::string>{"/proc/self/exe", "rank-worker",
-                                    "--model",        flags.model,
-                                    "--threads",      std::to_string(flags.threads),
-                                    "--dtype",        flags.dtype,
-                                    "--weights",      flags.weights,
-                                    "--kv-dtype",     flags.kv_dtype,
-                                    "--page-size",    std::to_string(flags.page_size),
-                                    "--tp",           std::to_string(flags.tp),
-                                    "--tp-timeout-s", std::to_string(flags.tp_timeout_s),
-                                    "--tp-rank",      std::to_string(rank),
-                                    "--group-fd",     std::to_string(group_fd),
-                                    "--kv-fd",        std::to_string(kv_fd)};
+    std::vector<std::string> argv{"/proc/self/exe", "rank-worker",
+                                  "--model",        flags.model,
+                                  "--threads",      std::to_string(flags.threads),
+                                  "--dtype",        flags.dtype,
+                                  "--weights",      flags.weights,
+                                  "--kv-dtype",     flags.kv_dtype,
+                                  "--page-size",    std::to_string(flags.page_size),
+                                  "--tp",           std::to_string(flags.tp),
+                                  "--tp-timeout-s", std::to_string(flags.tp_timeout_s),
+                                  "--tp-rank",      std::to_string(rank),
+                                  "--group-fd",     std::to_string(group_fd),
+                                  "--kv-fd",        std::to_string(kv_fd)};
+    if (flags.mtp_kv) argv.push_back("--mtp-kv");
+    return argv;
   };
   return options;
 }

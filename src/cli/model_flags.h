@@ -26,19 +26,25 @@ struct ModelFlags {
   int tp = 1;  // tensor-parallel ranks: this process is rank 0, the others `rank-worker`s
   // Longest wait of a rank for another inside a forward pass before the group fails.
   int tp_timeout_s = 120;
+  // The cache gets the MTP module's KV layer (TransformerOptions::mtp_kv): set by
+  // `--speculative mtp` (ApplySpeculativeToModel), passed on to rank workers as --mtp-kv.
+  bool mtp_kv = false;
 };
 
-// Speculative decoding (--speculative draft --draft-model DIR --num-speculative-tokens K).
+// Speculative decoding (--speculative draft --draft-model DIR, or --speculative mtp;
+// --num-speculative-tokens K).
 struct SpeculativeFlags {
-  std::string method;  // "" (off) or "draft"
+  std::string method;  // "" (off), "draft" or "mtp"
   std::string draft_model;
   int num_tokens = 3;
 };
 void AddSpeculativeFlags(CLI::App* cmd, SpeculativeFlags* flags);
-// The drafter the flags ask for, null when they ask for none; checks the draft model against
-// `target` (config and tokenizer: engine/draft_model_drafter.h). Sets
-// options->num_speculative_tokens. The draft model loads as `model` says (dtype, threads) on
-// one rank.
+// What speculation asks of the target's loading, before LoadFromFlags: MTP's KV layer.
+void ApplySpeculativeToModel(const SpeculativeFlags& flags, ModelFlags* model);
+// The drafter the flags ask for, null when they ask for none or for MTP (the engine then
+// drafts with the model's own module); checks the draft model against `target` (config and
+// tokenizer: engine/draft_model_drafter.h). Sets options->num_speculative_tokens. The draft model
+// loads as `model` says (dtype, threads) on one rank.
 Result<std::unique_ptr<Drafter>> MakeDrafterFromFlags(const SpeculativeFlags& flags,
                                                       const ModelFlags& model,
                                                       const ModelDir& target,

@@ -100,6 +100,7 @@ void AddRankWorkerCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(1, 63));
   cmd->add_option("--group-fd", flags->group_fd, "Inherited fd of the group's region")->required();
   cmd->add_option("--kv-fd", flags->kv_fd, "Inherited fd of this rank's KV cache")->required();
+  cmd->add_flag("--mtp-kv", flags->model.mtp_kv, "The cache has the MTP module's KV layer");
   cmd->callback([flags, exit_code] {
     Status s = RunRankWorkerCommand(*flags);
     *exit_code = s.ok() ? 0 : Fail(s.ToString());

@@ -44,7 +44,7 @@ struct ServeFlags {
   uint64_t seed = 0;
 };
 
-int RunServe(const ServeFlags& f) {
+int RunServe(ServeFlags f) {
   PD_ASSIGN_OR_RETURN_CLI(const server::NodeRole role, server::ParseNodeRole(f.role));
   server::NodeServerOptions options;
   PD_ASSIGN_OR_RETURN_CLI(HostPort listen, ParseHostPort("--listen", f.listen));
@@ -93,6 +93,7 @@ int RunServe(const ServeFlags& f) {
   // Before any kernel runs: a path this CPU lacks is an error here, not a SIGILL later.
   if (Status s = kernels::SelectPathFromEnvironment(); !s.ok()) return Fail(s.ToString());
   PD_LOG_INFO("kernels: {}", kernels::DescribeSelection());
+  ApplySpeculativeToModel(f.speculative, &f.model);
   PD_ASSIGN_OR_RETURN_CLI(ModelDir dir, LoadFromFlags(f.model));
   EngineOptions engine_options = EngineOptionsFromFlags(f.model);
   engine_options.seed = f.seed;
@@ -101,11 +102,14 @@ int RunServe(const ServeFlags& f) {
     rank_failed.store(true);
     kill(getpid(), SIGTERM);
   };
-  if (!f.speculative.method.empty() && role == server::NodeRole::kPrefill) {
-    return Fail("--speculative is for the nodes that decode (a prefill node never samples)");
+  if (f.speculative.method == "draft" && role == server::NodeRole::kPrefill) {
+    return Fail(
+        "--speculative draft is for the nodes that decode (a prefill node never samples; "
+        "with --speculative mtp it writes the MTP module's KV for them)");
   }
   PD_ASSIGN_OR_RETURN_CLI(std::unique_ptr<Drafter> drafter,
                           MakeDrafterFromFlags(f.speculative, f.model, dir, &engine_options));
+  if (role == server::NodeRole::kPrefill) engine_options.num_speculative_tokens = 0;
   server::ServedModel served;
   served.max_model_len = dir.config.MaxContext();
   served.tokenizer = std::move(dir.tokenizer);
@@ -118,6 +122,7 @@ int RunServe(const ServeFlags& f) {
     PD_ASSIGN_OR_RETURN_CLI(
         ModelIdentity identity,
         IdentifyModel(dir.path, dir.config, WeightsIdentity(f.model.dtype, f.model.weights)));
+    identity.kv = f.model.mtp_kv ? "mtp" : "plain";
     fingerprint = identity.Serialize();
   }
   // Its messenger is destroyed with the served model: after node.Stop() stopped the engine,

@@ -25,16 +25,17 @@ bool TakeField(std::string_view key, bool last, std::string_view* text, std::str
 }  // namespace
 
 std::string ModelIdentity::Serialize() const {
-  PD_CHECK(files.find(';') == std::string::npos && weights.find(';') == std::string::npos);
-  return fmt::format("config={:016x};files={};weights={}", config, files, weights);
+  PD_CHECK(files.find(';') == std::string::npos && weights.find(';') == std::string::npos &&
+           kv.find(';') == std::string::npos);
+  return fmt::format("config={:016x};files={};weights={};kv={}", config, files, weights, kv);
 }
 
 Result<ModelIdentity> ModelIdentity::Parse(std::string_view text) {
-  const Status bad = Status::InvalidArgument(
-      fmt::format("'{}' is not a model identity (config=<16 hex digits>;files=…;weights=…)", text));
-  std::string_view config, files, weights;
+  const Status bad = Status::InvalidArgument(fmt::format(
+      "'{}' is not a model identity (config=<16 hex digits>;files=…;weights=…;kv=…)", text));
+  std::string_view config, files, weights, kv;
   if (!TakeField("config", false, &text, &config) || !TakeField("files", false, &text, &files) ||
-      !TakeField("weights", true, &text, &weights)) {
+      !TakeField("weights", false, &text, &weights) || !TakeField("kv", true, &text, &kv)) {
     return bad;
   }
   if (config.size() != kConfigDigits ||
@@ -45,6 +46,7 @@ Result<ModelIdentity> ModelIdentity::Parse(std::string_view text) {
   std::from_chars(config.data(), config.data() + config.size(), identity.config, 16);
   identity.files = std::string(files);
   identity.weights = std::string(weights);
+  identity.kv = std::string(kv);
   return identity;
 }
 
@@ -65,6 +67,11 @@ std::vector<std::string> ModelIdentity::Compare(const ModelIdentity& a, std::str
   if (a.weights != b.weights)
     add("weight dtype or format differs (--dtype/--weights: the KV would differ)", "weights",
         a.weights, b.weights);
+  if (a.kv != b.kv) {
+    add("speculation differs (--speculative mtp on one node only: the MTP module's KV layer "
+        "would be missing)",
+        "kv", a.kv, b.kv);
+  }
   return differences;
 }
 

@@ -25,11 +25,14 @@ struct ModelIdentity {
   // `--weights` names one ("auto/int8", model/fingerprint.h's WeightsIdentity); they change the
   // forward pass, hence the KV bits.
   std::string weights;
+  // The KV layers beyond the decoder's: "mtp" when the cache holds the MTP module's
+  // (`--speculative mtp`: P writes it, D drafts from it), else "plain".
+  std::string kv = "plain";
 
-  // "config=<16 hex digits>;files=<files>;weights=<weights>". Precondition: neither string
+  // "config=<16 hex digits>;files=<files>;weights=<weights>;kv=<kv>". Precondition: no string
   // holds a ';'.
   std::string Serialize() const;
-  // The inverse of Serialize, which is canonical: exactly those three fields in that order,
+  // The inverse of Serialize, which is canonical: exactly those four fields in that order,
   // the config as 16 lower-case hex digits. InvalidArgument otherwise.
   static Result<ModelIdentity> Parse(std::string_view text);
 

@@ -37,7 +37,7 @@ class DraftModelDrafter : public Drafter {
   Status Propose(std::span<const DraftWish> wishes) override;
   void Rollback(Sequence& seq, int64_t valid) override;
   void Release(Sequence& seq) override;
-  const PagePool& page_pool() const override { return *pool_; }
+  const PagePool* page_pool() const override { return pool_.get(); }
   const Transformer& model() const { return *model_; }
 
  private:

@@ -1,8 +1,9 @@
 // Drafter: what proposes tokens for speculative decoding — a draft model
-// (engine/draft_model_drafter.h) or DeepSeek's MTP module. The engine asks it each step for up
-// to k tokens per sequence in decode, verifies them in one pass of the target model and tells
-// it how much of the sequence stands. What a drafter keeps per sequence lives in the
-// Sequence's draft fields (draft_table, draft_computed, drafts). Loop thread only.
+// (engine/draft_model_drafter.h) or DeepSeek's MTP module (engine/mtp_drafter.h). The engine
+// asks it each step for up to k tokens per sequence in decode, verifies them in one pass of the
+// target model and tells it how much of the sequence stands. What a drafter keeps per sequence
+// lives in the Sequence's draft fields (draft_table, draft_computed, drafts, mtp_hidden). Loop
+// thread only.
 #pragma once
 
 #include <cstdint>
@@ -36,7 +37,8 @@ class Drafter {
   virtual void Rollback(Sequence& seq, int64_t valid) = 0;
   // Returns every page the sequence holds in the drafter's cache (finished, or preempted).
   virtual void Release(Sequence& seq) = 0;
-  virtual const PagePool& page_pool() const = 0;
+  // The drafter's own page pool; null when its KV lives in the target's pages (MTP).
+  virtual const PagePool* page_pool() const = 0;
 };
 
 }  // namespace pdserve

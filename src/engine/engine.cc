@@ -7,6 +7,7 @@
 
 #include "common/check.h"
 #include "common/logging.h"
+#include "engine/mtp_drafter.h"
 #include "engine/spec_sampling.h"
 #include "engine/stop_checker.h"
 
@@ -70,7 +71,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Transformer> mode
                                                const EngineOptions& options,
                                                std::unique_ptr<Drafter> drafter) {
   if (model == nullptr) return Status::InvalidArgument("engine needs a model");
-  if (drafter != nullptr &&
+  const bool mtp = drafter == nullptr && model->mtp_kv() && options.num_speculative_tokens > 0;
+  if ((drafter != nullptr || mtp) &&
       (options.num_speculative_tokens < 1 ||
        options.num_speculative_tokens > EngineOptions::kMaxSpeculativeTokens)) {
     return Status::InvalidArgument(
@@ -99,14 +101,29 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Transformer> mode
     pages = static_cast<int>(options.kv_cache_bytes / page_bytes);
   }
   if (pages <= 0) return Status::InvalidArgument("KV cache too small for one page");
-  PD_ASSIGN_OR_RETURN(auto cache, KvCache::Create(model->MakeKvLayout(pages, options.page_tokens)));
+  // With the MTP KV layer, a context slot a page for the hidden state a drafter starts from
+  // (KvCache::ContextSlot; written by a prefill node, read by a decode node).
+  const size_t slot_bytes =
+      model->mtp_kv() ? static_cast<size_t>(model->config().hidden_size) * sizeof(float) : 0;
+  PD_ASSIGN_OR_RETURN(auto cache,
+                      KvCache::Create(model->MakeKvLayout(pages, options.page_tokens), slot_bytes));
   std::unique_ptr<Engine> engine(
       new Engine(std::move(model), tokenizer, std::move(cache), options));
+  if (mtp) {
+    Engine* raw = engine.get();
+    drafter = std::make_unique<MtpDrafter>(
+        raw->model_->config().hidden_size, raw->model_->config().vocab_size,
+        [raw](std::span<const SequenceChunk> chunks, std::span<const float> hidden_in,
+              std::vector<float>* logits, std::vector<float>* hidden_out) {
+          return raw->RunMtpPass(chunks, hidden_in, logits, hidden_out);
+        });
+  }
   if (drafter != nullptr) {
     PD_RETURN_IF_ERROR(drafter->CreateCache(pages, options.page_tokens));
     engine->drafter_ = std::move(drafter);
     engine->spec_.accepted_per_position.assign(options.num_speculative_tokens, 0);
-    engine->spec_.draft_pages_total = engine->drafter_->page_pool().capacity();
+    const PagePool* draft_pool = engine->drafter_->page_pool();
+    engine->spec_.draft_pages_total = draft_pool != nullptr ? draft_pool->capacity() : 0;
     MutexLock lock(&engine->mu_);
     engine->stats_.num_speculative_tokens = options.num_speculative_tokens;
     engine->stats_.spec = engine->spec_;
@@ -138,7 +155,43 @@ Status Engine::RunForward(std::span<const SequenceChunk> chunks) {
     PD_RETURN_IF_ERROR(model_->Validate(chunks, *cache_));
     PD_RETURN_IF_ERROR(workers_->Publish(chunks));
   }
-  return model_->Forward(chunks, *cache_, &logits_, layer_counter_.get());
+  return model_->Forward(chunks, *cache_, &logits_, layer_counter_.get(),
+                         model_->mtp_kv() ? &hidden_ : nullptr);
+}
+
+Status Engine::RunMtpPass(std::span<const SequenceChunk> chunks, std::span<const float> hidden_in,
+                          std::vector<float>* logits, std::vector<float>* hidden_out) {
+  if (workers_ != nullptr) {
+    PD_RETURN_IF_ERROR(model_->Validate(chunks, *cache_));
+    PD_RETURN_IF_ERROR(workers_->Publish(chunks, StepKind::kMtpDraft, hidden_in));
+  }
+  return model_->ForwardMtp(chunks, hidden_in, *cache_, logits, hidden_out);
+}
+
+void Engine::AddMtpRows(const ScheduledChunk& c, SequenceChunk& chunk) const {
+  const Sequence& seq = *c.seq;
+  // Only a sequence that drafts, or hands its state on, keeps a hidden state.
+  const bool keeps = drafter_ != nullptr || seq.request.kind == RequestKind::kPrefillOnly;
+  if (c.start == seq.num_computed && seq.in_decode()) {
+    // The pending token, then the drafts: each row's next token is the chunk's next one, valid
+    // as far as verification keeps the drafts; which row's state stands is known after it.
+    chunk.mtp_tokens = chunk.tokens.subspan(1);
+    chunk.hidden_rows = keeps ? static_cast<int>(chunk.tokens.size()) : 0;
+    return;
+  }
+  // Prefill: every row but the prefill's last, whose entry the first drafting pass writes.
+  const int64_t target = seq.prefill_target();
+  const int64_t end = std::min(c.start + c.count, target - 1);
+  if (end > c.start) {
+    chunk.mtp_tokens = std::span<const int32_t>(seq.tokens).subspan(c.start + 1, end - c.start);
+  }
+  chunk.hidden_rows = keeps && c.start + c.count == target ? 1 : 0;
+}
+
+void Engine::KeepHidden(Sequence* seq, int64_t row) {
+  const size_t hidden = static_cast<size_t>(model_->config().hidden_size);
+  const auto at = hidden_.begin() + static_cast<ptrdiff_t>(row * hidden);
+  seq->mtp_hidden.assign(at, at + static_cast<ptrdiff_t>(hidden));
 }
 
 Engine::Engine(std::unique_ptr<Transformer> model, const Tokenizer* tokenizer,
@@ -219,10 +272,10 @@ void Engine::Cancel(const std::string& id) {
   cv_.NotifyOne();
 }
 
-void Engine::Admit(const std::string& id) {
+void Engine::Admit(const std::string& id, std::vector<float> mtp_hidden) {
   {
     MutexLock lock(&mu_);
-    inbox_.push_back({Command::Kind::kAdmit, nullptr, id});
+    inbox_.push_back({Command::Kind::kAdmit, nullptr, id, std::move(mtp_hidden)});
   }
   cv_.NotifyOne();
 }
@@ -288,6 +341,9 @@ void Engine::Apply(Command& cmd) {
       if (it == live_.end() || it->second->state != SequenceState::kAwaitingKv) return;
       Sequence* seq = it->second.get();
       seq->num_computed = seq->prompt_len - 1;  // the last prompt token runs as a decode step
+      if (cmd.mtp_hidden.size() == static_cast<size_t>(model_->config().hidden_size)) {
+        seq->mtp_hidden = std::move(cmd.mtp_hidden);
+      }
       scheduler_.AddRunning(seq);
       return;
     }
@@ -343,15 +399,23 @@ bool Engine::Step() {
   if (drafter_ != nullptr) Draft(plan);
   std::vector<SequenceChunk> chunks;
   chunks.reserve(plan.size());
-  for (const ScheduledChunk& c : plan) {
+  hidden_at_.assign(plan.size(), -1);
+  int64_t hidden_rows = 0;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const ScheduledChunk& c = plan[i];
     const std::span<const int32_t> tokens =
         c.logit_rows > 1 ? std::span<const int32_t>(c.seq->verify)
                          : std::span<const int32_t>(c.seq->tokens).subspan(c.start, c.count);
-    chunks.push_back({.tokens = tokens,
-                      .start = c.start,
-                      .pages = c.seq->table.pages(),
-                      .want_logits = c.want_logits,
-                      .logit_rows = c.logit_rows});
+    SequenceChunk& chunk = chunks.emplace_back(SequenceChunk{.tokens = tokens,
+                                                             .start = c.start,
+                                                             .pages = c.seq->table.pages(),
+                                                             .want_logits = c.want_logits,
+                                                             .logit_rows = c.logit_rows});
+    if (model_->mtp_kv()) AddMtpRows(c, chunk);
+    if (chunk.hidden_rows > 0) {
+      hidden_at_[i] = hidden_rows;
+      hidden_rows += chunk.hidden_rows;
+    }
   }
   if (observer_ != nullptr) {
     std::vector<AnnouncedChunk> announced;
@@ -368,7 +432,12 @@ bool Engine::Step() {
     for (const ScheduledChunk& c : plan) Fail(c.seq, s);
     return true;
   }
-  for (const ScheduledChunk& c : plan) c.seq->num_computed += c.count;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const ScheduledChunk& c = plan[i];
+    // A prefill's last row is where the drafts start (a decode chunk's row: ProcessLogits).
+    if (hidden_at_[i] >= 0 && !c.want_logits) KeepHidden(c.seq, hidden_at_[i]);
+    c.seq->num_computed += c.count;
+  }
   // Prefill-only chunks never want logits. Finish them before ProcessLogits, which may finish
   // (and free) other sequences of the plan, after which no plan entry may be dereferenced.
   for (const ScheduledChunk& c : plan) {
@@ -399,7 +468,8 @@ void Engine::PublishStats() {
   stats_.preemptions = scheduler_.preemptions();
   stats_.steps = static_cast<int64_t>(steps_.load(std::memory_order_relaxed));
   if (drafter_ != nullptr) {
-    spec_.draft_pages_used = drafter_->page_pool().used();
+    const PagePool* draft_pool = drafter_->page_pool();
+    spec_.draft_pages_used = draft_pool != nullptr ? draft_pool->used() : 0;
     stats_.spec = spec_;
   }
 }
@@ -472,6 +542,7 @@ void Engine::ProcessLogits(std::span<const ScheduledChunk> plan, const std::vect
       ++spec_.accepted_per_position[r];
       if (reason != FinishReason::kNone) break;
     }
+    if (const int64_t at = hidden_at_[&c - plan.data()]; at >= 0) KeepHidden(seq, at + accepted);
     if (drafted > 0) {
       ++spec_.drafts;
       spec_.draft_tokens += drafted;
@@ -531,6 +602,7 @@ void Engine::FinishPrefillOnly(Sequence* seq) {
   out.prompt_tokens = seq->prompt_len;
   const std::span<const PageId> pages = seq->table.pages();
   out.held_pages.assign(pages.begin(), pages.end());
+  out.mtp_hidden = std::move(seq->mtp_hidden);
   scheduler_.Remove(seq);
   seq->state = SequenceState::kFinished;
   held_.insert(live_.extract(seq->request.id));

@@ -98,7 +98,11 @@ class Engine {
   // outputs carry no text); it must outlive the engine. With a drafter, sequences in decode
   // (kGenerate, and kRemotePrefill once admitted) speculate options.num_speculative_tokens
   // tokens a step: greedy output is the same as without it, sampled output has the same
-  // distribution (engine/spec_sampling.h).
+  // distribution (engine/spec_sampling.h). A model loaded with its MTP KV layer
+  // (TransformerOptions::mtp_kv) drafts with its MTP module (engine/mtp_drafter.h) when
+  // num_speculative_tokens > 0 and no drafter is given; with 0 (a prefill node) it still writes
+  // the module's KV and hands the last prompt position's hidden state to the caller
+  // (RequestOutput::mtp_hidden).
   static Result<std::unique_ptr<Engine>> Create(std::unique_ptr<Transformer> model,
                                                 const Tokenizer* tokenizer,
                                                 const EngineOptions& options,
@@ -115,8 +119,10 @@ class Engine {
   // (writes may still land in them) and a kPrefillOnly request's (writes posted from them may
   // still read them): those stay held until ReleaseHeldPages, as the caller knows when.
   void Cancel(const std::string& id) EXCLUDES(mu_);
-  // kRemotePrefill: the prompt's KV has landed; schedule the request.
-  void Admit(const std::string& id) EXCLUDES(mu_);
+  // kRemotePrefill: the prompt's KV has landed; schedule the request. With the MTP drafter,
+  // mtp_hidden is the prefill node's RequestOutput::mtp_hidden (without it, the first step
+  // runs without drafts).
+  void Admit(const std::string& id, std::vector<float> mtp_hidden = {}) EXCLUDES(mu_);
   // kRemotePrefill waiting for its KV: prefill the prompt here instead, chunked like any other
   // request, into the pages it already holds (no prefill node can serve it). Precondition: no
   // write can still land in those pages. A no-op for a request in any other state.
@@ -154,6 +160,7 @@ class Engine {
     enum class Kind : uint8_t { kSubmit, kCancel, kAdmit, kPrefillLocally, kRelease } kind;
     std::unique_ptr<Sequence> seq;  // kSubmit
     std::string id;
+    std::vector<float> mtp_hidden = {};  // kAdmit
   };
   Engine(std::unique_ptr<Transformer> model, const Tokenizer* tokenizer,
          std::unique_ptr<KvCache> cache, const EngineOptions& options);
@@ -162,6 +169,14 @@ class Engine {
   // Validates the step and hands it to the rank workers (a no-op without TP), then runs rank
   // 0's forward pass.
   Status RunForward(std::span<const SequenceChunk> chunks);
+  // One MTP drafting pass (MtpDrafter::RunPass) on every rank.
+  Status RunMtpPass(std::span<const SequenceChunk> chunks, std::span<const float> hidden_in,
+                    std::vector<float>* logits, std::vector<float>* hidden_out);
+  // With the MTP KV layer: the chunk's MTP entries (the rows whose next token is known) and the
+  // hidden rows its sequence keeps (SequenceChunk::mtp_tokens, hidden_rows).
+  void AddMtpRows(const ScheduledChunk& c, SequenceChunk& chunk) const;
+  // Keeps hidden row `row` of the last forward pass as the sequence's mtp_hidden.
+  void KeepHidden(Sequence* seq, int64_t row);
   void DrainInbox() EXCLUDES(mu_);
   void Apply(Command& cmd);
   void TryAllocateRemote();
@@ -202,6 +217,8 @@ class Engine {
   std::map<std::string, std::unique_ptr<Sequence>> held_;  // finished, pages still held
   std::vector<Sequence*> remote_pending_;                  // kRemotePrefill waiting for pages
   std::vector<float> logits_;
+  std::vector<float> hidden_;       // the forward pass's hidden rows (MTP KV layer)
+  std::vector<int64_t> hidden_at_;  // per plan entry: its first row in hidden_, or -1
   SpecDecodeStats spec_;
   std::vector<float> verify_scratch_;
 

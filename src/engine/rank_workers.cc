@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include <fmt/format.h>
@@ -16,66 +17,98 @@ namespace pdserve {
 
 namespace {
 
-// Per chunk: start (u64), token count (u32), page count (u32), logit rows (u8: 0 = none, at
-// most the token count).
-constexpr size_t kChunkHeaderBytes = 8 + 4 + 4 + 1;
+// A message: its kind (u8: StepKind), the chunk count (u32), per chunk a header — start (u64),
+// token count (u32), page count (u32), logit rows (u8: 0 = none, at most the token count), MTP
+// entries (u32, at most the token count), hidden rows (u32, at most the token count) — then per
+// chunk its tokens, pages and MTP tokens (i32 each), then for an MTP pass its rows' hidden
+// states (f32 in the host's order: the leader and its workers share one machine).
+constexpr size_t kChunkHeaderBytes = 8 + 4 + 4 + 1 + 4 + 4;
 
 struct ChunkHeader {
   int64_t start = 0;
   uint32_t tokens = 0;
   uint32_t pages = 0;
   uint8_t logit_rows = 0;
+  uint32_t mtp_tokens = 0;
+  uint32_t hidden_rows = 0;
 };
 
 Status ReadStep(ByteReader& r, DecodedStep* step) {
+  uint8_t kind = 0;
+  PD_RETURN_IF_ERROR(r.U8("step kind", &kind));
+  if (kind > static_cast<uint8_t>(StepKind::kMtpDraft)) {
+    return Status::ProtocolError(fmt::format("unknown step kind {}", kind));
+  }
+  step->kind = static_cast<StepKind>(kind);
   uint32_t n = 0;
   PD_RETURN_IF_ERROR(
       r.Count("chunk count", std::numeric_limits<uint32_t>::max(), kChunkHeaderBytes, &n));
   std::vector<ChunkHeader> headers(n);
-  uint64_t tokens = 0, pages = 0;
+  uint64_t tokens = 0, pages = 0, mtp_tokens = 0;
   for (ChunkHeader& h : headers) {
     uint64_t start = 0;
     PD_RETURN_IF_ERROR(r.U64("chunk start", &start));
     PD_RETURN_IF_ERROR(r.U32("chunk tokens", &h.tokens));
     PD_RETURN_IF_ERROR(r.U32("chunk pages", &h.pages));
     PD_RETURN_IF_ERROR(r.U8("chunk logit rows", &h.logit_rows));
-    if (h.logit_rows > h.tokens) {
+    PD_RETURN_IF_ERROR(r.U32("chunk MTP entries", &h.mtp_tokens));
+    PD_RETURN_IF_ERROR(r.U32("chunk hidden rows", &h.hidden_rows));
+    if (h.logit_rows > h.tokens || h.mtp_tokens > h.tokens || h.hidden_rows > h.tokens) {
       return Status::ProtocolError(
-          fmt::format("{} logit rows in a chunk of {} tokens", h.logit_rows, h.tokens));
+          fmt::format("{} logit rows, {} MTP entries or {} hidden rows in a chunk of {} tokens",
+                      h.logit_rows, h.mtp_tokens, h.hidden_rows, h.tokens));
     }
     h.start = static_cast<int64_t>(start);
     tokens += h.tokens;
     pages += h.pages;
+    mtp_tokens += h.mtp_tokens;
   }
-  // Checked before anything is allocated: lying counts cost nothing.
-  if ((tokens + pages) * 4 != r.remaining()) {
+  // Checked before anything is allocated: lying counts cost nothing. An MTP pass carries its
+  // rows' hidden states after the ids, whole rows of the one width.
+  const uint64_t ids = (tokens + pages + mtp_tokens) * 4;
+  const uint64_t floats = r.remaining() - std::min<uint64_t>(ids, r.remaining());
+  if (ids > r.remaining() || floats % 4 != 0 ||
+      (floats > 0 &&
+       (step->kind != StepKind::kMtpDraft || tokens == 0 || (floats / 4) % tokens != 0))) {
     return Status::ProtocolError(
-        fmt::format("{} tokens and {} pages do not fill {} bytes", tokens, pages, r.remaining()));
+        fmt::format("{} tokens, {} pages and {} MTP tokens do not fill {} bytes", tokens, pages,
+                    mtp_tokens, r.remaining()));
   }
-  step->tokens.resize(tokens);
+  step->tokens.resize(tokens + mtp_tokens);
   step->pages.resize(pages);
   step->chunks.reserve(n);
   std::span<int32_t> all_tokens(step->tokens), all_pages(step->pages);
   for (const ChunkHeader& h : headers) {
     std::span<int32_t> chunk_tokens = all_tokens.first(h.tokens);
     std::span<PageId> chunk_pages = all_pages.first(h.pages);
+    std::span<int32_t> chunk_mtp = all_tokens.subspan(h.tokens, h.mtp_tokens);
     PD_RETURN_IF_ERROR(r.NonNegativeI32s("chunk token ids", chunk_tokens));
     PD_RETURN_IF_ERROR(r.NonNegativeI32s("chunk page ids", chunk_pages));
+    PD_RETURN_IF_ERROR(r.NonNegativeI32s("chunk MTP token ids", chunk_mtp));
     step->chunks.push_back({.tokens = chunk_tokens,
                             .start = h.start,
                             .pages = chunk_pages,
                             .want_logits = h.logit_rows > 0,
-                            .logit_rows = std::max<int>(h.logit_rows, 1)});
-    all_tokens = all_tokens.subspan(h.tokens);
+                            .logit_rows = std::max<int>(h.logit_rows, 1),
+                            .mtp_tokens = chunk_mtp,
+                            .hidden_rows = static_cast<int>(h.hidden_rows)});
+    all_tokens = all_tokens.subspan(h.tokens + h.mtp_tokens);
     all_pages = all_pages.subspan(h.pages);
   }
+  std::string_view raw;
+  PD_RETURN_IF_ERROR(r.Raw("MTP hidden states", floats, &raw));
+  step->hidden.resize(floats / 4);
+  if (!raw.empty()) std::memcpy(step->hidden.data(), raw.data(), raw.size());
   return Status::Ok();
 }
 
 }  // namespace
 
-std::string EncodeStep(std::span<const SequenceChunk> chunks) {
+std::string EncodeStep(std::span<const SequenceChunk> chunks, StepKind kind,
+                       std::span<const float> hidden) {
+  PD_CHECK(kind == StepKind::kMtpDraft || hidden.empty());
   ByteWriter w;
+  w.U8(static_cast<uint8_t>(kind));
   w.U32(static_cast<uint32_t>(chunks.size()));
   for (const SequenceChunk& c : chunks) {
     w.U64(static_cast<uint64_t>(c.start));
@@ -83,11 +116,15 @@ std::string EncodeStep(std::span<const SequenceChunk> chunks) {
     w.U32(static_cast<uint32_t>(c.pages.size()));
     PD_CHECK(c.logit_rows >= 1 && c.logit_rows <= 255);  // the engine drafts at most 16
     w.U8(c.want_logits ? static_cast<uint8_t>(c.logit_rows) : 0);
+    w.U32(static_cast<uint32_t>(c.mtp_tokens.size()));
+    w.U32(static_cast<uint32_t>(c.hidden_rows));
   }
   for (const SequenceChunk& c : chunks) {
     w.I32s(c.tokens);
     w.I32s(c.pages);
+    w.I32s(c.mtp_tokens);
   }
+  w.Raw(std::string_view(reinterpret_cast<const char*>(hidden.data()), hidden.size_bytes()));
   return w.Take();
 }
 
@@ -149,8 +186,9 @@ RankWorkers::~RankWorkers() {
   StopWorkers(group_->failed() ? kFailureGrace : kShutdownGrace);
 }
 
-Status RankWorkers::Publish(std::span<const SequenceChunk> chunks) {
-  return group_->Publish(EncodeStep(chunks));
+Status RankWorkers::Publish(std::span<const SequenceChunk> chunks, StepKind kind,
+                            std::span<const float> hidden) {
+  return group_->Publish(EncodeStep(chunks, kind, hidden));
 }
 
 Status RankWorkers::AwaitLoaded(uint64_t fingerprint) {
@@ -216,14 +254,17 @@ void RankWorkers::StopWorkers(Duration grace) {
 
 Status RunRankWorker(Transformer& model, KvCache& cache, ShmTpGroup& group) {
   PD_RETURN_IF_ERROR(group.MarkReady(model.Fingerprint()));
-  std::vector<float> logits;
+  std::vector<float> logits, hidden;
   for (;;) {
     Result<std::string> message = group.Receive();
     if (!message.ok()) {
       return message.status().code() == StatusCode::kCancelled ? Status::Ok() : message.status();
     }
     Result<DecodedStep> step = DecodeStep(*message);
-    Status s = step.ok() ? model.Forward(step->chunks, cache, &logits) : step.status();
+    Status s = !step.ok() ? step.status()
+               : step->kind == StepKind::kMtpDraft
+                   ? model.ForwardMtp(step->chunks, step->hidden, cache, &logits, &hidden)
+                   : model.Forward(step->chunks, cache, &logits);
     if (!s.ok()) {
       const std::string why = fmt::format("rank {}: {}", group.rank(), s.ToString());
       group.Fail(why);

@@ -36,6 +36,8 @@
 
 namespace pdserve {
 
+enum class StepKind : uint8_t { kForward = 0, kMtpDraft = 1 };
+
 struct TensorParallelOptions {
   int size = 1;  // ranks; 1 = no workers
   // argv of rank `rank`'s worker, which inherits the group's region as `group_fd` and its KV
@@ -71,8 +73,10 @@ class RankWorkers {
   RankWorkers& operator=(const RankWorkers&) = delete;
 
   TpGroup* group() { return group_.get(); }
-  // Hands a step's chunks to every worker, before the leader's own Forward of them.
-  Status Publish(std::span<const SequenceChunk> chunks);
+  // Hands a step's chunks to every worker, before the leader's own pass over them (an MTP
+  // drafting pass carries its rows' hidden states).
+  Status Publish(std::span<const SequenceChunk> chunks, StepKind kind = StepKind::kForward,
+                 std::span<const float> hidden = {});
 
  private:
   RankWorkers(const TensorParallelOptions& options, std::unique_ptr<ShmTpGroup> group);
@@ -93,19 +97,24 @@ class RankWorkers {
 };
 
 // A step's chunks as bytes of the one codec (common/byte_codec.h), and back. The decoded chunks
-// point into the DecodedStep.
-std::string EncodeStep(std::span<const SequenceChunk> chunks);
+// point into the DecodedStep. A step is a forward pass (Transformer::Forward) or an MTP drafting
+// pass (Transformer::ForwardMtp, with its rows' hidden states).
+std::string EncodeStep(std::span<const SequenceChunk> chunks, StepKind kind = StepKind::kForward,
+                       std::span<const float> hidden = {});
 struct DecodedStep {
-  std::vector<int32_t> tokens;
+  StepKind kind = StepKind::kForward;
+  std::vector<int32_t> tokens;  // each chunk's tokens, then its MTP tokens
   std::vector<PageId> pages;
+  std::vector<float> hidden;  // kMtpDraft: [rows][hidden_size]
   std::vector<SequenceChunk> chunks;
 };
 // Errors (ProtocolError): truncated or inconsistent bytes, a negative token or page id.
 Result<DecodedStep> DecodeStep(std::string_view bytes);
 
 // A worker's life after loading: MarkReady(fingerprint), then the leader's steps, each run
-// through model.Forward on `cache`, until the leader shuts the group down (Ok) or the group
-// fails (its status). A step this rank cannot run fails the group, so no rank waits for it.
+// through model.Forward (or ForwardMtp) on `cache`, until the leader shuts the group down (Ok) or
+// the group fails (its status). A step this rank cannot run fails the group, so no rank waits for
+// it.
 Status RunRankWorker(Transformer& model, KvCache& cache, ShmTpGroup& group);
 
 }  // namespace pdserve

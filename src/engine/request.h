@@ -64,6 +64,9 @@ struct RequestOutput {
   int prompt_tokens = 0;
   int completion_tokens = 0;       // total so far
   std::vector<PageId> held_pages;  // kPrefillOnly, when finished: pages still allocated
+  // kPrefillOnly on a model with its MTP KV layer, when finished: the final-normed hidden state
+  // of the last prompt position, where the decode node's MTP drafts start (Engine::Admit).
+  std::vector<float> mtp_hidden;
 };
 
 }  // namespace pdserve

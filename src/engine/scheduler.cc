@@ -122,6 +122,15 @@ std::vector<ScheduledChunk> Scheduler::Schedule() {
   while (budget > 0 && !waiting_.empty() &&
          static_cast<int>(running_.size()) < options_.max_running) {
     Sequence* s = waiting_.front();
+    if (s->in_decode()) {
+      // A speculating one-token prompt: nothing to prefill; its token runs as a decode step.
+      if (!s->table.EnsureCapacity(*pool_, s->num_tokens()).ok()) break;
+      waiting_.pop_front();
+      AddRunning(s);
+      plan.push_back({.seq = s, .start = s->num_computed, .count = 1, .want_logits = true});
+      budget -= 1;
+      continue;
+    }
     const int64_t chunk = PlanPrefillChunk(s, budget);
     if (chunk == 0) break;  // no pages: keep FIFO order, retry next step
     waiting_.pop_front();

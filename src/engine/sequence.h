@@ -48,16 +48,25 @@ struct Sequence {
   std::vector<int32_t> verify;     // this step's verified chunk
   BlockTable draft_table;          // pages of the drafter's cache
   int64_t draft_computed = 0;      // tokens [0, draft_computed) have KV in the drafter's cache
+  // With the MTP KV layer (engine/mtp_drafter.h): the target's final-normed hidden state of
+  // position num_computed - 1, where the next drafts start; empty until a pass produced it.
+  std::vector<float> mtp_hidden;
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int completion_tokens() const { return static_cast<int>(tokens.size()) - prompt_len; }
   // Tokens that still need a forward pass (>= 1 while running).
   int64_t pending() const { return num_tokens() - num_computed; }
-  // The last prompt token has been run: every further step is one decode token.
-  bool in_decode() const { return num_computed >= prompt_len; }
-  // How many tokens must be computed before the request is done with prefill.
+  // Every token but the pending last one has been run, and that one is a decode step: a token
+  // sampled here, or, for a speculating sequence, also the last prompt token (which then runs
+  // with drafts, as on a decode node after a remote prefill).
+  bool in_decode() const {
+    return num_computed == num_tokens() - 1 && (spec_tokens > 0 || num_computed >= prompt_len);
+  }
+  // How many tokens must be computed before the request is done with prefill: the prompt on a
+  // prefill node; else every token, or all but the last for a speculating sequence.
   int64_t prefill_target() const {
-    return request.kind == RequestKind::kPrefillOnly ? prompt_len : num_tokens();
+    if (request.kind == RequestKind::kPrefillOnly) return prompt_len;
+    return spec_tokens > 0 ? num_tokens() - 1 : num_tokens();
   }
 };
 

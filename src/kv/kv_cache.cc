@@ -20,10 +20,13 @@ Result<std::unique_ptr<KvCache>> KvCache::MapFd(const KvLayout& layout, int fd, 
   return std::unique_ptr<KvCache>(new KvCache(layout, fd, static_cast<uint8_t*>(p), size));
 }
 
-Result<std::unique_ptr<KvCache>> KvCache::Create(const KvLayout& layout) {
+Result<std::unique_ptr<KvCache>> KvCache::Create(const KvLayout& layout, size_t slot_bytes) {
   // Validate first: it refuses element types the kernels cannot read (F16) and sizes that overflow.
   PD_RETURN_IF_ERROR(layout.Validate());
-  size_t size = layout.total_bytes();
+  if (slot_bytes > (size_t{1} << 24)) {
+    return Status::InvalidArgument(fmt::format("{} bytes of context a page: too many", slot_bytes));
+  }
+  size_t size = layout.total_bytes() + slot_bytes * static_cast<size_t>(layout.num_pages);
   if (size == 0) return Status::InvalidArgument("KV cache of zero bytes: " + layout.ToString());
   int fd = memfd_create("pdserve-kv", MFD_CLOEXEC);
   if (fd < 0) return Status::FromErrno("memfd_create", errno);
@@ -32,7 +35,9 @@ Result<std::unique_ptr<KvCache>> KvCache::Create(const KvLayout& layout) {
     close(fd);
     return s;
   }
-  return MapFd(layout, fd, size);
+  PD_ASSIGN_OR_RETURN(auto cache, MapFd(layout, fd, size));
+  cache->slot_bytes_ = slot_bytes;
+  return cache;
 }
 
 Result<std::unique_ptr<KvCache>> KvCache::Map(const KvLayout& layout, int fd) {

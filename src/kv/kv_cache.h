@@ -16,9 +16,10 @@ namespace pdserve {
 
 class KvCache {
  public:
-  // Creates a zeroed cache of layout.total_bytes(). Errors: an invalid layout (KvLayout::Validate,
-  // e.g. an F16 dtype), no memory.
-  static Result<std::unique_ptr<KvCache>> Create(const KvLayout& layout);
+  // Creates a zeroed cache of layout.total_bytes(), followed by `slot_bytes` of context slot per
+  // page (ContextSlot). Errors: an invalid layout (KvLayout::Validate, e.g. an F16 dtype), no
+  // memory.
+  static Result<std::unique_ptr<KvCache>> Create(const KvLayout& layout, size_t slot_bytes = 0);
   // Maps another process's cache (a tensor-parallel rank worker maps the one its node created
   // for it) and takes ownership of `fd`. Errors: an invalid layout, an fd whose size is not the
   // layout's, a failed mmap (fd is closed on a failed mmap; on the other errors it stays the
@@ -49,6 +50,16 @@ class KvCache {
     return Block(layer, page, is_v ? KvComponent::kV : KvComponent::kK);
   }
 
+  // A request's context slot (what a drafter starts from, written over the fabric with the
+  // pages: docs/messenger.md), named by the request's first page, so that it is the request's
+  // alone for as long as it holds that page. After every page of every layer, in the same
+  // mapped (and registered) memory. slot_bytes() 0: none.
+  size_t slot_bytes() const { return slot_bytes_; }
+  uint64_t ContextSlotOffset(PageId page) const {
+    return layout_.total_bytes() + static_cast<uint64_t>(page) * slot_bytes_;
+  }
+  uint8_t* ContextSlot(PageId page) { return base_ + ContextSlotOffset(page); }
+
  private:
   // Maps `size` bytes of `fd` and owns both; closes fd on failure.
   static Result<std::unique_ptr<KvCache>> MapFd(const KvLayout& layout, int fd, size_t size);
@@ -58,6 +69,7 @@ class KvCache {
   int fd_;
   uint8_t* base_;
   size_t size_;
+  size_t slot_bytes_ = 0;
 };
 
 }  // namespace pdserve

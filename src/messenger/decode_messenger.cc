@@ -1,8 +1,10 @@
 #include "messenger/decode_messenger.h"
 
 #include <algorithm>
+#include <cstring>
 #include <future>
 #include <limits>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -268,7 +270,16 @@ void DecodeMessenger::Dispatch(Request& req) {
   req.peer = best;
   by_transfer_id_[req.transfer_id] = req.id;
   const uint64_t seed = req.transfer_id;
-  const uint64_t expected = best->plan->ExpectedWrites(req.pages.size(), seed);
+  // With the MTP KV layer, P also writes the hidden state D's first drafts start from into the
+  // context slot of the request's first page: one write more.
+  const KvCache& cache = engine_->kv_cache(0);
+  std::optional<std::string> context;
+  if (cache.slot_bytes() > 0) {
+    context = EncodeContextBuffer({.offset = cache.ContextSlotOffset(req.pages[0]),
+                                   .bytes = static_cast<uint32_t>(cache.slot_bytes())});
+  }
+  const uint64_t expected =
+      best->plan->ExpectedWrites(req.pages.size(), seed) + (context.has_value() ? 1 : 0);
   std::weak_ptr<ControlLoop> weak_loop = core_->weak_loop();
   auto on_landed = [this, weak_loop, id = req.id, imm = req.immediate,
                     transfer_id = req.transfer_id](const Status& st, uint32_t arrived) {
@@ -313,7 +324,7 @@ void DecodeMessenger::Dispatch(Request& req) {
                               .generation = tag.generation,
                               .deadline_ms = static_cast<uint32_t>(std::max<int64_t>(1, remaining)),
                               .replica_seed = seed,
-                              .context_buffer = std::nullopt});
+                              .context_buffer = std::move(context)});
   PublishStats();
 }
 
@@ -359,15 +370,20 @@ void DecodeMessenger::OnLanded(const std::string& id, uint32_t imm, const Status
   PD_LOG_DEBUG("request {}: KV landed: {} ({} writes)", id, status.ToString(), arrived);
   if (status.ok()) {
     counters_.writes_received += arrived;
-    counters_.bytes_received +=
-        static_cast<int64_t>(req.peer->plan->ExpectedBytes(req.pages.size(), req.transfer_id));
+    KvCache& cache = engine_->kv_cache(0);
+    counters_.bytes_received += static_cast<int64_t>(
+        req.peer->plan->ExpectedBytes(req.pages.size(), req.transfer_id) + cache.slot_bytes());
     counters_.transfer_latency_seconds.Observe(
         std::chrono::duration<double>(at - req.prefill_sent).count());
     // Every write P will send has landed: the slot can be reused.
     req.peer->own_tokens -= static_cast<int64_t>(req.prefix.size());
     FreeSlot(req);
     req.state = Request::State::kLanded;
-    engine_->Admit(id);
+    std::vector<float> context(cache.slot_bytes() / sizeof(float));
+    if (!context.empty()) {
+      std::memcpy(context.data(), cache.ContextSlot(req.pages[0]), cache.slot_bytes());
+    }
+    engine_->Admit(id, std::move(context));
     PublishStats();
     return;
   }

@@ -1,6 +1,7 @@
 #include "messenger/prefill_messenger.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include <fmt/format.h>
@@ -201,6 +202,26 @@ void PrefillMessenger::HandlePrefill(fabric::PeerId from, PrefillRequest request
           fmt::format("destination page {} outside the decode cache ({} pages)", page, dst_pages));
     }
   }
+  std::optional<ContextBuffer> context;
+  if (request.context_buffer.has_value()) {
+    // The hidden state of the last prefilled position, into D's slot of its first page.
+    Result<ContextBuffer> parsed = ParseContextBuffer(*request.context_buffer);
+    if (!parsed.ok()) return refuse(parsed.status().message());
+    const size_t own = engine_->kv_cache(0).slot_bytes();
+    const KvLayout& dst0 = p.plan->destination().ranks[0];
+    if (own == 0 || parsed->bytes != own) {
+      return refuse(fmt::format(
+          "a context buffer of {} bytes asked; this node writes {} (--speculative mtp on both)",
+          parsed->bytes, own));
+    }
+    if (request.destination_pages.empty() ||
+        parsed->offset !=
+            dst0.total_bytes() + static_cast<uint64_t>(request.destination_pages[0]) * own) {
+      return refuse(
+          fmt::format("context buffer at offset {} is not the first page's slot", parsed->offset));
+    }
+    context = *parsed;
+  }
   auto job = std::make_shared<StreamJob>();
   job->engine_id = engine_id;
   job->transfer_id = request.transfer_id;
@@ -232,6 +253,7 @@ void PrefillMessenger::HandlePrefill(fabric::PeerId from, PrefillRequest request
   JobState& new_state = jobs_[engine_id];
   new_state.job = job;
   new_state.num_tokens = tokens;
+  new_state.context = context;
   if (Status s = engine_->Submit(std::move(er)); !s.ok()) {
     JobState& state = jobs_[engine_id];
     state.engine_finished = true;
@@ -271,6 +293,50 @@ void PrefillMessenger::OnEngineOutput(const std::string& engine_id, const Reques
     FailJob(state, out.status.ok() ? Status::Internal(fmt::format(
                                          "prefill ended: {}", FinishReasonName(out.finish_reason)))
                                    : out.status);
+  } else if (out.finish_reason == FinishReason::kPrefilled && state.context.has_value() &&
+             !state.cancelled && !state.peer_gone && !state.job->write_failed.load()) {
+    if (Status s = WriteContext(state, out); !s.ok()) FailJob(state, s);
+  }
+  CheckJob(engine_id);
+}
+
+Status PrefillMessenger::WriteContext(JobState& state, const RequestOutput& out) {
+  const ContextBuffer& to = *state.context;
+  if (out.mtp_hidden.size() * sizeof(float) != to.bytes || out.held_pages.empty()) {
+    return Status::Internal(fmt::format("the prefill left {} bytes of context for a buffer of {}",
+                                        out.mtp_hidden.size() * sizeof(float), to.bytes));
+  }
+  // Staged in this node's slot of the request's first page (held until the job is quiescent),
+  // which is in the memory its views of the cache register.
+  KvCache& cache = engine_->kv_cache(0);
+  const PageId page = out.held_pages[0];
+  std::memcpy(cache.ContextSlot(page), out.mtp_hidden.data(), to.bytes);
+  const std::shared_ptr<StreamJob>& job = state.job;
+  std::weak_ptr<ControlLoop> weak_loop = core_->weak_loop();
+  fabric::Completion done{.callback = [this, weak_loop, id = job->engine_id](const Status& s) {
+    if (auto loop = weak_loop.lock()) loop->Post([this, id, s] { OnContextWritten(id, s); });
+  }};
+  PD_RETURN_IF_ERROR(
+      core_->fabric().PostWrite(fabric::SingleWrite{.src_region = (*job->src)[0],
+                                                    .src_offset = cache.ContextSlotOffset(page),
+                                                    .peer = job->peer,
+                                                    .dst = &(*job->dst)[0],
+                                                    .dst_offset = to.offset,
+                                                    .length = to.bytes,
+                                                    .immediate = job->immediate,
+                                                    .deadline = job->deadline},
+                                std::move(done)));
+  state.context_pending = true;
+  return Status::Ok();
+}
+
+void PrefillMessenger::OnContextWritten(const std::string& engine_id, const Status& status) {
+  auto it = jobs_.find(engine_id);
+  if (it == jobs_.end()) return;
+  JobState& state = it->second;
+  state.context_pending = false;
+  if (!status.ok() && !state.cancelled && !state.peer_gone) {
+    FailJob(state, status.WithContext("writing the context buffer"));
   }
   CheckJob(engine_id);
 }
@@ -308,7 +374,8 @@ void PrefillMessenger::CheckJob(const std::string& engine_id) {
   const LayerStreamer::JobProgress progress = streamer_->Progress(*job);
   const bool all_streamed = progress.pages_streamed == static_cast<int>(job->dst_pages.size());
   const bool quiescent = state.engine_finished && (progress.stopped || all_streamed) &&
-                         job->writes_completed.load() == progress.writes_posted;
+                         job->writes_completed.load() == progress.writes_posted &&
+                         !state.context_pending;
   if (!quiescent) return;
   PD_LOG_DEBUG("prefill request {} done: {} writes", job->transfer_id, progress.writes_posted);
   // Nothing of this request is in flight any more: its source pages may be reused. The engine

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -88,6 +89,9 @@ class PrefillMessenger {
     bool cancelled = false;  // by D: acknowledge when quiescent
     bool peer_gone = false;  // nobody to talk to any more
     bool failure_reported = false;
+    // D's context buffer (PrefillRequest::context_buffer): written once the prefill finished.
+    std::optional<ContextBuffer> context;
+    bool context_pending = false;  // its write is posted and not completed
   };
 
   PrefillMessenger(Engine* engine, MessengerOptions options);
@@ -98,6 +102,10 @@ class PrefillMessenger {
   void HandlePrefill(fabric::PeerId from, PrefillRequest request);
   void HandleCancel(fabric::PeerId from, const Cancel& cancel);
   void OnEngineOutput(const std::string& engine_id, const RequestOutput& out);
+  // Posts the write of the finished prefill's context (RequestOutput::mtp_hidden) into D's
+  // context buffer, with the transfer's immediate.
+  Status WriteContext(JobState& state, const RequestOutput& out);
+  void OnContextWritten(const std::string& engine_id, const Status& status);
   // Settles a job: reports failures, releases pages and acknowledges when nothing can land.
   void CheckJob(const std::string& engine_id);
   void FailJob(JobState& state, const Status& why);

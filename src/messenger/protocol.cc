@@ -396,6 +396,24 @@ Result<std::string> EncodeMessage(const Message& message) {
   return w.Take();
 }
 
+std::string EncodeContextBuffer(const ContextBuffer& buffer) {
+  ByteWriter w;
+  w.U64(buffer.offset);
+  w.U32(buffer.bytes);
+  return w.Take();
+}
+
+Result<ContextBuffer> ParseContextBuffer(std::string_view bytes) {
+  ByteReader r(bytes);
+  ContextBuffer b;
+  PD_RETURN_IF_ERROR(r.U64("context buffer offset", &b.offset));
+  PD_RETURN_IF_ERROR(r.U32("context buffer bytes", &b.bytes));
+  if (r.remaining() != 0 || b.bytes == 0) {
+    return Status::ProtocolError("a context buffer is a u64 offset and a positive u32 length");
+  }
+  return b;
+}
+
 Result<Message> DecodeMessage(std::string_view bytes) {
   ByteReader r(bytes);
   uint32_t magic = 0;

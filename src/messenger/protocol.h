@@ -111,7 +111,9 @@ struct PrefillRequest {
   // Relative, not absolute: the two hosts' clocks are not comparable. At least 1.
   uint32_t deadline_ms = 0;
   uint64_t replica_seed = 0;  // TransferPlan's replica choice
-  // Where to write the last prefilled position's context (hidden state / logits), if wanted.
+  // Where to write the last prefilled position's context (a drafter's starting hidden state),
+  // if wanted: EncodeContextBuffer's bytes. P's one write of it carries the transfer's
+  // immediate and counts among the writes D expects.
   std::optional<std::string> context_buffer;
   friend bool operator==(const PrefillRequest&, const PrefillRequest&) = default;
 };
@@ -153,6 +155,17 @@ MessageType TypeOf(const Message& message);
 // InvalidArgument if the message breaks a cap or a range DecodeMessage would refuse, so every
 // encoded message decodes.
 Result<std::string> EncodeMessage(const Message& message);
+
+// PrefillRequest::context_buffer: `bytes` at `offset` of the decode node's rank-0 region (its
+// KvCache::ContextSlot of the request's first destination page).
+struct ContextBuffer {
+  uint64_t offset = 0;
+  uint32_t bytes = 0;
+  friend bool operator==(const ContextBuffer&, const ContextBuffer&) = default;
+};
+std::string EncodeContextBuffer(const ContextBuffer& buffer);
+// ProtocolError unless exactly a u64 offset and a positive u32 length.
+Result<ContextBuffer> ParseContextBuffer(std::string_view bytes);
 Result<Message> DecodeMessage(std::string_view bytes);
 
 }  // namespace pdserve::messenger

@@ -31,7 +31,8 @@ void EmbeddingHead::Embed(int32_t token, float* out) const {
   }
 }
 
-Status EmbeddingHead::Logits(ForwardPass& pass, std::span<const int> rows, float* logits) {
+Status EmbeddingHead::Logits(ForwardPass& pass, std::span<const int> rows, const Tensor& norm,
+                             const Matrix& head, float* logits) {
   const int hidden = config_.hidden_size;
   const int m = static_cast<int>(rows.size());
   float* h = pass.workspace.Floats(0, static_cast<size_t>(m) * hidden);
@@ -39,10 +40,9 @@ Status EmbeddingHead::Logits(ForwardPass& pass, std::span<const int> rows, float
     std::memcpy(&h[static_cast<size_t>(i) * hidden], &pass.x[static_cast<size_t>(rows[i]) * hidden],
                 hidden * sizeof(float));
   }
-  kernels::RmsNorm(h, final_norm_.as<float>(), h, m, hidden,
-                   static_cast<float>(config_.rms_norm_eps));
+  kernels::RmsNorm(h, norm.as<float>(), h, m, hidden, static_cast<float>(config_.rms_norm_eps));
   if (m == 0) return Status::Ok();
-  return pass.linear.ColumnParallelLinear(h, m, lm_head_, tp_.vocab, config_.vocab_size, logits);
+  return pass.linear.ColumnParallelLinear(h, m, head, tp_.vocab, config_.vocab_size, logits);
 }
 
 }  // namespace pdserve

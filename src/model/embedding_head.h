@@ -32,7 +32,14 @@ class EmbeddingHead {
   void Embed(int32_t token, float* out) const;
   // logits[i][vocab] = lm_head(final_norm(x[rows[i]])) for each row of the pass listed; with TP
   // every rank gets every column.
-  Status Logits(ForwardPass& pass, std::span<const int> rows, float* logits);
+  Status Logits(ForwardPass& pass, std::span<const int> rows, float* logits) {
+    return Logits(pass, rows, final_norm_, lm_head_, logits);
+  }
+  // The same through another norm and head of this rank's vocabulary columns (an MTP module's).
+  Status Logits(ForwardPass& pass, std::span<const int> rows, const Tensor& norm,
+                const Matrix& head, float* logits);
+  const Matrix& lm_head() const { return lm_head_; }
+  const Tensor& final_norm() const { return final_norm_; }
   size_t WeightBytes() const { return lm_head_.bytes(); }
 
  private:

@@ -27,6 +27,13 @@ struct SequenceChunk {
   // With want_logits: logits of the chunk's last `logit_rows` tokens (1 .. tokens.size()), in
   // order — how speculative decoding verifies drafted tokens in one pass.
   int logit_rows = 1;
+  // Speculative decoding with the MTP module (TransformerOptions::mtp_kv): the MTP entry of each
+  // of the chunk's first mtp_tokens.size() rows, its KV written to layer num_layers, from the
+  // row's hidden state and the token after it, mtp_tokens[row] (Transformer::ForwardMtp).
+  std::span<const int32_t> mtp_tokens = {};
+  // The final-normed hidden states of the chunk's last `hidden_rows` tokens go to Forward's
+  // `hidden`, in chunk order (what an MTP draft starts from).
+  int hidden_rows = 0;
 };
 
 // Float buffers that the blocks of a pass share for their intermediates: a block may use any of

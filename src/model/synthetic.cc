@@ -241,6 +241,10 @@ struct TensorInit {
   float scale;
   int copy_of = -1;  // >= 0: the values of that tensor of the list (a copy the checkpoint stores)
   int draw_index = -1;  // >= 0: drawn as that tensor of the whole preset's list (a variant's)
+  // [rows][2 * rows] = [I | R]: the identity exactly, then R drawn as usual: an MTP module's
+  // eh_proj that passes the next token's normed embedding through and adds a little of the
+  // hidden state (a mimic variant).
+  bool identity = false;
 };
 
 // Matrices scale by 1/sqrt(fan_in) so every projection keeps unit-variance activations; the
@@ -361,10 +365,18 @@ std::vector<TensorInit> VariantInits(const ModelConfig& full, const SyntheticVar
     t.copy_of = -1;
     const int layer = layer_of(t.name);
     if (layer >= keep) continue;  // dropped (a truncated model has no MTP modules either)
+    const bool output_projection =
+        t.name.ends_with("self_attn.o_proj.weight") || t.name.ends_with("down_proj.weight");
     if (variant.quiet_from_layer >= 0 && layer >= variant.quiet_from_layer &&
-        layer < full.num_layers &&
-        (t.name.ends_with("self_attn.o_proj.weight") || t.name.ends_with("down_proj.weight"))) {
+        layer < full.num_layers && output_projection) {
       t.scale *= variant.quiet_scale;
+    }
+    if (variant.mtp_mimic && layer >= full.num_layers) {
+      if (output_projection) t.scale *= variant.quiet_scale;
+      if (t.name.ends_with("eh_proj.weight")) {
+        t.identity = true;
+        t.scale *= 0.25f;  // the hidden state's part: enough to matter, little enough to mimic
+      }
     }
     if (t.name == "lm_head.weight") t.scale *= variant.head_scale;
     out.push_back(std::move(t));
@@ -402,25 +414,26 @@ void FillChunk(const TensorInit& init, uint64_t seed, size_t index, size_t chunk
                  (0x8cb92ba72f3d8dd7ull * (chunk + 1))};
   const size_t begin = chunk * kChunk, end = std::min(numel, begin + kChunk);
   for (int i = 0; i < 4; ++i) rng.Next();  // decorrelate neighbouring seeds
+  const size_t cols = init.shape.size() == 2 ? static_cast<size_t>(init.shape[1]) : 1;
+  const size_t rows = init.shape.empty() ? 1 : static_cast<size_t>(init.shape[0]);
+  auto value = [&](size_t i) {
+    if (init.identity && i % cols < rows) return i % cols == i / cols ? 1.0f : 0.0f;
+    return init.center + init.scale * ApproxNormal(rng.Next());
+  };
   switch (dtype) {
     case DType::kF32: {
       float* o = static_cast<float*>(out);
-      for (size_t i = begin; i < end; ++i)
-        o[i] = init.center + init.scale * ApproxNormal(rng.Next());
+      for (size_t i = begin; i < end; ++i) o[i] = value(i);
       break;
     }
     case DType::kBF16: {
       uint16_t* o = static_cast<uint16_t*>(out);
-      for (size_t i = begin; i < end; ++i) {
-        o[i] = F32ToBF16(init.center + init.scale * ApproxNormal(rng.Next()));
-      }
+      for (size_t i = begin; i < end; ++i) o[i] = F32ToBF16(value(i));
       break;
     }
     case DType::kF16: {
       uint16_t* o = static_cast<uint16_t*>(out);
-      for (size_t i = begin; i < end; ++i) {
-        o[i] = F32ToF16(init.center + init.scale * ApproxNormal(rng.Next()));
-      }
+      for (size_t i = begin; i < end; ++i) o[i] = F32ToF16(value(i));
       break;
     }
     case DType::kF8E4M3:  // quantised per block from the draws (Quantiser)
@@ -715,6 +728,7 @@ std::string SyntheticVariant::Name() const {
     std::snprintf(scale, sizeof(scale), "%g", static_cast<double>(head_scale));
     name += (name.empty() ? "" : "-") + std::string("h") + scale;
   }
+  if (mtp_mimic) name += (name.empty() ? "" : "-") + std::string("mtp");
   return name;
 }
 
@@ -732,6 +746,13 @@ Status WriteSyntheticModel(const std::string& preset, const std::string& out_dir
         fmt::format("quiet layers from {} scaled by {}: preset {} has {} layers, the scale must "
                     "be in [0, 1]",
                     variant.quiet_from_layer, variant.quiet_scale, preset, config.num_layers));
+  }
+  if (variant.mtp_mimic && (config.num_nextn_predict_layers < 1 || variant.num_layers > 0 ||
+                            variant.quiet_from_layer < 0)) {
+    return Status::InvalidArgument(
+        fmt::format("--mtp-mimic needs a preset with an MTP module ({} has {}), all its layers, "
+                    "and --quiet-from-layer (its module is quieted by --quiet-scale too)",
+                    preset, config.num_nextn_predict_layers));
   }
   if (!(variant.head_scale > 0.0f) || (variant.head_scale != 1.0f && config.tie_word_embeddings)) {
     return Status::InvalidArgument(

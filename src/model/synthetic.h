@@ -42,7 +42,15 @@ struct SyntheticVariant {
   // Scale of an untied lm_head's weights: > 1 sharpens the next-token distributions (random
   // weights otherwise spread them over hundreds of tokens).
   float head_scale = 1.0f;
-  bool empty() const { return num_layers == 0 && quiet_from_layer < 0 && head_scale == 1.0f; }
+  // With quiet layers: the MTP module (DeepSeek presets) drafts what the quiet target says
+  // next: its eh_proj is [I | R] (the next token's embedding passed through, plus a little of
+  // the hidden state) and its layer is quieted by quiet_scale, so its head sees about the embedding
+  // the target's next position mostly sees (the hidden state's half of eh_proj is kept, at a
+  // quarter of its scale: the drafts still depend on it).
+  bool mtp_mimic = false;
+  bool empty() const {
+    return num_layers == 0 && quiet_from_layer < 0 && head_scale == 1.0f && !mtp_mimic;
+  }
   // "" for the preset itself, else e.g. "l2", "q2x0.05" or "h4": part of a directory name.
   std::string Name() const;
 };

@@ -27,16 +27,21 @@ Result<std::unique_ptr<Transformer>> Transformer::Create(ModelConfig config, Mod
     return Status::InvalidArgument("weights do not match the config's layer count");
   }
   if (options.threads < 0) return Status::InvalidArgument("threads must be >= 0");
+  if (options.mtp_kv && config.num_nextn_predict_layers < 1) {
+    return Status::InvalidArgument(
+        "speculative decoding with MTP needs a model with an MTP module "
+        "(num_nextn_predict_layers >= 1 in config.json)");
+  }
   const DType kv =
       options.kv_dtype.value_or(weights.matrix_dtype == DType::kF32 ? DType::kF32 : DType::kBF16);
   PD_RETURN_IF_ERROR(CheckKvCacheDType(kv));
   PD_ASSIGN_OR_RETURN(TpSlices tp, TpSlices::Create(config, options.tp_rank, options.tp_size));
-  return std::unique_ptr<Transformer>(
-      new Transformer(std::move(config), std::move(weights), kv, options.threads, tp));
+  return std::unique_ptr<Transformer>(new Transformer(std::move(config), std::move(weights), kv,
+                                                      options.threads, tp, options.mtp_kv));
 }
 
 Transformer::Transformer(ModelConfig config, ModelWeights weights, DType kv_dtype, int threads,
-                         TpSlices tp)
+                         TpSlices tp, bool mtp_kv)
     : config_(std::move(config)),
       weights_(std::move(weights)),
       kv_dtype_(kv_dtype),
@@ -44,7 +49,9 @@ Transformer::Transformer(ModelConfig config, ModelWeights weights, DType kv_dtyp
       threads_(threads),
       tp_(tp),
       linear_(tp.size),
-      rope_(config_) {
+      mtp_kv_(mtp_kv),
+      rope_(config_),
+      mtp_state_(config_) {
   // The blocks add their matrices in the order a forward pass reads them (each layer's, then the
   // lm_head), and the packer lays them out in that order; the MTP modules, which the pass does
   // not read, come after them.
@@ -89,7 +96,7 @@ Transformer::Layer Transformer::MakeLayer(int layer, LayerWeights& w, MatrixPack
 }
 
 KvLayout Transformer::MakeKvLayout(int num_pages, int page_tokens) const {
-  return KvLayout{.num_layers = config_.num_layers,
+  return KvLayout{.num_layers = config_.num_layers + (mtp_kv_ ? 1 : 0),
                   .num_kv_heads = tp_.kv_heads.size(),
                   .head_dim = config_.head_dim,
                   .page_tokens = page_tokens,
@@ -130,6 +137,7 @@ uint64_t Transformer::Fingerprint() const {
   if (IsBlockScaled(weights_.linear_dtype)) {
     text += " weights=" + std::string(DTypeFlagName(weights_.linear_dtype));
   }
+  if (mtp_kv_) text += " mtp-kv";
   for (char ch : text) {
     h ^= static_cast<unsigned char>(ch);
     h *= 0x100000001b3ull;
@@ -151,9 +159,9 @@ Status Transformer::Validate(std::span<const SequenceChunk> chunks, const KvCach
     return Status::FailedPrecondition(
         fmt::format("tensor-parallel rank {} of {} has no matching group", tp_.rank, tp_.size));
   }
-  if (l.num_layers != config_.num_layers || l.num_kv_heads != tp_.kv_heads.size() ||
-      l.head_dim != config_.head_dim || l.dtype != kv_dtype_ ||
-      l.kind != (config_.is_mla() ? KvKind::kLatent : KvKind::kGqa)) {
+  if (l.num_layers != config_.num_layers + (mtp_kv_ ? 1 : 0) ||
+      l.num_kv_heads != tp_.kv_heads.size() || l.head_dim != config_.head_dim ||
+      l.dtype != kv_dtype_ || l.kind != (config_.is_mla() ? KvKind::kLatent : KvKind::kGqa)) {
     return Status::InvalidArgument("KV cache layout does not match the model: " + l.ToString());
   }
   for (const SequenceChunk& c : chunks) {
@@ -174,10 +182,21 @@ Status Transformer::Validate(std::span<const SequenceChunk> chunks, const KvCach
       return Status::InvalidArgument(
           fmt::format("{} logit rows of a chunk of {} tokens", c.logit_rows, c.tokens.size()));
     }
-    for (int32_t t : c.tokens) {
-      if (t < 0 || t >= config_.vocab_size) {
-        return Status::InvalidArgument(
-            fmt::format("token id {} out of range [0, {})", t, config_.vocab_size));
+    if (c.hidden_rows < 0 || c.hidden_rows > static_cast<int>(c.tokens.size()) ||
+        c.mtp_tokens.size() > c.tokens.size()) {
+      return Status::InvalidArgument(
+          fmt::format("{} hidden rows and {} MTP entries in a chunk of {} tokens", c.hidden_rows,
+                      c.mtp_tokens.size(), c.tokens.size()));
+    }
+    if (!c.mtp_tokens.empty() && !mtp_kv_) {
+      return Status::InvalidArgument("MTP entries asked of a model without its MTP KV layer");
+    }
+    for (std::span<const int32_t> ids : {c.tokens, c.mtp_tokens}) {
+      for (int32_t t : ids) {
+        if (t < 0 || t >= config_.vocab_size) {
+          return Status::InvalidArgument(
+              fmt::format("token id {} out of range [0, {})", t, config_.vocab_size));
+        }
       }
     }
   }
@@ -185,7 +204,8 @@ Status Transformer::Validate(std::span<const SequenceChunk> chunks, const KvCach
 }
 
 Status Transformer::Forward(std::span<const SequenceChunk> chunks, KvCache& cache,
-                            std::vector<float>* logits, LayerObserver* observer) {
+                            std::vector<float>* logits, LayerObserver* observer,
+                            std::vector<float>* hidden_out) {
   PD_RETURN_IF_ERROR(Validate(chunks, cache));
   // The team size is an OpenMP setting of the calling thread (and the oneDNN calls inherit it),
   // so it is applied here, on the thread that runs the pass (the engine's loop thread), not once
@@ -228,21 +248,132 @@ Status Transformer::Forward(std::span<const SequenceChunk> chunks, KvCache& cach
     PD_RETURN_IF_ERROR(layers_[layer].feed_forward->Run(pass));
   }
 
-  // Logits only for the rows that want them (on every rank of a TP group: they gather them).
-  std::vector<float> rank_logits;
-  if (logits == nullptr && tp_.size > 1) logits = &rank_logits;
-  if (logits != nullptr) {
-    std::vector<int> rows;
+  // The final-normed hidden states the caller keeps, and those the MTP entries start from.
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const float* final_norm = weights_.final_norm.as<float>();
+  if (hidden_out != nullptr) {
+    hidden_out->clear();
     row = 0;
     for (const SequenceChunk& c : chunks) {
       row += static_cast<int>(c.tokens.size());
-      if (!c.want_logits) continue;
-      for (int i = c.logit_rows; i >= 1; --i) rows.push_back(row - i);
+      const size_t at = hidden_out->size();
+      hidden_out->resize(at + static_cast<size_t>(c.hidden_rows) * hidden);
+      kernels::RmsNorm(&x_[static_cast<size_t>(row - c.hidden_rows) * hidden], final_norm,
+                       hidden_out->data() + at, c.hidden_rows, hidden, eps);
     }
-    logits->resize(rows.size() * static_cast<size_t>(config_.vocab_size));
-    PD_RETURN_IF_ERROR(head_->Logits(pass, rows, logits->data()));
   }
-  return Status::Ok();
+  if (mtp_kv_) {
+    MtpState& st = mtp_state_;
+    st.chunks.clear();
+    st.h.clear();
+    row = 0;
+    for (const SequenceChunk& c : chunks) {
+      const size_t m = c.mtp_tokens.size();
+      if (m > 0) {
+        st.chunks.push_back({.tokens = c.mtp_tokens, .start = c.start, .pages = c.pages});
+        const size_t at = st.h.size();
+        st.h.resize(at + m * hidden);
+        kernels::RmsNorm(&x_[static_cast<size_t>(row) * hidden], final_norm, st.h.data() + at,
+                         static_cast<int>(m), hidden, eps);
+      }
+      row += static_cast<int>(c.tokens.size());
+    }
+    if (!st.chunks.empty()) {
+      const std::vector<float> h = std::move(st.h);  // RunMtp reuses the state's buffers
+      const std::vector<SequenceChunk> mtp_chunks = std::move(st.chunks);
+      PD_RETURN_IF_ERROR(RunMtp(mtp_chunks, h.data(), cache, nullptr, nullptr));
+    }
+    if (observer != nullptr) observer->OnLayerDone(config_.num_layers);
+  }
+
+  // Logits only for the rows that want them (on every rank of a TP group: they gather them).
+  std::vector<float> rank_logits;
+  if (logits == nullptr && tp_.size > 1) logits = &rank_logits;
+  if (logits == nullptr) return Status::Ok();
+  return ChunkLogits(pass, weights_.final_norm, head_->lm_head(), logits);
+}
+
+Status Transformer::ChunkLogits(ForwardPass& pass, const Tensor& norm, const Matrix& head,
+                                std::vector<float>* logits) {
+  std::vector<int> rows;
+  int row = 0;
+  for (const SequenceChunk& c : pass.chunks) {
+    row += static_cast<int>(c.tokens.size());
+    if (!c.want_logits) continue;
+    for (int i = c.logit_rows; i >= 1; --i) rows.push_back(row - i);
+  }
+  logits->resize(rows.size() * static_cast<size_t>(config_.vocab_size));
+  return head_->Logits(pass, rows, norm, head, logits->data());
+}
+
+Status Transformer::ForwardMtp(std::span<const SequenceChunk> chunks,
+                               std::span<const float> hidden_in, KvCache& cache,
+                               std::vector<float>* logits, std::vector<float>* hidden_out) {
+  if (!mtp_kv_) return Status::FailedPrecondition("this model was loaded without its MTP KV layer");
+  PD_RETURN_IF_ERROR(Validate(chunks, cache));
+  size_t total = 0;
+  for (const SequenceChunk& c : chunks) total += c.tokens.size();
+  if (hidden_in.size() != total * config_.hidden_size) {
+    return Status::InvalidArgument(fmt::format("{} hidden floats for {} MTP rows of {}",
+                                               hidden_in.size(), total, config_.hidden_size));
+  }
+  if (threads_ > 0 && omp_get_max_threads() != threads_) omp_set_num_threads(threads_);
+  return RunMtp(chunks, hidden_in.data(), cache, logits, hidden_out);
+}
+
+Status Transformer::RunMtp(std::span<const SequenceChunk> chunks, const float* hidden_in,
+                           KvCache& cache, std::vector<float>* logits,
+                           std::vector<float>* hidden_out) {
+  // DeepSeek-V3's MTP module (its paper, section 2.2): eh_proj([enorm(embed(token));
+  // hnorm(h)]), then a decoder layer, whose output feeds the shared head (shared_head.norm,
+  // then its head or the model's lm_head) and, chained, the next pass as its h.
+  MtpState& st = mtp_state_;
+  const MtpModule& w = weights_.mtp[0];
+  MtpLayer& module = mtp_[0];
+  const int hidden = config_.hidden_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  int total = 0;
+  for (const SequenceChunk& c : chunks) total += static_cast<int>(c.tokens.size());
+  st.positions.resize(total);
+  st.row_chunk.resize(total);
+  st.cat.resize(static_cast<size_t>(total) * 2 * hidden);
+  int row = 0;
+  for (int ci = 0; ci < static_cast<int>(chunks.size()); ++ci) {
+    const SequenceChunk& c = chunks[ci];
+    for (size_t i = 0; i < c.tokens.size(); ++i, ++row) {
+      st.positions[row] = c.start + static_cast<int64_t>(i);
+      st.row_chunk[row] = ci;
+      float* e = &st.cat[static_cast<size_t>(row) * 2 * hidden];
+      head_->Embed(c.tokens[i], e);
+      kernels::RmsNorm(e, w.enorm.as<float>(), e, 1, hidden, eps);
+      kernels::RmsNorm(hidden_in + static_cast<size_t>(row) * hidden, w.hnorm.as<float>(),
+                       e + hidden, 1, hidden, eps);
+    }
+  }
+  st.x.resize(static_cast<size_t>(total) * hidden);
+  if (total > 0) {
+    PD_RETURN_IF_ERROR(linear_.ColumnParallelLinear(st.cat.data(), total, module.eh_proj,
+                                                    tp_.hidden, hidden, st.x.data()));
+  }
+  st.rope.Compute(st.positions);
+  ForwardPass pass{.chunks = chunks,
+                   .cache = cache,
+                   .rows = total,
+                   .hidden = hidden,
+                   .positions = st.positions,
+                   .row_chunk = st.row_chunk,
+                   .rope = st.rope,
+                   .x = st.x.data(),
+                   .linear = linear_,
+                   .workspace = workspace_};
+  if (total > 0) {
+    PD_RETURN_IF_ERROR(module.layer.attention->Run(pass));
+    PD_RETURN_IF_ERROR(module.layer.feed_forward->Run(pass));
+  }
+  if (hidden_out != nullptr) hidden_out->assign(st.x.begin(), st.x.end());
+  if (logits == nullptr) return Status::Ok();
+  return ChunkLogits(pass, w.head_norm, module.head.n == 0 ? head_->lm_head() : module.head,
+                     logits);
 }
 
 }  // namespace pdserve

@@ -55,6 +55,11 @@ struct TransformerOptions {
   // the ranks' logits equal one rank's bit for bit.
   int tp_rank = 0;
   int tp_size = 1;
+  // Speculative decoding with the MTP module (needs config.num_nextn_predict_layers >= 1): the
+  // cache gets one more KV layer, num_layers, for MTP module 0; Forward computes its entries
+  // for the rows SequenceChunk::mtp_tokens names and ForwardMtp drafts from it. Part of the
+  // fingerprint: a peer without it cannot continue this cache.
+  bool mtp_kv = false;
 };
 
 class Transformer {
@@ -78,9 +83,10 @@ class Transformer {
   // Bytes of weights read per decode step (every matrix once; not the MTP modules).
   size_t WeightBytes() const;
   // The multi-token-prediction modules (config.num_nextn_predict_layers): this rank's share of
-  // each is packed as a decoder layer's is, and Forward never runs them (speculative decoding
-  // will; their KV layers num_layers + k are not in MakeKvLayout's cache yet).
+  // each is packed as a decoder layer's is. With TransformerOptions::mtp_kv, module 0 runs
+  // (Forward's MTP entries, ForwardMtp) over KV layer num_layers; the others never run.
   int mtp_modules() const { return static_cast<int>(mtp_.size()); }
+  bool mtp_kv() const { return mtp_kv_; }
   // Bytes of this rank's share of the MTP modules' matrices.
   size_t MtpWeightBytes() const;
   // Bytes of weights the pass that filled `trace` (set_routing_trace) read: WeightBytes but
@@ -91,8 +97,8 @@ class Transformer {
   // bits, so a KV cache is reproduced bit for bit only by the path that wrote it.
   std::string_view kernel_path() const { return kernel_path_; }
   // What a peer must match to continue this model's KV cache: the config's fingerprint
-  // (ModelConfig::Fingerprint) extended with the kernel path and, when the linear layers are
-  // held in 8 bits, their format (ModelWeights::linear_dtype).
+  // (ModelConfig::Fingerprint) extended with the kernel path, when the linear layers are held
+  // in 8 bits their format (ModelWeights::linear_dtype), and the MTP KV layer (mtp_kv).
   uint64_t Fingerprint() const;
   // The dtype the linear layers' matrices are held in (ModelWeights::linear_dtype).
   DType linear_dtype() const { return weights_.linear_dtype; }
@@ -102,8 +108,19 @@ class Transformer {
   // Errors: empty chunk, pages not covering the tokens, position beyond the model's context, token
   // id out of range, cache layout not matching this model. With TP, every rank runs Forward with
   // the same chunks on its own cache (and gets the same logits); a failed group fails the pass.
+  // With mtp_kv, the chunks' MTP entries (SequenceChunk::mtp_tokens) are computed after the
+  // last layer, and the observer hears of layer num_layers after them (every pass, entries or
+  // none). `hidden`, when set, receives the hidden_rows rows of hidden_size floats per chunk.
   Status Forward(std::span<const SequenceChunk> chunks, KvCache& cache, std::vector<float>* logits,
-                 LayerObserver* observer = nullptr);
+                 LayerObserver* observer = nullptr, std::vector<float>* hidden = nullptr);
+  // One drafting pass of MTP module 0 (mtp_kv): chunk row r at position start + r combines the
+  // embedding of its token with hidden_in's row r ([rows][hidden_size]: the target's
+  // final-normed hidden state of the position before, or an earlier MTP pass's hidden_out),
+  // writes its KV to layer num_layers, and leaves in hidden_out its output hidden state (before
+  // the head's norm) and in logits, for the chunks with want_logits, the MTP head's logits of
+  // the last logit_rows rows. With TP every rank runs it with the same arguments.
+  Status ForwardMtp(std::span<const SequenceChunk> chunks, std::span<const float> hidden_in,
+                    KvCache& cache, std::vector<float>* logits, std::vector<float>* hidden_out);
   // The checks Forward makes first (a TP leader makes them before handing a step to its
   // ranks, so that a bad batch fails alone rather than failing the group).
   Status Validate(std::span<const SequenceChunk> chunks, const KvCache& cache) const;
@@ -121,7 +138,15 @@ class Transformer {
     Layer layer;
     Matrix head;  // [vocab, hidden]: columns tp.vocab; empty: the model's lm_head serves
   };
-  Transformer(ModelConfig config, ModelWeights weights, DType kv_dtype, int threads, TpSlices tp);
+  Transformer(ModelConfig config, ModelWeights weights, DType kv_dtype, int threads, TpSlices tp,
+              bool mtp_kv);
+  // MTP module 0 over `chunks` (ForwardMtp's contract); the rows' hidden inputs at `hidden_in`.
+  Status RunMtp(std::span<const SequenceChunk> chunks, const float* hidden_in, KvCache& cache,
+                std::vector<float>* logits, std::vector<float>* hidden_out);
+  // The logits of the chunks' last logit_rows rows (those with want_logits) of `pass`, through
+  // `norm` and `head` (the model's or an MTP module's); on every rank with TP.
+  Status ChunkLogits(ForwardPass& pass, const Tensor& norm, const Matrix& head,
+                     std::vector<float>* logits);
   // The blocks of layer `layer` (weights `w`), chosen from the config; their matrices go to
   // `packer`.
   Layer MakeLayer(int layer, LayerWeights& w, MatrixPacker& packer);
@@ -141,6 +166,7 @@ class Transformer {
   TpSlices tp_;
   TpLinear linear_;  // this rank's products; holds the TP group
   RoutingTrace* routing_ = nullptr;
+  bool mtp_kv_ = false;
 
   // The state of a pass, reused across calls (sized for the largest batch seen).
   RopeAngles rope_;
@@ -148,6 +174,16 @@ class Transformer {
   std::vector<float> x_;  // the residual stream
   std::vector<int64_t> positions_;
   std::vector<int> row_chunk_;
+  // An MTP pass's own (Forward runs one after its layers, while x_ still holds its rows).
+  struct MtpState {
+    explicit MtpState(const ModelConfig& config) : rope(config) {}
+    RopeAngles rope;
+    std::vector<float> x, h, cat;
+    std::vector<int64_t> positions;
+    std::vector<int> row_chunk;
+    std::vector<SequenceChunk> chunks;
+  };
+  MtpState mtp_state_;
 };
 
 }  // namespace pdserve

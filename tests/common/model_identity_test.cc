@@ -14,15 +14,16 @@ const ModelIdentity kTiny{
 
 TEST(ModelIdentityTest, SerializesAsTheHandshakeString) {
   EXPECT_EQ(kTiny.Serialize(),
-            "config=0123456789abcdef;files=00112233445566778899aabbccddeeff;weights=bf16");
-  EXPECT_EQ((ModelIdentity{.config = 0x2a, .files = "f", .weights = "auto"}).Serialize(),
-            "config=000000000000002a;files=f;weights=auto");
+            "config=0123456789abcdef;files=00112233445566778899aabbccddeeff;weights=bf16;kv=plain");
+  EXPECT_EQ(
+      (ModelIdentity{.config = 0x2a, .files = "f", .weights = "auto", .kv = "mtp"}).Serialize(),
+      "config=000000000000002a;files=f;weights=auto;kv=mtp");
 }
 
 TEST(ModelIdentityTest, ParseIsTheInverseOfSerialize) {
   for (const ModelIdentity& id :
        {kTiny, ModelIdentity{},
-        ModelIdentity{.config = ~uint64_t{0}, .files = "", .weights = ""}}) {
+        ModelIdentity{.config = ~uint64_t{0}, .files = "", .weights = "", .kv = ""}}) {
     auto parsed = ModelIdentity::Parse(id.Serialize());
     ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
     EXPECT_EQ(*parsed, id);
@@ -33,15 +34,16 @@ TEST(ModelIdentityTest, ParseIsTheInverseOfSerialize) {
 TEST(ModelIdentityTest, ParseRefusesAnythingElse) {
   for (const char* text : {
            "", "sha256:0123456789abcdef",
-           "config=0123456789abcdef;files=x",                       // a field missing
-           "config=0123456789abcdef;files=x;weights=bf16;extra=1",  // one too many
-           "files=x;config=0123456789abcdef;weights=bf16",          // out of order
-           "config=0123456789ABCDEF;files=x;weights=bf16",          // not canonical hex
-           "config=123456789abcdef;files=x;weights=bf16",           // 15 digits
-           "config=0123456789abcdefg;files=x;weights=bf16",         // 17 characters
-           "config=0123456789abcdex;files=x;weights=bf16",          // not hex
-           "config0123456789abcdef;files=x;weights=bf16",           // no '='
-           "configs=0123456789abcdef;files=x;weights=bf16",         // another key
+           "config=0123456789abcdef;files=x",                                // a field missing
+           "config=0123456789abcdef;files=x;weights=bf16",                   // no kv
+           "config=0123456789abcdef;files=x;weights=bf16;kv=plain;extra=1",  // one too many
+           "files=x;config=0123456789abcdef;weights=bf16",                   // out of order
+           "config=0123456789ABCDEF;files=x;weights=bf16",                   // not canonical hex
+           "config=123456789abcdef;files=x;weights=bf16",                    // 15 digits
+           "config=0123456789abcdefg;files=x;weights=bf16",                  // 17 characters
+           "config=0123456789abcdex;files=x;weights=bf16",                   // not hex
+           "config0123456789abcdef;files=x;weights=bf16",                    // no '='
+           "configs=0123456789abcdef;files=x;weights=bf16",                  // another key
        }) {
     SCOPED_TRACE(text);
     EXPECT_EQ(ModelIdentity::Parse(text).status().code(), StatusCode::kInvalidArgument);
@@ -64,6 +66,13 @@ TEST(ModelIdentityTest, CompareNamesEachDifferingField) {
             std::vector<std::string>{
                 "weight dtype or format differs (--dtype/--weights: the KV would differ): P "
                 "weights=bf16, D weights=f32"});
+
+  ModelIdentity mtp = kTiny;
+  mtp.kv = "mtp";
+  EXPECT_EQ(ModelIdentity::Compare(kTiny, "prefill", mtp, "decode"),
+            std::vector<std::string>{
+                "speculation differs (--speculative mtp on one node only: the MTP module's KV "
+                "layer would be missing): prefill kv=plain, decode kv=mtp"});
 
   // Another config: its files differ too, but that says nothing more.
   ModelIdentity shape = checkpoint;

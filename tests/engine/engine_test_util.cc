@@ -19,6 +19,7 @@ EngineFixture::EngineFixture(const std::string& model_dir, const FixtureOptions&
   ModelDirOptions mo;
   mo.transformer.threads = options.threads;
   mo.weight_format = options.weight_format;
+  mo.transformer.mtp_kv = options.mtp;
   auto dir = LoadModelDir(model_dir, mo);
   if (!dir.ok()) {
     ADD_FAILURE() << dir.status().ToString();
@@ -31,6 +32,7 @@ EngineFixture::EngineFixture(const std::string& model_dir, const FixtureOptions&
   eo.kv_cache_bytes = size_t{64} << 20;
   eo.scheduler.max_batch_tokens = options.max_batch_tokens;
   std::unique_ptr<Drafter> drafter;
+  if (options.mtp) eo.num_speculative_tokens = options.speculative_tokens;
   if (!options.draft_dir.empty()) {
     mo.load_tokenizer = false;
     auto draft = LoadModelDir(options.draft_dir, mo);

@@ -30,6 +30,8 @@ struct FixtureOptions {
   // Speculative decoding with this draft model (engine/draft_model_drafter.h), when not empty.
   std::string draft_dir = {};
   int speculative_tokens = 3;
+  // Speculative decoding with the model's own MTP module (engine/mtp_drafter.h).
+  bool mtp = false;
 };
 
 class EngineFixture {

@@ -77,7 +77,7 @@ ModelDir LoadForSpecTest(const std::string& dir) {
 void ExpectNoPages(const Engine& engine) {
   EXPECT_EQ(engine.page_pool().used(), 0);
   ASSERT_NE(engine.drafter(), nullptr);
-  EXPECT_EQ(engine.drafter()->page_pool().used(), 0);
+  EXPECT_EQ(engine.drafter()->page_pool()->used(), 0);
 }
 
 // The central property: batch-invariant kernels give a verified position the same logits as a
