@@ -151,6 +151,52 @@ std::string NowString() {
   return buf;
 }
 
+// The servers named by --metrics-url (base_url without them), "/metrics" taken off the path.
+Result<std::vector<ServerAddress>> MetricsServers(const ServeBenchOptions& options) {
+  std::vector<ServerAddress> servers;
+  const std::vector<std::string> urls = options.metrics_urls.empty()
+                                            ? std::vector<std::string>{options.base_url}
+                                            : options.metrics_urls;
+  for (const std::string& url : urls) {
+    Result<ServerAddress> server = ParseBaseUrl(url);
+    if (!server.ok()) return server.status().WithContext("--metrics-url");
+    const std::string suffix = "/metrics";
+    std::string& prefix = server->path_prefix;
+    if (prefix.size() >= suffix.size() &&
+        prefix.compare(prefix.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      prefix.resize(prefix.size() - suffix.size());
+    }
+    servers.push_back(*server);
+  }
+  return servers;
+}
+
+// The servers' speculative-decoding counters, summed, each read once it runs no request (its
+// running gauge, pdserve's or vLLM's, at 0) or when `wait` has passed. nullopt when none shows
+// such counters.
+std::optional<SpecDecodeCounters> ScrapeSpecCounters(const std::vector<ServerAddress>& servers,
+                                                     Duration wait) {
+  std::optional<SpecDecodeCounters> sum;
+  const Deadline deadline = Deadline::After(wait);
+  for (const ServerAddress& server : servers) {
+    Result<std::string> text = Status::Unavailable("not read");
+    while (true) {
+      text = GetText(server, "/metrics", std::chrono::seconds(10));
+      if (!text.ok() || deadline.Passed()) break;
+      const double running = SumOfSamples(*text, "pdserve:num_requests_running").value_or(0) +
+                             SumOfSamples(*text, "vllm:num_requests_running").value_or(0);
+      if (running <= 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (!text.ok()) continue;
+    if (std::optional<SpecDecodeCounters> c = ParseSpecDecodeCounters(*text)) {
+      if (!sum) sum.emplace();
+      AddSpecDecodeCounters(*sum, *c);
+    }
+  }
+  return sum;
+}
+
 Status ValidateOptions(const ServeBenchOptions& options, size_t num_requests) {
   PD_RETURN_IF_ERROR(ValidateArrivals(options.arrivals));
   if (num_requests == 0) return Status::InvalidArgument("no requests to send");
@@ -206,6 +252,7 @@ Result<ServeBenchResult> RunServeBench(const ServeBenchOptions& options,
                                        const std::vector<SampleRequest>& requests) {
   PD_RETURN_IF_ERROR(ValidateOptions(options, requests.size()));
   PD_ASSIGN_OR_RETURN(ServerAddress server, ParseBaseUrl(options.base_url));
+  PD_ASSIGN_OR_RETURN(const std::vector<ServerAddress> metrics_servers, MetricsServers(options));
   std::vector<StreamRequest> stream_requests;
   for (const SampleRequest& r : requests) {
     stream_requests.push_back(
@@ -218,15 +265,22 @@ Result<ServeBenchResult> RunServeBench(const ServeBenchOptions& options,
     RunRequests(server, warmups, {}, options, "warm-up");
   }
 
+  const std::optional<SpecDecodeCounters> spec_before =
+      ScrapeSpecCounters(metrics_servers, options.metrics_idle_wait);
   const std::vector<double> send_times =
       ArrivalTimes(static_cast<int>(requests.size()), options.arrivals);
   const TimePoint start = Clock::now();
   std::vector<RequestOutcome> outcomes =
       RunRequests(server, stream_requests, send_times, options, "requests");
   const double duration = SecondsSince(start);
+  const std::optional<SpecDecodeCounters> spec_after =
+      spec_before ? ScrapeSpecCounters(metrics_servers, options.metrics_idle_wait) : std::nullopt;
 
   ServeBenchResult result;
   result.metrics = ComputeServeMetrics(outcomes, duration, options.percentiles, options.slo);
+  if (spec_before && spec_after) {
+    result.metrics.spec = SpecAcceptanceBetween(*spec_before, *spec_after);
+  }
   json j = {
       {"date", NowString()},
       {"endpoint_type", options.endpoint == EndpointType::kChat ? "openai-chat" : "openai"},

@@ -34,6 +34,14 @@ struct ServeBenchOptions {
   bool progress = false;    // the one-line progress bar on stderr
   bool print_table = true;  // the table on stdout
   std::string result_file;  // JSON result; empty: none
+  // Servers whose /metrics give the run's speculative-decoding acceptance, summed over them
+  // ("http://HOST:PORT[/PREFIX]", "/metrics" appended unless given): behind a router, its
+  // decode nodes. Empty: base_url's own. A server without vllm:spec_decode_* counters (or
+  // without /metrics) adds nothing; when none has them the result has no acceptance.
+  std::vector<std::string> metrics_urls;
+  // How long a scrape waits for the servers' running requests to reach 0 (a node publishes
+  // its counters with the step that finishes a request, which may follow its last chunk).
+  Duration metrics_idle_wait = std::chrono::seconds(5);
   // Recorded in the result file only.
   std::string dataset_name;
   std::string tokenizer_id;

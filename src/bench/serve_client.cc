@@ -279,4 +279,20 @@ Result<json> PostJson(const ServerAddress& server, const std::string& path, cons
   return answer;
 }
 
+Result<std::string> GetText(const ServerAddress& server, const std::string& path,
+                            Duration timeout) {
+  httplib::Client client(server.scheme_host_port);
+  SetTimeouts(client, timeout);
+  const std::string url = server.path_prefix + path;
+  auto res = client.Get(url);
+  if (!res) {
+    return Status::Unavailable(fmt::format("GET {}: {}", url, httplib::to_string(res.error())));
+  }
+  if (res->status != 200) {
+    return Status::Unavailable(
+        fmt::format("GET {}: HTTP {}: {}", url, res->status, res->body.substr(0, 300)));
+  }
+  return std::move(res->body);
+}
+
 }  // namespace pdserve::bench

@@ -47,4 +47,8 @@ RequestOutcome StreamCompletion(const ServerAddress& server, const StreamRequest
 Result<nlohmann::json> PostJson(const ServerAddress& server, const std::string& path,
                                 const nlohmann::json& body, Duration timeout);
 
+// GETs PATH (prefix added) and returns the body of a 200 answer; errors for transport failures
+// and other statuses.
+Result<std::string> GetText(const ServerAddress& server, const std::string& path, Duration timeout);
+
 }  // namespace pdserve::bench

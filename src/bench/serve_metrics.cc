@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -71,6 +72,67 @@ constexpr MetricTitle kTitles[] = {
     {"e2el", "E2EL", "End-to-end Latency"},
 };
 
+constexpr std::string_view kSpecDrafts = "vllm:spec_decode_num_drafts_total";
+constexpr std::string_view kSpecDraftTokens = "vllm:spec_decode_num_draft_tokens_total";
+constexpr std::string_view kSpecAccepted = "vllm:spec_decode_num_accepted_tokens_total";
+constexpr std::string_view kSpecPerPosition = "vllm:spec_decode_num_accepted_tokens_per_pos_total";
+
+// The value of label `key` in a sample's label text (between the braces), or nullopt.
+std::optional<std::string> SpecLabelValue(std::string_view labels, std::string_view key) {
+  size_t pos = 0;
+  while (pos < labels.size()) {
+    while (pos < labels.size() && (labels[pos] == ',' || labels[pos] == ' ')) ++pos;
+    const size_t eq = labels.find('=', pos);
+    if (eq == std::string_view::npos || eq + 1 >= labels.size() || labels[eq + 1] != '"') break;
+    const std::string_view name = labels.substr(pos, eq - pos);
+    std::string value;
+    size_t i = eq + 2;
+    for (; i < labels.size() && labels[i] != '"'; ++i) {
+      if (labels[i] == '\\' && i + 1 < labels.size()) ++i;  // an escaped character
+      value += labels[i];
+    }
+    if (name == key) return value;
+    pos = i + 1;
+  }
+  return std::nullopt;
+}
+
+// Calls fn(name, label text, value) for every sample line of Prometheus text.
+template <typename Fn>
+void ForEachPromSample(std::string_view text, Fn fn) {
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t eol = text.find('\n', pos);
+    if (eol == std::string_view::npos) eol = text.size();
+    const std::string_view line = text.substr(pos, eol - pos);
+    pos = eol + 1;
+    if (line.empty() || line.front() == '#') continue;
+    const size_t name_end = line.find_first_of("{ ");
+    if (name_end == std::string_view::npos) continue;
+    std::string_view labels;
+    size_t value_at = name_end;
+    if (line[name_end] == '{') {
+      const size_t close = line.rfind('}');
+      if (close == std::string_view::npos) continue;
+      labels = line.substr(name_end + 1, close - name_end - 1);
+      value_at = close + 1;
+    }
+    const std::string value_text(line.substr(value_at));
+    char* end = nullptr;
+    const double value = std::strtod(value_text.c_str(), &end);
+    if (end == value_text.c_str() || !std::isfinite(value)) continue;
+    fn(line.substr(0, name_end), labels, value);
+  }
+}
+
+double SpecRatio(double num, double den) {
+  return den > 0 ? num / den : std::numeric_limits<double>::quiet_NaN();
+}
+
+nlohmann::json NullIfNan(double v) {
+  return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v);
+}
+
 std::string Centered(const std::string& text, char fill) {
   const int width = 50;
   const int pad = std::max(0, width - static_cast<int>(text.size()));
@@ -105,6 +167,75 @@ Result<GoodputSlo> ParseGoodput(const std::vector<std::string>& pairs) {
     }
   }
   return slo;
+}
+
+std::optional<double> SumOfSamples(std::string_view metrics_text, std::string_view name) {
+  std::optional<double> sum;
+  ForEachPromSample(metrics_text, [&](std::string_view n, std::string_view, double value) {
+    if (n == name) sum = sum.value_or(0.0) + value;
+  });
+  return sum;
+}
+
+std::optional<SpecDecodeCounters> ParseSpecDecodeCounters(std::string_view metrics_text) {
+  SpecDecodeCounters c;
+  bool seen = false;
+  ForEachPromSample(
+      metrics_text, [&](std::string_view name, std::string_view labels, double value) {
+        if (name == kSpecDrafts) {
+          c.drafts += value;
+        } else if (name == kSpecDraftTokens) {
+          c.draft_tokens += value;
+        } else if (name == kSpecAccepted) {
+          c.accepted_tokens += value;
+        } else if (name == kSpecPerPosition) {
+          const std::optional<std::string> position = SpecLabelValue(labels, "position");
+          const int k = position ? std::atoi(position->c_str()) : -1;
+          if (k < 0 || k > 4096) return;
+          if (c.accepted_per_position.size() <= static_cast<size_t>(k)) {
+            c.accepted_per_position.resize(static_cast<size_t>(k) + 1, 0.0);
+          }
+          c.accepted_per_position[static_cast<size_t>(k)] += value;
+        } else {
+          return;
+        }
+        seen = true;
+      });
+  if (!seen) return std::nullopt;
+  return c;
+}
+
+void AddSpecDecodeCounters(SpecDecodeCounters& sum, const SpecDecodeCounters& more) {
+  sum.drafts += more.drafts;
+  sum.draft_tokens += more.draft_tokens;
+  sum.accepted_tokens += more.accepted_tokens;
+  if (sum.accepted_per_position.size() < more.accepted_per_position.size()) {
+    sum.accepted_per_position.resize(more.accepted_per_position.size(), 0.0);
+  }
+  for (size_t k = 0; k < more.accepted_per_position.size(); ++k) {
+    sum.accepted_per_position[k] += more.accepted_per_position[k];
+  }
+}
+
+SpecDecodeAcceptance SpecAcceptanceBetween(const SpecDecodeCounters& before,
+                                           const SpecDecodeCounters& after) {
+  auto delta = [](double a, double b) { return static_cast<int64_t>(std::llround(a - b)); };
+  SpecDecodeAcceptance s;
+  s.drafts = delta(after.drafts, before.drafts);
+  s.draft_tokens = delta(after.draft_tokens, before.draft_tokens);
+  s.accepted_tokens = delta(after.accepted_tokens, before.accepted_tokens);
+  const size_t k =
+      std::max(before.accepted_per_position.size(), after.accepted_per_position.size());
+  for (size_t i = 0; i < k; ++i) {
+    const double a = i < after.accepted_per_position.size() ? after.accepted_per_position[i] : 0;
+    const double b = i < before.accepted_per_position.size() ? before.accepted_per_position[i] : 0;
+    s.accepted_per_position.push_back(delta(a, b));
+    s.per_position_rates.push_back(
+        SpecRatio(static_cast<double>(s.accepted_per_position.back()), s.drafts));
+  }
+  s.acceptance_rate = SpecRatio(static_cast<double>(s.accepted_tokens), s.draft_tokens);
+  s.acceptance_length = 1 + SpecRatio(static_cast<double>(s.accepted_tokens), s.drafts);
+  return s;
 }
 
 double Mean(const std::vector<double>& v) {
@@ -205,6 +336,17 @@ nlohmann::json MetricsToJson(const ServeMetrics& m, const std::vector<RequestOut
   j["ttfts"] = std::move(ttfts);
   j["itls"] = std::move(itls);
   j["errors"] = std::move(errors);
+  if (m.spec) {
+    const SpecDecodeAcceptance& sd = *m.spec;
+    j["spec_decode_num_drafts"] = sd.drafts;
+    j["spec_decode_draft_tokens"] = sd.draft_tokens;
+    j["spec_decode_accepted_tokens"] = sd.accepted_tokens;
+    j["spec_decode_acceptance_rate"] = NullIfNan(100 * sd.acceptance_rate);
+    j["spec_decode_acceptance_length"] = NullIfNan(sd.acceptance_length);
+    nlohmann::json rates = nlohmann::json::array();
+    for (double r : sd.per_position_rates) rates.push_back(NullIfNan(r));
+    j["spec_decode_per_position_acceptance_rates"] = std::move(rates);
+  }
   for (const std::string& name : percentile_metrics) {
     const LatencyStats* s = StatsOf(m, name);
     if (s == nullptr) continue;
@@ -247,6 +389,23 @@ std::string FormatMetricsTable(const ServeMetrics& m,
     for (const auto& [p, value] : s.percentiles_ms) {
       row(fmt::format("P{} {} (ms):", PercentileWord(p), t.label), num(value));
     }
+  }
+  if (m.spec) {
+    const SpecDecodeAcceptance& sd = *m.spec;
+    auto ratio = [](double v, double scale) {
+      return std::isnan(v) ? std::string("n/a") : fmt::format("{:.2f}", v * scale);
+    };
+    out += Centered("Speculative Decoding", '-');
+    row("Acceptance rate (%):", ratio(sd.acceptance_rate, 100));
+    row("Acceptance length:", ratio(sd.acceptance_length, 1));
+    row("Drafts:", std::to_string(sd.drafts));
+    row("Draft tokens:", std::to_string(sd.draft_tokens));
+    row("Accepted tokens:", std::to_string(sd.accepted_tokens));
+    std::string per_position;
+    for (double r : sd.per_position_rates) {
+      per_position += (per_position.empty() ? "" : ", ") + ratio(r, 100);
+    }
+    row("Per-position acceptance (%):", per_position);
   }
   out += std::string(50, '=') + "\n";
   return out;

@@ -6,6 +6,11 @@
 // - Throughputs divide by the measured run duration; goodput counts the requests that meet
 //   every SLO given (TPOT counts as 0 for requests of one token, as vllm does; the ITL SLO
 //   bounds a request's largest gap).
+// - Speculative decoding (when the served node speculates): the differences of its vLLM
+//   counters (vllm:spec_decode_*) over the run, reported as vLLM reports them: acceptance rate
+//   = accepted / drafted tokens, mean acceptance length = 1 + accepted / drafts (the token
+//   verification adds counts), per-position acceptance = drafts whose token at that position
+//   was accepted / drafts.
 // Only successful requests enter latencies and token totals; failed ones are counted in
 // `failed` with their error, never as fast ones. Statistics: mean, median, population std,
 // percentiles with linear interpolation between ranks (numpy's default); 0 when no sample.
@@ -15,6 +20,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -69,6 +75,44 @@ struct LatencyStats {
   std::vector<std::pair<double, double>> percentiles_ms;  // (percentile, value)
 };
 
+// The speculative-decoding counters of one or more nodes' /metrics (summed over nodes and over
+// every label but the position).
+struct SpecDecodeCounters {
+  double drafts = 0;
+  double draft_tokens = 0;
+  double accepted_tokens = 0;
+  std::vector<double> accepted_per_position;  // [k]
+};
+
+// The sum of every sample of `name` in Prometheus text, whatever its labels; nullopt when the
+// text has none.
+std::optional<double> SumOfSamples(std::string_view metrics_text, std::string_view name);
+
+// Parses vllm:spec_decode_num_drafts_total, _num_draft_tokens_total, _num_accepted_tokens_total
+// and _num_accepted_tokens_per_pos_total{position="k"} from Prometheus text; samples of the
+// same name are summed whatever their labels (vLLM labels them by engine and model). nullopt
+// when the text has none of them (the node does not speculate).
+std::optional<SpecDecodeCounters> ParseSpecDecodeCounters(std::string_view metrics_text);
+
+// Adds `more` (another node's counters) into `sum`.
+void AddSpecDecodeCounters(SpecDecodeCounters& sum, const SpecDecodeCounters& more);
+
+// Speculative decoding over a run: the counters' differences and vLLM's ratios of them.
+struct SpecDecodeAcceptance {
+  int64_t drafts = 0;
+  int64_t draft_tokens = 0;
+  int64_t accepted_tokens = 0;
+  std::vector<int64_t> accepted_per_position;
+  // NaN when no token (rate) or no draft (length, per position) was verified in the run.
+  double acceptance_rate = 0;              // accepted / drafted tokens, in [0, 1]
+  double acceptance_length = 0;            // 1 + accepted / drafts
+  std::vector<double> per_position_rates;  // accepted_per_position[k] / drafts
+};
+
+// `after` - `before`, with the ratios. Positions missing from one side count 0 there.
+SpecDecodeAcceptance SpecAcceptanceBetween(const SpecDecodeCounters& before,
+                                           const SpecDecodeCounters& after);
+
 struct ServeMetrics {
   int completed = 0;
   int failed = 0;
@@ -80,6 +124,8 @@ struct ServeMetrics {
   double output_throughput = 0;       // total_output / duration
   double total_token_throughput = 0;  // (total_input + total_output) / duration
   LatencyStats ttft, tpot, itl, e2el;
+  // Set by RunServeBench when the server's /metrics shows speculative decoding.
+  std::optional<SpecDecodeAcceptance> spec;
 };
 
 // Statistics helpers, exposed for tests. Percentile: p in [0, 100], linear interpolation.
@@ -96,11 +142,14 @@ ServeMetrics ComputeServeMetrics(const std::vector<RequestOutcome>& outcomes, do
 // failed, total_input_tokens, total_output_tokens, request_throughput, request_goodput (null
 // without SLOs), output_throughput, total_token_throughput, input_lens, output_lens, ttfts,
 // itls (seconds), errors, and {mean,median,std,pNN}_{metric}_ms for each metric in
-// `percentile_metrics` (ttft, tpot, itl, e2el).
+// `percentile_metrics` (ttft, tpot, itl, e2el); with m.spec, vLLM's spec_decode_num_drafts,
+// spec_decode_draft_tokens, spec_decode_accepted_tokens, spec_decode_acceptance_rate (percent),
+// spec_decode_acceptance_length and spec_decode_per_position_acceptance_rates (fractions), the
+// ratios null where undefined.
 nlohmann::json MetricsToJson(const ServeMetrics& m, const std::vector<RequestOutcome>& outcomes,
                              const std::vector<std::string>& percentile_metrics, bool has_slo);
 
-// The table printed on stdout, laid out as vllm's.
+// The table printed on stdout, laid out as vllm's (a "Speculative Decoding" part with m.spec).
 std::string FormatMetricsTable(const ServeMetrics& m,
                                const std::vector<std::string>& percentile_metrics, bool has_slo);
 

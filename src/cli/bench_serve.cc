@@ -22,6 +22,7 @@ struct BenchServeFlags {
   std::string base_url;
   std::string request_rate = "inf";
   std::string result_file;
+  std::vector<std::string> metrics_urls;
 };
 
 std::vector<std::string> SplitCommas(const std::string& text) {
@@ -52,6 +53,7 @@ int RunBenchServe(BenchServeFlags& f) {
     return Fail("--request-rate must be a positive number or inf, got '" + f.request_rate + "'");
   }
   options.result_file = f.result_file;
+  options.metrics_urls = f.metrics_urls;
   PD_ASSIGN_OR_RETURN_CLI(std::vector<bench::SampleRequest> requests,
                           bench::LoadServeDataset(f.run.dataset, f.base_url, f.run.model));
   PD_ASSIGN_OR_RETURN_CLI(bench::ServeBenchResult result, bench::RunServeBench(options, requests));
@@ -160,6 +162,10 @@ void AddBenchServeCommand(CLI::App& bench, int* exit_code) {
                   "Requests per second, or inf (all at once)")
       ->capture_default_str();
   cmd->add_option("--result-file", flags->result_file, "Write the JSON result here");
+  cmd->add_option("--metrics-url", flags->metrics_urls,
+                  "Server whose /metrics give the run's speculative-decoding acceptance "
+                  "(vllm:spec_decode_* before and after the run); repeat for several, e.g. the "
+                  "decode nodes behind a router (default: --base-url)");
   cmd->callback([flags, exit_code] { *exit_code = RunBenchServe(*flags); });
 }
 

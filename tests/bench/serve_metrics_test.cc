@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -167,6 +170,89 @@ TEST(ServeMetricsTest, GoodputFlagsAreCheckedLoudly) {
   ASSERT_TRUE(slo.ok());
   EXPECT_DOUBLE_EQ(*slo->e2el_ms, 2500.5);
   EXPECT_FALSE(slo->ttft_ms.has_value());
+}
+
+// The speculative-decoding counters as vLLM exposes them (one sample per engine, labelled) and
+// as pdserve does (unlabelled): summed over labels, positions by their label, and the run's
+// figures as vLLM defines them from the differences.
+TEST(ServeSpecMetricsTest, CountersParsedSummedAndDiffedAsVllmDefinesThem) {
+  const std::string vllm_text =
+      "# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.\n"
+      "# TYPE vllm:spec_decode_num_drafts_total counter\n"
+      "vllm:spec_decode_num_drafts_total{engine=\"0\",model_name=\"m\"} 10.0\n"
+      "vllm:spec_decode_num_drafts_total{engine=\"1\",model_name=\"m\"} 30.0\n"
+      "vllm:spec_decode_num_draft_tokens_total{engine=\"0\",model_name=\"m\"} 120.0\n"
+      "vllm:spec_decode_num_accepted_tokens_total{engine=\"0\",model_name=\"m\"} 70.0\n"
+      "vllm:spec_decode_num_accepted_tokens_per_pos_total{engine=\"0\",model_name=\"m\","
+      "position=\"0\"} 35.0\n"
+      "vllm:spec_decode_num_accepted_tokens_per_pos_total{engine=\"0\",model_name=\"m\","
+      "position=\"2\"} 15.0\n"
+      "vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"1\",engine=\"0\"} 2e1\n"
+      "vllm:num_requests_running{engine=\"0\"} 3\n";
+  const std::optional<SpecDecodeCounters> c = ParseSpecDecodeCounters(vllm_text);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->drafts, 40);
+  EXPECT_EQ(c->draft_tokens, 120);
+  EXPECT_EQ(c->accepted_tokens, 70);
+  EXPECT_EQ(c->accepted_per_position, (std::vector<double>{35, 20, 15}));
+  EXPECT_EQ(SumOfSamples(vllm_text, "vllm:num_requests_running"), 3);
+  EXPECT_EQ(SumOfSamples(vllm_text, "vllm:num_requests_waiting"), std::nullopt);
+
+  // A node that does not speculate has no counters: nothing to report.
+  EXPECT_FALSE(ParseSpecDecodeCounters("pdserve:kv_pages_used 0\n"
+                                       "# vllm:spec_decode_num_drafts_total 3\n")
+                   .has_value());
+
+  SpecDecodeCounters before;
+  before.drafts = 10;
+  before.draft_tokens = 30;
+  before.accepted_tokens = 20;
+  before.accepted_per_position = {9, 7};
+  SpecDecodeAcceptance a = SpecAcceptanceBetween(before, *c);
+  EXPECT_EQ(a.drafts, 30);
+  EXPECT_EQ(a.draft_tokens, 90);
+  EXPECT_EQ(a.accepted_tokens, 50);
+  EXPECT_EQ(a.accepted_per_position, (std::vector<int64_t>{26, 13, 15}));
+  EXPECT_DOUBLE_EQ(a.acceptance_rate, 50.0 / 90);
+  EXPECT_DOUBLE_EQ(a.acceptance_length, 1 + 50.0 / 30);
+  ASSERT_EQ(a.per_position_rates.size(), 3u);
+  EXPECT_DOUBLE_EQ(a.per_position_rates[1], 13.0 / 30);
+
+  // Two nodes (the decode nodes behind a router) add up.
+  SpecDecodeCounters sum = before;
+  AddSpecDecodeCounters(sum, *c);
+  EXPECT_EQ(sum.drafts, 50);
+  EXPECT_EQ(sum.accepted_per_position, (std::vector<double>{44, 27, 15}));
+
+  ServeMetrics m;
+  m.spec = a;
+  const nlohmann::json j = MetricsToJson(m, {}, {}, false);
+  EXPECT_EQ(j["spec_decode_num_drafts"], 30);
+  EXPECT_EQ(j["spec_decode_draft_tokens"], 90);
+  EXPECT_EQ(j["spec_decode_accepted_tokens"], 50);
+  EXPECT_DOUBLE_EQ(j["spec_decode_acceptance_rate"].get<double>(), 100 * 50.0 / 90);
+  EXPECT_DOUBLE_EQ(j["spec_decode_acceptance_length"].get<double>(), 1 + 50.0 / 30);
+  EXPECT_EQ(j["spec_decode_per_position_acceptance_rates"].size(), 3u);
+  const std::string table = FormatMetricsTable(m, {}, false);
+  EXPECT_NE(table.find("Speculative Decoding"), std::string::npos) << table;
+  EXPECT_NE(table.find("Acceptance rate (%):                     55.56"), std::string::npos)
+      << table;
+  EXPECT_NE(table.find("Acceptance length:                       2.67"), std::string::npos)
+      << table;
+  EXPECT_NE(table.find("86.67, 43.33, 50.00"), std::string::npos) << table;
+
+  // A run that drafted nothing: counts of 0, ratios undefined (null, "n/a"), not 0 or NaN.
+  m.spec = SpecAcceptanceBetween(*c, *c);
+  const nlohmann::json idle = MetricsToJson(m, {}, {}, false);
+  EXPECT_EQ(idle["spec_decode_num_drafts"], 0);
+  EXPECT_TRUE(idle["spec_decode_acceptance_rate"].is_null());
+  EXPECT_TRUE(idle["spec_decode_acceptance_length"].is_null());
+  EXPECT_NE(FormatMetricsTable(m, {}, false).find("n/a"), std::string::npos);
+
+  // Without speculation: no such fields, no such part of the table.
+  m.spec.reset();
+  EXPECT_FALSE(MetricsToJson(m, {}, {}, false).contains("spec_decode_acceptance_rate"));
+  EXPECT_EQ(FormatMetricsTable(m, {}, false).find("Speculative"), std::string::npos);
 }
 
 }  // namespace

@@ -1,7 +1,12 @@
 // `pdserve bench serve` (the real binary) against a real `pdserve serve --role colocated` on
-// the tiny test model: a handful of prompts, the JSON result file parsed and checked.
+// the tiny test model: a handful of prompts, the JSON result file parsed and checked; against a
+// node with a draft model, the run's speculative-decoding acceptance is the node's counters'
+// differences over the run.
 #include <algorithm>
+#include <chrono>
 #include <fstream>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -89,6 +94,104 @@ TEST(BenchServeSmokeTest, RandomDatasetAgainstAColocatedNode) {
     EXPECT_GE(itls.size(), 1u);
     EXPECT_LE(itls.size(), static_cast<size_t>(output_len - 1));
   }
+  // The node does not speculate: no acceptance reported.
+  EXPECT_FALSE(j.contains("spec_decode_acceptance_rate")) << j.dump();
+  EXPECT_EQ(out.find("Speculative Decoding"), std::string::npos) << out;
+}
+
+// The node's /metrics once it runs no request (it publishes its counters with the step that
+// finishes a request, which may follow the request's last chunk).
+std::string IdleNodeMetrics(const testing::NodeProcess& node) {
+  std::string text;
+  for (int i = 0; i < 400; ++i) {
+    auto res = node.Client().Get("/metrics");
+    if (res && res->status == 200) {
+      text = res->body;
+      if (testing::MetricValue(text, "pdserve:num_requests_running") == 0) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  return text;
+}
+
+TEST(BenchServeSmokeTest, AcceptanceOfASpeculatingNodeIsItsCountersOverTheRun) {
+  // The high-acceptance pair of the speculative tests: "tiny" with layers 2-3 quiet drafted by
+  // its first two layers.
+  const std::string target =
+      testing::SyntheticModelDir("tiny", {.quiet_from_layer = 2, .quiet_scale = 0.05f});
+  const std::string draft = testing::SyntheticModelDir("tiny", {.num_layers = 2});
+  testing::NodeProcess node(
+      target, {"--speculative", "draft", "--draft-model", draft, "--num-speculative-tokens", "3"});
+  ASSERT_TRUE(node.ok()) << node.error();
+  auto models = node.Client().Get("/v1/models");
+  ASSERT_TRUE(models && models->status == 200);
+  const std::string model = json::parse(models->body)["data"][0]["id"];
+  // Traffic before the run: the node's counters do not start at zero, so only differences
+  // give the run's figures.
+  const json earlier = {{"model", model},
+                        {"prompt", "Once upon a time"},
+                        {"max_tokens", 20},
+                        {"temperature", 0},
+                        {"ignore_eos", true}};
+  auto res = node.Client().Post("/v1/completions", earlier.dump(), "application/json");
+  ASSERT_TRUE(res && res->status == 200);
+  const std::string before = IdleNodeMetrics(node);
+  ASSERT_GT(testing::MetricValue(before, "vllm:spec_decode_num_drafts_total"), 0) << before;
+
+  const std::string result_file = testing::MakeTempDir("bench_serve_spec") + "/result.json";
+  int exit_code = -1;
+  const std::string out = testing::RunPdserve({"bench",
+                                               "serve",
+                                               "--base-url",
+                                               "http://127.0.0.1:" + std::to_string(node.port()),
+                                               "--model",
+                                               model,
+                                               "--random-input-len",
+                                               "12",
+                                               "--random-output-len",
+                                               "40",
+                                               "--num-prompts",
+                                               "6",
+                                               "--num-warmups",
+                                               "0",
+                                               "--max-concurrency",
+                                               "3",
+                                               "--seed",
+                                               "3",
+                                               "--result-file",
+                                               result_file},
+                                              &exit_code);
+  ASSERT_EQ(exit_code, 0) << out;
+  const std::string after = IdleNodeMetrics(node);
+  std::ifstream in(result_file);
+  ASSERT_TRUE(in) << "no result file; stdout: " << out;
+  const json j = json::parse(in);
+  ASSERT_EQ(j["completed"], 6);
+
+  auto delta = [&](const std::string& name) {
+    return testing::MetricValue(after, name) - testing::MetricValue(before, name);
+  };
+  const double drafts = delta("vllm:spec_decode_num_drafts_total");
+  const double drafted = delta("vllm:spec_decode_num_draft_tokens_total");
+  const double accepted = delta("vllm:spec_decode_num_accepted_tokens_total");
+  EXPECT_EQ(j["spec_decode_num_drafts"].get<double>(), drafts) << j.dump();
+  EXPECT_EQ(j["spec_decode_draft_tokens"].get<double>(), drafted);
+  EXPECT_EQ(j["spec_decode_accepted_tokens"].get<double>(), accepted);
+  EXPECT_DOUBLE_EQ(j["spec_decode_acceptance_rate"].get<double>(), 100 * accepted / drafted);
+  EXPECT_DOUBLE_EQ(j["spec_decode_acceptance_length"].get<double>(), 1 + accepted / drafts);
+  const json& per_position = j["spec_decode_per_position_acceptance_rates"];
+  ASSERT_EQ(per_position.size(), 3u);
+  for (int k = 0; k < 3; ++k) {
+    const std::string name = "vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"" +
+                             std::to_string(k) + "\"}";
+    EXPECT_DOUBLE_EQ(per_position[k].get<double>(), delta(name) / drafts) << k;
+  }
+  // Acceptance above zero, and the run really drafted: 6 requests of 40 tokens, up to 3
+  // drafted per step.
+  EXPECT_GT(drafts, 6);
+  EXPECT_GT(accepted, 0.5 * drafted);
+  EXPECT_NE(out.find("Speculative Decoding"), std::string::npos) << out;
+  EXPECT_NE(out.find("Acceptance length:"), std::string::npos) << out;
 }
 
 }  // namespace
