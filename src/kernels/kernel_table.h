@@ -37,38 +37,49 @@ constexpr int kBlockGroups = 4;
 constexpr int kBlockCols = kGroupCols * kBlockGroups;
 constexpr int kPairElems = 2 * kBlockCols;  // BF16 values of one k pair in one block
 
-// Packed FP8 layout (PackFP8): 64-column blocks as above; within a block, for each k block j
-// (kFp8BlockK = 128 values of k, the last one possibly shorter) first the 64 columns' scales of
-// block j (F32, each the row's scale times 2^60, in column order), then one 64-byte line per k
-// index of block j: the 64 columns' FP8 bytes, column 16q + d at byte 4d + q (byte q of the
-// line's 32-bit word d), so that one shift-and-mask per byte position q gives the 16 values of
-// 16-column group q in word order. Columns past n hold zero bytes and zero scales. A block is
-// one contiguous stream of Fp8BlockBytes(k) bytes, a multiple of 64.
+// Packed FP8 and INT8 layouts (PackFP8, PackInt8): 64-column blocks as above; within a block,
+// for each k block j (kFp8BlockK = 128 values of k, the last one possibly shorter) first the 64
+// columns' scales of block j (F32 in column order: FP8 the row's scale times 2^60, INT8 as it
+// is), then one 128-byte pair line per k pair of block j (an odd last pair's odd bytes zero):
+// the 64 columns' bytes of k indices 2p (even) and 2p + 1 (odd), at Fp8PairPosition or
+// Int8PairPosition. Columns past n hold zero bytes and zero scales. A block is one contiguous
+// stream of Fp8BlockBytes(k) bytes, a multiple of 64.
 //
-// Widening, exact and without conversion instructions: a byte s|eeee|mmm placed at bits 31 and
-// 26..20 of an F32 (the rest zero) is the F32 fp8 * 2^-120 (an F32 denormal for an FP8
-// subnormal, as the exponents line up). The 2^-120 is undone by taking x times 2^60 and the
-// scales times 2^60. So every path computes (kernels_generic.cc spells it out):
+// The products are BF16 dot products, as the BF16 product's (vdpbf16ps): the kernels take x
+// rounded to BF16 (kernels.cc's Blocked8Rows: FP8 x times 2^60, INT8 x as it is; a BF16
+// denormal as a zero, as vdpbf16ps reads it) and widen every byte exactly to a BF16:
+// - FP8: a byte s|eeee|mmm placed at bits 15 and 10..4 of a BF16 (the rest zero) is the BF16
+//   fp8 * 2^-120, two 16-bit shifts and a mask; the 2^-120 is undone by x's and the scales'
+//   2^60. An FP8 subnormal would be a BF16 denormal, which vdpbf16ps reads as zero, so PackFP8
+//   stores subnormals as zeros of their sign (|w| < 2^-6 of the block's unit, below 1/28672 of
+//   its largest value): every path then sees the same values.
+// - INT8: the integer, exact (8 significant bits at most), through F32 (vpmovsxbd, vcvtdq2ps,
+//   vcvtne2ps2bf16 on avx512).
 //
-// Order (every path, bit for bit): for each output (row t of x, column c) and each k block j
-// in order, part = 0 and for each k index i of the block in order
-// part = fma(x[t][i] * 2^60, fp8 * 2^-120, part); then acc = fma(part, scale[c][j] * 2^60, acc),
-// acc starting at 0. So a value depends only on its row of x and column of W, whatever the
-// tile, batch or thread count. The powers of two change no value unless a partial sum falls
-// below 2^-66 (or |x| reaches 2^68), and then the same way on every path.
-// Packed INT8 layout (PackInt8): the FP8 layout above with two's-complement bytes, and the
-// scales as they are (not times 2^60). The order is the FP8 one with x taken as it is and each
-// byte widened to the F32 of its integer (exact, as any int8 is):
-// part = fma(x[t][i], int8, part) over a k block's i in order, then acc = fma(part, scale, acc)
-// over the k blocks in order — the same steps on every path (generic: a table of the 256
-// values; avx2/avx512: 32-bit shifts and vcvtdq2ps), so every path gives the generic bits.
+// Order (every path, bit for bit): for each output (row t of x, column c) and each k block j in
+// order, part = 0 and for each pair p of the block in order part = part + xo * wo, then
+// part = part + xe * we (odd then even, exact products: vdpbf16ps); then
+// acc = fma(part, scale[c][j], acc), acc starting at 0. So a value depends only on its row of x
+// and column of W, whatever the tile, batch, thread count or path (avx512 widens a k block's
+// panel once into BF16 for many rows, or each line in registers for a few: the same values in
+// the same order). As for the BF16 product, the paths without vdpbf16ps (avx2, generic) differ
+// from it only where it would flush a denormal sum to zero: a partial sum below 2^-126 (FP8:
+// below 2^-66 of the unscaled values), which no activation of a model comes near.
 constexpr int kFp8BlockK = 128;  // kernels::kFp8BlockK (kernels.cc checks they agree)
 constexpr int kFp8ScaleBytes = kBlockCols * static_cast<int>(sizeof(float));
-constexpr int kFp8LineBytes = kBlockCols;  // one byte per column
-// Byte of column c (of a block) in its line.
-constexpr int Fp8LinePosition(int c) { return 4 * (c % kGroupCols) + c / kGroupCols; }
-// The F32 bits that keep an FP8 byte placed at bits 31 and 26..20 (see above).
-constexpr uint32_t kFp8F32Mask = 0x87f00000u;
+constexpr int kPairLineBytes = 2 * kBlockCols;  // one byte per column and k index of a pair
+// FP8: in half h = c / 32 of the line, 32-bit word d = c % 16 holds the bytes of columns
+// 32h + d and 32h + 16 + d, even then odd: [c even, c + 16 even, c odd, c + 16 odd]; so one
+// 16-bit shift-and-mask pair per half gives the BF16 pairs of groups 2h and 2h + 1.
+constexpr int Fp8PairPosition(int c, int odd) {
+  return 64 * (c / 32) + 4 * (c % kGroupCols) + 2 * odd + (c / kGroupCols) % 2;
+}
+// INT8: column c's even byte then its odd byte, columns in order (a group is 32 bytes).
+constexpr int Int8PairPosition(int c, int odd) { return 2 * c + odd; }
+// The BF16 bits that keep an FP8 byte placed at bits 15 and 10..4 (see above).
+constexpr uint16_t kFp8BF16Mask = 0x87f0;
+// FP8 x and scales are taken times 2^60 (see above).
+constexpr float kFp8Unscale = 0x1p60f;
 
 // Attention: head_dim <= 16 * kMaxHeadChunks; at most kMaxGroup query heads share one pass.
 constexpr int kMaxHeadChunks = 16;
@@ -126,15 +137,20 @@ struct KernelTable {
   void (*f32_tile)(const float* x, const float* w, float* y, int n, int k, int r0, int t0, int rows,
                    int tokens);
   // One tile of MatMulFP8: `groups` 16-column groups of the packed FP8 block at `block` (first
-  // column c0) x `tokens` rows of x from t0, tokens <= kTokens, in the order stated with the
-  // layout above; `ahead` as for packed_tile.
-  void (*fp8_tile)(const float* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
+  // column c0) x `tokens` rows of x from t0, tokens <= kTokenBlock (the path tiles them as it
+  // likes), in the order stated with the layout above. x: rows of 2 * Pairs(k) BF16 values as
+  // Blocked8Rows gives them. `ahead`: the next block (whole), for many rows.
+  void (*fp8_tile)(const uint16_t* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
                    int groups, int tokens, BlockAhead ahead);
-  // The same for MatMulInt8 (the packed INT8 layout and order above).
-  void (*int8_tile)(const float* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
+  // The same for MatMulInt8 (the packed INT8 layout above).
+  void (*int8_tile)(const uint16_t* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
                     int groups, int tokens, BlockAhead ahead);
   // F32ToBF16 of n values on the calling thread.
   void (*to_bf16)(const float* src, uint16_t* dst, int64_t n);
+  // x of the 8-bit products (kernels.cc's Blocked8Rows): n values times `factor` (a power of
+  // two), each rounded to BF16 as vcvtneps2bf16 rounds it: a denormal (below 2^-126) as a zero
+  // of its sign, else to nearest even; NaN stays NaN. On the calling thread.
+  void (*to_bf16_daz)(const float* src, float factor, uint16_t* dst, int64_t n);
   // One row of RmsNorm (16-lane FMA sum of squares, the same lane tree).
   void (*rms_norm_row)(const float* x, const float* weight, float* out, int dim, float eps);
   void (*apply_rope)(float* x, int heads, int head_dim, const float* cos, const float* sin);

@@ -17,10 +17,10 @@ namespace {
 using internal::Active;
 using internal::kBlockCols;
 using internal::kBlockGroups;
-using internal::kFp8LineBytes;
 using internal::kFp8ScaleBytes;
 using internal::kGroupCols;
 using internal::kPairElems;
+using internal::kPairLineBytes;
 using internal::kParallelMacs;
 using internal::kRows;
 using internal::kTokenBlock;
@@ -196,7 +196,7 @@ int Pairs(int k) { return (k + 1) / 2; }
 int ColBlocks(int n) { return (n + kBlockCols - 1) / kBlockCols; }
 int64_t Fp8BlockBytes(int k) {
   const int64_t k_blocks = (k + kFp8BlockK - 1) / kFp8BlockK;
-  return k_blocks * kFp8ScaleBytes + static_cast<int64_t>(k) * kFp8LineBytes;
+  return k_blocks * kFp8ScaleBytes + static_cast<int64_t>(Pairs(k)) * kPairLineBytes;
 }
 int QueryPairs(int hd) { return (hd + 1) / 2; }
 
@@ -320,9 +320,11 @@ size_t PackedFP8Bytes(int n, int k) {
 
 namespace {
 
-// PackFP8 and PackInt8: the bytes in line order, each scale times `scale_factor`.
-void PackBlocked8(const uint8_t* w, const float* row_scales, float scale_factor, int n, int k,
-                  uint8_t* packed) {
+// PackFP8 and PackInt8: each scale times `scale_factor`, the bytes in pair lines at
+// position(column, odd); `flush_subnormals` (FP8) stores a subnormal as a zero of its sign
+// (kernel_table.h).
+void PackBlocked8(const uint8_t* w, const float* row_scales, float scale_factor,
+                  int (*position)(int, int), bool flush_subnormals, int n, int k, uint8_t* packed) {
   const int64_t block_bytes = internal::Fp8BlockBytes(k);
   const int k_blocks = (k + kFp8BlockK - 1) / kFp8BlockK;
   ParallelFor(internal::ColBlocks(n), static_cast<int64_t>(n) * k >= kParallelMacs, [&](int64_t b) {
@@ -337,76 +339,121 @@ void PackBlocked8(const uint8_t* w, const float* row_scales, float scale_factor,
       std::memcpy(at, scales, sizeof(scales));
       at += kFp8ScaleBytes;
       const int k0 = j * kFp8BlockK, kb = std::min(kFp8BlockK, k - k0);
-      std::memset(at, 0, static_cast<size_t>(kb) * kFp8LineBytes);
+      const size_t line_bytes = static_cast<size_t>(internal::Pairs(kb)) * kPairLineBytes;
+      std::memset(at, 0, line_bytes);
       for (int c = 0; c < cols; ++c) {
         const uint8_t* src = w + static_cast<size_t>(c0 + c) * k + k0;
-        const int pos = internal::Fp8LinePosition(c);
-        for (int i = 0; i < kb; ++i) at[i * kFp8LineBytes + pos] = src[i];
+        for (int i = 0; i < kb; ++i) {
+          uint8_t byte = src[i];
+          if (flush_subnormals && (byte & 0x78) == 0) byte &= 0x80;
+          at[(i / 2) * kPairLineBytes + position(c, i % 2)] = byte;
+        }
       }
-      at += static_cast<size_t>(kb) * kFp8LineBytes;
+      at += line_bytes;
     }
   });
 }
 
-using Blocked8Tile = void (*)(const float*, const uint8_t*, float*, int, int, int, int, int, int,
+int Fp8Position(int c, int odd) { return internal::Fp8PairPosition(c, odd); }
+int Int8Position(int c, int odd) { return internal::Int8PairPosition(c, odd); }
+
+using Blocked8Tile = void (*)(const uint16_t*, const uint8_t*, float*, int, int, int, int, int, int,
                               internal::BlockAhead);
 
-// One tile of an FP8 or INT8 product (`tile`: the path's fp8_tile or int8_tile), block b, rows
-// [t, t + tokens): what MatMulFP8/MatMulInt8 and their grouped forms compute.
-void Blocked8TileAt(Blocked8Tile tile, const float* x, const uint8_t* packed_w, float* y, int n,
-                    int k, int b, int t, int tokens, TokenBlock tb) {
+// x [m][k] as the 8-bit tiles take it (kernel_table.h): rows of 2 * Pairs(k) BF16 values, each
+// x times `factor` (FP8: 2^60; INT8: 1) rounded as vcvtneps2bf16 rounds (the path's
+// to_bf16_daz: a denormal as a zero, so that every path sees what vdpbf16ps reads), an odd k's
+// last value followed by a zero. Elementwise, so a row's values never depend on the other rows.
+void Blocked8Rows(const float* x, int m, int k, float factor, uint16_t* out) {
+  const internal::KernelTable& path = Active();
+  const size_t stride = 2 * static_cast<size_t>(internal::Pairs(k));
+  ParallelFor(m, static_cast<int64_t>(m) * k >= kParallelMacs / 4, [&](int64_t r) {
+    uint16_t* dst = out + static_cast<size_t>(r) * stride;
+    path.to_bf16_daz(x + static_cast<size_t>(r) * k, factor, dst, k);
+    if (stride > static_cast<size_t>(k)) dst[k] = 0;
+  });
+}
+
+// One call of an FP8 or INT8 tile (`tile`: the path's fp8_tile or int8_tile): block b, the rows
+// [t, t + tokens) of xb (Blocked8Rows). A call of many rows is told the next block, to bring it
+// toward L2 under its compute (NextBlockShare's rule: at least three tiles' worth of rows).
+void Blocked8TileAt(Blocked8Tile tile, const uint16_t* xb, const uint8_t* packed_w, float* y, int n,
+                    int k, int b, int t, int tokens) {
   const int64_t block_bytes = internal::Fp8BlockBytes(k);
   const int c0 = b * kBlockCols;
   const uint8_t* next = b + 1 < internal::ColBlocks(n) ? packed_w + (b + 1) * block_bytes : nullptr;
-  tile(x, packed_w + b * block_bytes, y, n, k, c0, t, BlockGroups(n, c0), tokens,
-       NextBlockShare(next, block_bytes, tb, kTokens, t, tokens));
+  internal::BlockAhead ahead;
+  if (next != nullptr && tokens >= 3 * kTokens) ahead = {.at = next, .bytes = block_bytes};
+  tile(xb, packed_w + b * block_bytes, y, n, k, c0, t, BlockGroups(n, c0), tokens, ahead);
 }
 
-void MatMulBlocked8(Blocked8Tile tile, const float* x, const uint8_t* packed_w, float* y, int m,
-                    int n, int k) {
-  ForEachTile(m, n, k, internal::ColBlocks(n), kTokens,
-              [&](int b, int t, int tokens, TokenBlock tb) {
-                Blocked8TileAt(tile, x, packed_w, y, n, k, b, t, tokens, tb);
+// The BF16 rows of the 8-bit products, kept per calling thread across calls.
+std::vector<uint16_t>& Blocked8Scratch() {
+  thread_local std::vector<uint16_t> rows;
+  return rows;
+}
+
+// Each call of `tile` gets a whole token block (kTokenBlock rows): the path tiles it.
+void MatMulBlocked8(Blocked8Tile tile, float factor, const float* x, const uint8_t* packed_w,
+                    float* y, int m, int n, int k) {
+  std::vector<uint16_t>& xb = Blocked8Scratch();
+  xb.resize(static_cast<size_t>(m) * 2 * internal::Pairs(k));
+  Blocked8Rows(x, m, k, factor, xb.data());
+  ForEachTile(m, n, k, internal::ColBlocks(n), kTokenBlock,
+              [&](int b, int t, int tokens, TokenBlock) {
+                Blocked8TileAt(tile, xb.data(), packed_w, y, n, k, b, t, tokens);
               });
 }
 
-void MatMulBlocked8Grouped(Blocked8Tile tile, std::span<const GroupedProduct> products, int n,
-                           int k) {
-  ForEachGroupedTile(products, n, k, internal::ColBlocks(n), kTokens,
-                     [&](int p, int b, int t, int tokens, TokenBlock tb) {
+void MatMulBlocked8Grouped(Blocked8Tile tile, float factor,
+                           std::span<const GroupedProduct> products, int n, int k) {
+  const size_t stride = 2 * static_cast<size_t>(internal::Pairs(k));
+  std::vector<size_t> first(products.size() + 1, 0);
+  for (size_t p = 0; p < products.size(); ++p) {
+    first[p + 1] = first[p] + static_cast<size_t>(products[p].m) * stride;
+  }
+  std::vector<uint16_t>& xb = Blocked8Scratch();
+  xb.resize(first.back());
+  for (size_t p = 0; p < products.size(); ++p) {
+    Blocked8Rows(static_cast<const float*>(products[p].x), products[p].m, k, factor,
+                 xb.data() + first[p]);
+  }
+  ForEachGroupedTile(products, n, k, internal::ColBlocks(n), kTokenBlock,
+                     [&](int p, int b, int t, int tokens, TokenBlock) {
                        const GroupedProduct& g = products[p];
-                       Blocked8TileAt(tile, static_cast<const float*>(g.x),
-                                      static_cast<const uint8_t*>(g.w), g.y, n, k, b, t, tokens,
-                                      tb);
+                       Blocked8TileAt(tile, xb.data() + first[p], static_cast<const uint8_t*>(g.w),
+                                      g.y, n, k, b, t, tokens);
                      });
 }
 
 }  // namespace
 
 void PackFP8(const uint8_t* w, const float* row_scales, int n, int k, uint8_t* packed) {
-  PackBlocked8(w, row_scales, 0x1p60f, n, k, packed);
+  PackBlocked8(w, row_scales, internal::kFp8Unscale, Fp8Position, /*flush_subnormals=*/true, n, k,
+               packed);
 }
 
 size_t PackedInt8Bytes(int n, int k) { return PackedFP8Bytes(n, k); }
 
 void PackInt8(const int8_t* w, const float* row_scales, int n, int k, uint8_t* packed) {
-  PackBlocked8(reinterpret_cast<const uint8_t*>(w), row_scales, 1.0f, n, k, packed);
+  PackBlocked8(reinterpret_cast<const uint8_t*>(w), row_scales, 1.0f, Int8Position,
+               /*flush_subnormals=*/false, n, k, packed);
 }
 
 void MatMulFP8(const float* x, const uint8_t* packed_w, float* y, int m, int n, int k) {
-  MatMulBlocked8(Active().fp8_tile, x, packed_w, y, m, n, k);
+  MatMulBlocked8(Active().fp8_tile, internal::kFp8Unscale, x, packed_w, y, m, n, k);
 }
 
 void MatMulInt8(const float* x, const uint8_t* packed_w, float* y, int m, int n, int k) {
-  MatMulBlocked8(Active().int8_tile, x, packed_w, y, m, n, k);
+  MatMulBlocked8(Active().int8_tile, 1.0f, x, packed_w, y, m, n, k);
 }
 
 void MatMulFP8Grouped(std::span<const GroupedProduct> products, int n, int k) {
-  MatMulBlocked8Grouped(Active().fp8_tile, products, n, k);
+  MatMulBlocked8Grouped(Active().fp8_tile, internal::kFp8Unscale, products, n, k);
 }
 
 void MatMulInt8Grouped(std::span<const GroupedProduct> products, int n, int k) {
-  MatMulBlocked8Grouped(Active().int8_tile, products, n, k);
+  MatMulBlocked8Grouped(Active().int8_tile, 1.0f, products, n, k);
 }
 
 void MatMulF32(const float* x, const float* w, float* y, int m, int n, int k) {

@@ -324,6 +324,24 @@ void ToBF16Run(const float* src, uint16_t* dst, int64_t n) {
   }
 }
 
+// ToBF16Run of each value times `factor`, a denormal taken as a zero of its sign (as
+// vcvtneps2bf16 reads it: kernel_table.h's to_bf16_daz).
+void ToBF16Daz(const float* src, float factor, uint16_t* dst, int64_t n) {
+  const __m256 f = _mm256_set1_ps(factor);
+  const __m256i exponent = _mm256_set1_epi32(0x7f800000);
+  const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+  alignas(32) float row[8];
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 v = _mm256_mul_ps(LoadTail(src + i, n - i), f);
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i denormal =
+        _mm256_cmpeq_epi32(_mm256_and_si256(u, exponent), _mm256_setzero_si256());
+    _mm256_store_ps(
+        row, _mm256_castsi256_ps(_mm256_blendv_epi8(u, _mm256_and_si256(u, sign), denormal)));
+    ToBF16Run(row, dst + i, Min<int64_t>(8, n - i));
+  }
+}
+
 // An 8 x 8 transpose in registers: v[i] lane j becomes v[j] lane i.
 inline void Transpose8x8(__m256 (&v)[8]) {
   // Pairs of rows interleaved, then pairs of pairs, then the 128-bit halves.
@@ -725,6 +743,7 @@ const KernelTable kAvx2Kernels = {
     .fp8_tile = Fp8Tile,
     .int8_tile = Int8Tile,
     .to_bf16 = ToBF16Run,
+    .to_bf16_daz = ToBF16Daz,
     .rms_norm_row = RmsNormRow,
     .apply_rope = ApplyRope,
     .silu_mul = SiluMul,

@@ -15,6 +15,7 @@
 namespace pdserve::kernels {
 namespace {
 
+using internal::kBlockCols;
 using internal::kBlockGroups;
 using internal::kGroupCols;
 using internal::kPairElems;
@@ -226,6 +227,16 @@ void ToBF16Run(const float* src, uint16_t* dst, int64_t n) {
   }
 }
 
+// vcvtneps2bf16 itself (kernel_table.h's to_bf16_daz).
+void ToBF16Daz(const float* src, float factor, uint16_t* dst, int64_t n) {
+  const __m512 f = _mm512_set1_ps(factor);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mask = TailMask16(static_cast<int>(Min<int64_t>(16, n - i)));
+    const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, src + i), f);
+    _mm256_mask_storeu_epi16(dst + i, mask, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+  }
+}
+
 void PackedTile(const uint16_t* x, const uint16_t* block, float* y, int n, int k, int c0, int t0,
                 int groups, int tokens, internal::BlockAhead ahead) {
   static constexpr auto kTiles = PackedTileTable(std::make_index_sequence<kBlockGroups>());
@@ -278,6 +289,7 @@ const KernelTable kAvx512Kernels = {
     .fp8_tile = Fp8Tile,
     .int8_tile = Int8Tile,
     .to_bf16 = ToBF16Run,
+    .to_bf16_daz = ToBF16Daz,
     .rms_norm_row = RmsNormRow,
     .apply_rope = ApplyRope,
     .silu_mul = SiluMul,

@@ -47,18 +47,18 @@ void PackedTile(const uint16_t* x, const uint16_t* block, float* y, int n, int k
   }
 }
 
-// ---- FP8 products over packed weights (layout and order: kernel_table.h) ----
+// ---- FP8 and INT8 products over packed weights (layouts and order: kernel_table.h) ----
 
-// The widened value of every byte, fp8 * 2^-120: the F32 whose bits 31 and 26..20 are the
-// byte's (the avx paths' shifts and mask).
+// The widened value of every FP8 byte, fp8 * 2^-120: the BF16 whose bits 15 and 10..4 are the
+// byte's (the avx paths' shifts and mask), read as vdpbf16ps reads it (a denormal as zero; the
+// packing already stored subnormals as zeros).
 struct Fp8Widened {
   float value[256];
   Fp8Widened() {
     for (int b = 0; b < 256; ++b) {
-      const uint32_t bits =
-          (static_cast<uint32_t>(b & 0x80) << 24 | static_cast<uint32_t>(b & 0x7f) << 20) &
-          internal::kFp8F32Mask;
-      std::memcpy(&value[b], &bits, sizeof(float));
+      const auto bits =
+          static_cast<uint16_t>(((b & 0x80) << 8 | (b & 0x7f) << 4) & internal::kFp8BF16Mask);
+      value[b] = (b & 0x78) == 0 ? 0.0f : BF16ToF32(bits);
     }
   }
 };
@@ -71,27 +71,31 @@ struct Int8Widened {
   }
 };
 
-// One tile of the 8-bit products (FP8 and INT8 share the layout and the order, kernel_table.h):
-// `widened` maps a byte to its F32 value, x is taken times `x_scale` (FP8: 2^60; INT8: 1).
-void Blocked8Tile(const float* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
-                  int groups, int tokens, const float* widened, float x_scale) {
+// One tile of the 8-bit products: `widened` maps a byte to its value, `position` places a
+// column's even or odd byte in a pair line. x: BF16 rows of 2 * Pairs(k) values.
+void Blocked8Tile(const uint16_t* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
+                  int groups, int tokens, const float* widened, int (*position)(int, int)) {
   const int cols = groups * kGroupCols;
+  const size_t stride = 2 * static_cast<size_t>(internal::Pairs(k));
   float acc[kBlockCols], part[kBlockCols], scales[kBlockCols];
   for (int t = t0; t < t0 + tokens; ++t) {
-    const float* row = x + static_cast<size_t>(t) * k;
+    const uint16_t* row = x + static_cast<size_t>(t) * stride;
     for (int c = 0; c < cols; ++c) acc[c] = 0.0f;
     const uint8_t* at = block;
     for (int k0 = 0; k0 < k; k0 += internal::kFp8BlockK) {
-      const int kb = std::min(internal::kFp8BlockK, k - k0);
+      const int pairs = internal::Pairs(std::min(internal::kFp8BlockK, k - k0));
       std::memcpy(scales, at, sizeof(scales));
       at += internal::kFp8ScaleBytes;
       for (int c = 0; c < cols; ++c) part[c] = 0.0f;
-      for (int i = 0; i < kb; ++i) {
-        const float xi = row[k0 + i] * x_scale;
+      for (int p = 0; p < pairs; ++p) {
+        const float xe = BF16ToF32(row[k0 + 2 * p]);
+        const float xo = BF16ToF32(row[k0 + 2 * p + 1]);
+        // vdpbf16ps: odd product, then even (exact products: each step equals an FMA).
         for (int c = 0; c < cols; ++c) {
-          part[c] = std::fma(xi, widened[at[internal::Fp8LinePosition(c)]], part[c]);
+          part[c] = part[c] + xo * widened[at[position(c, 1)]];
+          part[c] = part[c] + xe * widened[at[position(c, 0)]];
         }
-        at += internal::kFp8LineBytes;
+        at += internal::kPairLineBytes;
       }
       for (int c = 0; c < cols; ++c) acc[c] = std::fma(part[c], scales[c], acc[c]);
     }
@@ -100,16 +104,18 @@ void Blocked8Tile(const float* x, const uint8_t* block, float* y, int n, int k, 
   }
 }
 
-void Fp8Tile(const float* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
+void Fp8Tile(const uint16_t* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
              int groups, int tokens, internal::BlockAhead /*ahead: not used*/) {
   static const Fp8Widened widened;
-  Blocked8Tile(x, block, y, n, k, c0, t0, groups, tokens, widened.value, 0x1p60f);
+  Blocked8Tile(x, block, y, n, k, c0, t0, groups, tokens, widened.value,
+               [](int c, int odd) { return internal::Fp8PairPosition(c, odd); });
 }
 
-void Int8Tile(const float* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
+void Int8Tile(const uint16_t* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
               int groups, int tokens, internal::BlockAhead /*ahead: not used*/) {
   static const Int8Widened widened;
-  Blocked8Tile(x, block, y, n, k, c0, t0, groups, tokens, widened.value, 1.0f);
+  Blocked8Tile(x, block, y, n, k, c0, t0, groups, tokens, widened.value,
+               [](int c, int odd) { return internal::Int8PairPosition(c, odd); });
 }
 
 // 16 lanes over k (lane j: elements j, j + 16, ...; missing elements are zeros, as a masked
@@ -137,6 +143,15 @@ void F32Tile(const float* x, const float* w, float* y, int n, int k, int r0, int
 
 void ToBF16Run(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = F32ToBF16(src[i]);
+}
+
+void ToBF16Daz(const float* src, float factor, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = src[i] * factor;
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    dst[i] = (bits & 0x7f800000u) == 0 ? static_cast<uint16_t>(bits >> 16 & 0x8000) : F32ToBF16(v);
+  }
 }
 
 void RmsNormRow(const float* xr, const float* weight, float* yr, int dim, float eps) {
@@ -294,6 +309,7 @@ const KernelTable kGenericKernels = {
     .fp8_tile = Fp8Tile,
     .int8_tile = Int8Tile,
     .to_bf16 = ToBF16Run,
+    .to_bf16_daz = ToBF16Daz,
     .rms_norm_row = RmsNormRow,
     .apply_rope = ApplyRope,
     .silu_mul = SiluMul,

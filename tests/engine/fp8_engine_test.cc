@@ -67,7 +67,7 @@ TEST(Fp8EngineTest, MatricesStayFp8OneBytePerWeightPlusScales) {
 // An FP8 preset with its BF16 tensors (embedding, lm_head, norms, routers) widened to F32,
 // exactly, so that under --dtype auto every product that is not FP8 is an F32 product: then the
 // FP8 model and the same model dequantised to F32 at load differ only in how the FP8 kernel
-// orders and scales its sums.
+// orders and scales its sums and in its activations rounded to BF16.
 std::string Fp8ModelWithF32Rest(const std::string& preset) {
   namespace fs = std::filesystem;
   const std::string fp8 = SyntheticModelDir(preset, DType::kF8E4M3);
@@ -102,16 +102,22 @@ std::string Fp8ModelWithF32Rest(const std::string& preset) {
 }
 
 // Tolerance: both models use the very same dequantised weights (fp8 * scale, exact in F32 up to
-// one rounding), so only the order of the F32 additions differs (per 128-wide block, then the
-// scaled blocks, against 16 lanes and a lane tree), a few units of 2^-24 per product, grown
-// through the layers' norms and residuals: 1e-4 of the largest logit leaves a margin of about a
-// hundred times what is measured (about 1e-6 relative). An MoE model routes from those hidden
-// states: a choice decided differently by 1e-6 would show as a larger difference (it does not
-// happen for these prompts).
-class Fp8LogitsTest : public ::testing::TestWithParam<const char*> {};
+// one rounding), but the FP8 products take their activations rounded to BF16 (BF16 dot
+// products, kernel_table.h), as BF16 weights do: a few units of 2^-9 per product, grown through
+// the layers' norms and residuals. Measured: 0.6-1% of the largest logit on the dense preset,
+// so 2e-2 (the as-shipped test's bound below). An MoE model routes from those hidden states: a
+// choice decided differently moves a few logits further (measured up to 11% for one of the
+// three prompts), so there the bound is 0.15; a wrong widening or scale would differ by the
+// logits' own size (tests/kernels/fp8_matmul_test.cc checks the products to a few units of
+// 2^-24).
+struct Fp8LogitsCase {
+  const char* preset;
+  float bound;  // of the largest logit
+};
+class Fp8LogitsTest : public ::testing::TestWithParam<Fp8LogitsCase> {};
 
 TEST_P(Fp8LogitsTest, MatchTheModelDequantisedToF32) {
-  const std::string path = Fp8ModelWithF32Rest(GetParam());
+  const std::string path = Fp8ModelWithF32Rest(GetParam().preset);
   ModelDir fp8 = testing::LoadForLogits(path, std::nullopt);
   ModelDir f32 = testing::LoadForLogits(path, DType::kF32);
   ASSERT_LT(fp8.transformer->WeightBytes(), f32.transformer->WeightBytes());
@@ -124,18 +130,20 @@ TEST_P(Fp8LogitsTest, MatchTheModelDequantisedToF32) {
     float largest = 0, worst = 0;
     for (float v : b) largest = std::max(largest, std::fabs(v));
     for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
-    EXPECT_LE(worst, 1e-4f * largest) << "seed " << seed;
+    EXPECT_LE(worst, GetParam().bound * largest) << "seed " << seed;
     EXPECT_GT(largest, 0.5f);
     std::printf("%s seed %u: largest logit %.3f, largest difference %.3g (%.2g relative)\n",
-                GetParam(), seed, largest, worst, worst / largest);
+                GetParam().preset, seed, largest, worst, worst / largest);
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, Fp8LogitsTest,
-                         ::testing::Values("tiny", "qwen3-moe-tiny", "deepseek-v3-tiny",
-                                           "deepseek-v2-lite-tiny"),
+                         ::testing::Values(Fp8LogitsCase{"tiny", 2e-2f},
+                                           Fp8LogitsCase{"qwen3-moe-tiny", 0.15f},
+                                           Fp8LogitsCase{"deepseek-v3-tiny", 0.15f},
+                                           Fp8LogitsCase{"deepseek-v2-lite-tiny", 0.15f}),
                          [](const auto& info) {
-                           std::string name = info.param;
+                           std::string name = info.param.preset;
                            for (char& c : name) {
                              if (c == '-' || c == '.') c = '_';
                            }

@@ -1,5 +1,6 @@
-// The FP8 product (kernels::MatMulFP8) on every kernel path: against float64 loops over the
-// dequantised weights (fp8 value times its row's block scale), every byte's widening, and the
+// The FP8 product (kernels::MatMulFP8) on every kernel path: against float64 loops over x rounded
+// to BF16 and the dequantised weights (fp8 value times its row's block scale, a subnormal as
+// zero: kernel_table.h), every byte's widening, and the
 // invariances of DESIGN.md §6: a row's bits do not depend on the other rows of the batch, nor
 // on the OpenMP team, and every path computes the generic path's bits.
 #include <gtest/gtest.h>
@@ -55,9 +56,11 @@ struct Fp8Matrix {
     packed.assign(kernels::PackedFP8Bytes(n, k), 0xcd);
     kernels::PackFP8(bytes.data(), scales.data(), n, k, packed.data());
   }
+  // The weight the kernels multiply: a subnormal counts as zero (PackFP8 stores it so).
   double Weight(int row, int col) const {
-    return static_cast<double>(F8E4M3ToF32(bytes[static_cast<size_t>(row) * k + col])) *
-           scales[static_cast<size_t>(row) * KBlocks(k) + col / kernels::kFp8BlockK];
+    const uint8_t b = bytes[static_cast<size_t>(row) * k + col];
+    const double fp8 = (b & 0x78) == 0 ? 0.0 : static_cast<double>(F8E4M3ToF32(b));
+    return fp8 * scales[static_cast<size_t>(row) * KBlocks(k) + col / kernels::kFp8BlockK];
   }
 };
 
@@ -95,13 +98,15 @@ TEST_P(Fp8MatMulTest, MatchesFloat64LoopsOverTheDequantisedWeights) {
     for (int j = 0; j < n; ++j) {
       double want = 0, magnitude = 0;
       for (int e = 0; e < k; ++e) {
-        const double p = static_cast<double>(x[static_cast<size_t>(i) * k + e]) * w.Weight(j, e);
+        // x as the kernels take it: rounded to BF16 (times 2^60, a power of two).
+        const double xe = BF16ToF32(F32ToBF16(x[static_cast<size_t>(i) * k + e]));
+        const double p = xe * w.Weight(j, e);
         want += p;
         magnitude += std::abs(p);
       }
-      // The products of the widened values are exact in FP32 only up to one rounding each,
-      // then at most 128 additions within a k block and one scaled addition per block round:
-      // a few hundred units of 2^-24 of the sum of magnitudes at worst.
+      // The products of BF16 x and the widened values are exact in FP32, then at most 128
+      // additions within a k block and one scaled addition per block round: a few hundred
+      // units of 2^-24 of the sum of magnitudes at worst.
       ASSERT_NEAR(y[static_cast<size_t>(i) * n + j], want, 2e-5 * magnitude + 1e-30)
           << "row " << i << " column " << j;
     }
@@ -129,8 +134,8 @@ class Fp8PathTest : public ::testing::TestWithParam<std::string> {
 };
 
 // Column c holds byte c (the NaNs: 0) in k index 0 of each k block and zeros elsewhere; x is 1:
-// y[c] is the byte's value times the scale, exactly, so every widening is checked, subnormals
-// and signed zeros included.
+// y[c] is the byte's value times the scale, exactly, so every widening is checked, signed zeros
+// included; a subnormal reads as zero (kernel_table.h).
 TEST_P(Fp8PathTest, WidensEveryByteExactly) {
   for (const int k : {1, 130}) {
     const int n = 256;
@@ -145,13 +150,14 @@ TEST_P(Fp8PathTest, WidensEveryByteExactly) {
     std::vector<float> y(n, NAN);
     kernels::MatMulFP8(x.data(), packed.data(), y.data(), 1, n, k);
     for (int c = 0; c < n; ++c) {
-      const float want = (c & 0x7f) == 0x7f ? 0.0f : F8E4M3ToF32(static_cast<uint8_t>(c));
+      const bool zero = (c & 0x7f) == 0x7f || (c & 0x78) == 0;
+      const float want = zero ? 0.0f : F8E4M3ToF32(static_cast<uint8_t>(c));
       ASSERT_EQ(y[c], want) << "byte 0x" << std::hex << c << " (k " << std::dec << k << ")";
     }
   }
   // Spot values through the kernel (common/dtype_test.cc checks the decoder itself).
-  const uint8_t spots[] = {0x38, 0x7e, 0x01, 0x80};
-  const float want[] = {1.0f, 448.0f, std::ldexp(1.0f, -9), 0.0f};
+  const uint8_t spots[] = {0x38, 0x7e, 0x08, 0x80};
+  const float want[] = {1.0f, 448.0f, std::ldexp(1.0f, -6), 0.0f};
   const std::vector<float> scales(4, 1.0f);
   std::vector<uint8_t> packed(kernels::PackedFP8Bytes(4, 1));
   kernels::PackFP8(spots, scales.data(), 4, 1, packed.data());
@@ -211,11 +217,11 @@ TEST_P(Fp8PathTest, AgreesWithTheGenericPathBitForBit) {
 INSTANTIATE_TEST_SUITE_P(Paths, Fp8PathTest, ::testing::ValuesIn(KernelPathNames()),
                          [](const auto& info) { return KernelPathTestName(info.param); });
 
-// The packed size: one byte per weight of every 64-column block (columns past n padded) and
-// 64 F32 scales per block and k block.
+// The packed size: one byte per weight of every 64-column block (columns past n padded, an odd
+// k to whole pairs) and 64 F32 scales per block and k block.
 TEST(Fp8PackTest, PackedSizeIsOneBytePerWeightPlusTheScales) {
   EXPECT_EQ(kernels::PackedFP8Bytes(64, 128), 64u * 128 + 64 * 4);
-  EXPECT_EQ(kernels::PackedFP8Bytes(65, 129), 2u * (64 * 129 + 2 * 64 * 4));
+  EXPECT_EQ(kernels::PackedFP8Bytes(65, 129), 2u * (64 * 130 + 2 * 64 * 4));
   EXPECT_EQ(kernels::PackedFP8Bytes(896, 4864) % 64, 0u);
 }
 

@@ -1,7 +1,7 @@
-// The INT8 product (kernels::MatMulInt8) on every kernel path: against float64 loops over the
-// dequantised weights (int8 value times its row's block scale), every byte's widening, and the
-// invariances of DESIGN.md §6: a row's bits do not depend on the other rows of the batch, nor
-// on the OpenMP team, and every path computes the generic path's bits.
+// The INT8 product (kernels::MatMulInt8) on every kernel path: against float64 loops over x
+// rounded to BF16 and the dequantised weights (int8 value times its row's block scale), every
+// byte's widening, and the invariances of DESIGN.md §6: a row's bits do not depend on the other
+// rows of the batch, nor on the OpenMP team, and every path computes the generic path's bits.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/dtype.h"
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "matmul_checks.h"
@@ -86,12 +87,14 @@ TEST_P(Int8MatMulTest, MatchesFloat64LoopsOverTheDequantisedWeights) {
     for (int j = 0; j < n; ++j) {
       double want = 0, magnitude = 0;
       for (int e = 0; e < k; ++e) {
-        const double p = static_cast<double>(x[static_cast<size_t>(i) * k + e]) * w.Weight(j, e);
+        // x as the kernels take it: rounded to BF16 (kernel_table.h).
+        const double xe = BF16ToF32(F32ToBF16(x[static_cast<size_t>(i) * k + e]));
+        const double p = xe * w.Weight(j, e);
         want += p;
         magnitude += std::abs(p);
       }
-      // One rounding per FMA, at most 128 within a k block and one per block: a few hundred
-      // units of 2^-24 of the sum of magnitudes at worst.
+      // Exact products, one rounding per addition, at most 128 within a k block and one per
+      // block: a few hundred units of 2^-24 of the sum of magnitudes at worst.
       ASSERT_NEAR(y[static_cast<size_t>(i) * n + j], want, 2e-5 * magnitude + 1e-30)
           << "row " << i << " column " << j;
     }
