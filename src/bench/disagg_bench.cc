@@ -51,10 +51,9 @@ Result<std::unique_ptr<Engine>> LoadEngine(const DisaggBenchOptions& o, int thre
   load.transformer.threads = threads;
   load.load_tokenizer = false;  // token ids only
   PD_ASSIGN_OR_RETURN(ModelDir dir, LoadModelDir(o.model_dir, load));
-  // The weight dtype as `pdserve serve` names it (its --dtype), so both handshakes read alike.
+  // The formats as loaded, as `pdserve serve` names them, so both handshakes read alike.
   const std::string weights =
-      WeightsIdentity(o.load.weight_dtype ? DTypeFlagName(*o.load.weight_dtype) : "auto",
-                      o.load.weight_format ? DTypeFlagName(*o.load.weight_format) : "auto");
+      WeightsIdentity(dir.transformer->matrix_dtype(), dir.transformer->linear_dtype());
   PD_ASSIGN_OR_RETURN(*identity, IdentifyModel(dir.path, dir.config, weights));
   *config = dir.config;
   return Engine::Create(std::move(dir.transformer), nullptr, o.engine);

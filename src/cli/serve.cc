@@ -113,15 +113,17 @@ int RunServe(ServeFlags f) {
   server::ServedModel served;
   served.max_model_len = dir.config.MaxContext();
   served.tokenizer = std::move(dir.tokenizer);
+  // The formats the model was loaded in, whatever flags asked for them (model/fingerprint.h).
+  const std::string weights_identity =
+      WeightsIdentity(dir.transformer->matrix_dtype(), dir.transformer->linear_dtype());
   PD_ASSIGN_OR_RETURN_CLI(served.engine,
                           Engine::Create(std::move(dir.transformer), served.tokenizer.get(),
                                          engine_options, std::move(drafter)));
   std::string fingerprint;
   if (role != server::NodeRole::kColocated) {
     // The handshake compares it field by field and names what differs (messenger/node_info.h).
-    PD_ASSIGN_OR_RETURN_CLI(
-        ModelIdentity identity,
-        IdentifyModel(dir.path, dir.config, WeightsIdentity(f.model.dtype, f.model.weights)));
+    PD_ASSIGN_OR_RETURN_CLI(ModelIdentity identity,
+                            IdentifyModel(dir.path, dir.config, weights_identity));
     identity.kv = f.model.mtp_kv ? "mtp" : "plain";
     fingerprint = identity.Serialize();
   }

@@ -21,9 +21,9 @@ struct ModelIdentity {
   uint64_t config = 0;
   // ModelFingerprint(): 32 hex characters over the config and samples of every weight file.
   std::string files;
-  // The weight dtype asked for (`--dtype`: auto, bf16, f32) and the linear layers' format when
-  // `--weights` names one ("auto/int8", model/fingerprint.h's WeightsIdentity); they change the
-  // forward pass, hence the KV bits.
+  // The dtypes the weights are held in, as resolved at load: the matrices' ("bf16", "f32") and
+  // the linear layers' when 8-bit ("bf16/int8", model/fingerprint.h's WeightsIdentity); they
+  // change the forward pass, hence the KV bits.
   std::string weights;
   // The KV layers beyond the decoder's: "mtp" when the cache holds the MTP module's
   // (`--speculative mtp`: P writes it, D drafts from it), else "plain".

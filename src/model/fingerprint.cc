@@ -8,7 +8,9 @@
 
 #include <fmt/format.h>
 
+#include "common/dtype.h"
 #include "common/sha256.h"
+#include "model/weights.h"
 
 namespace pdserve {
 namespace {
@@ -56,9 +58,9 @@ Result<std::string> ModelFingerprint(const std::string& model_dir, const ModelCo
   return hex;
 }
 
-std::string WeightsIdentity(std::string_view dtype, std::string_view weights) {
-  std::string identity(dtype);
-  if (weights != "auto") identity += "/" + std::string(weights);
+std::string WeightsIdentity(DType matrix_dtype, DType linear_dtype) {
+  std::string identity(DTypeFlagName(matrix_dtype));
+  if (IsBlockScaled(linear_dtype)) identity += "/" + std::string(DTypeFlagName(linear_dtype));
   return identity;
 }
 

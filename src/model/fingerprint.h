@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/dtype.h"
 #include "common/model_identity.h"
 #include "common/status.h"
 #include "model/config.h"
@@ -22,14 +23,15 @@ namespace pdserve {
 // 32 lower-case hex characters. IoError naming the file that cannot be read.
 Result<std::string> ModelFingerprint(const std::string& model_dir, const ModelConfig& config);
 
-// The `weights` field of a node's identity: the weight dtype asked for (`--dtype`: auto, bf16,
-// f32) and, when `--weights` asks for a format other than the checkpoint's own (auto), that
-// format after a '/': "auto/int8". Two nodes that hold the linear layers in different formats
-// compute different KV, so their identities differ.
-std::string WeightsIdentity(std::string_view dtype, std::string_view weights);
+// The `weights` field of a node's identity: what the loaded model holds its weights in, as
+// resolved at load (not the flags that asked for it): the matrices' dtype ("bf16", "f32") and,
+// when the linear layers are held in 8 bits, their format after a '/': "bf16/int8". So
+// `--weights auto` on an INT8 checkpoint and `--weights int8` read alike, while two nodes that
+// hold the linear layers in different formats (they compute different KV) differ.
+std::string WeightsIdentity(DType matrix_dtype, DType linear_dtype);
 
-// The identity of the model in `model_dir` (whose config is `config`) computed in
-// `weight_dtype` as asked for (WeightsIdentity). Errors as ModelFingerprint.
+// The identity of the model in `model_dir` (whose config is `config`) held as `weight_dtype`
+// says (WeightsIdentity). Errors as ModelFingerprint.
 Result<ModelIdentity> IdentifyModel(const std::string& model_dir, const ModelConfig& config,
                                     std::string weight_dtype);
 

@@ -102,6 +102,8 @@ class Transformer {
   uint64_t Fingerprint() const;
   // The dtype the linear layers' matrices are held in (ModelWeights::linear_dtype).
   DType linear_dtype() const { return weights_.linear_dtype; }
+  // The dtype every other matrix is held in (ModelWeights::matrix_dtype), as resolved at load.
+  DType matrix_dtype() const { return weights_.matrix_dtype; }
 
   // Runs the chunks on the calling thread with a team of `threads` (TransformerOptions). logits
   // receives logit_rows rows of vocab_size floats per chunk with want_logits, in chunk order.

@@ -133,7 +133,7 @@ TEST(MessengerRefusalTest, IncompatibleModelsAreRefusedNamingTheDifference) {
   ASSERT_FALSE(other_format.is_discarded()) << GetJson(decode->port(), "/internal/messenger/peers");
   const std::string format_error = other_format.value("last_error", "");
   EXPECT_NE(format_error.find("weight dtype or format differs"), std::string::npos) << format_error;
-  EXPECT_NE(format_error.find("weights=auto/int8"), std::string::npos) << format_error;
+  EXPECT_NE(format_error.find("weights=bf16/int8"), std::string::npos) << format_error;
   EXPECT_EQ(format_error.find("model weights differ"), std::string::npos) << format_error;
 
   // No usable prefill node: a request fails at once, naming both reasons.
@@ -150,6 +150,45 @@ TEST(MessengerRefusalTest, IncompatibleModelsAreRefusedNamingTheDifference) {
   EXPECT_EQ(NodeMetric(shape->port(), "pdserve:messenger_peers_ready"), 0);
   EXPECT_EQ(NodeMetric(int8->port(), "pdserve:messenger_peers_ready"), 0);
   ExpectNodeDrained(decode->port());
+}
+
+// The identity holds the formats the nodes loaded, not their flags: on an INT8 checkpoint a
+// decode node with `--weights auto` (the checkpoint's own) and a prefill node with `--weights
+// int8` hold the same weights and serve together; a prefill node with `--weights bf16` (the
+// checkpoint dequantised) would compute other KV and is refused, naming both formats.
+TEST(MessengerRefusalTest, ResolvedWeightFormatsAreComparedNotFlags) {
+  const std::string int8_dir = SyntheticModelDir("tiny", DType::kI8);
+  auto same = StartKeyedPrefill(int8_dir, kClusterKey, {"--weights", "int8"});
+  auto bf16 = StartKeyedPrefill(int8_dir, kClusterKey, {"--weights", "bf16"});
+  ASSERT_TRUE(same->ok()) << same->error();
+  ASSERT_TRUE(bf16->ok()) << bf16->error();
+  auto decode = std::make_unique<NodeProcess>(
+      int8_dir, DecodeArgs("tcp", {same->port(), bf16->port()}, [] {
+        auto flags = kQuickPeerLossFlags;
+        flags.insert(flags.end(), {"--local-prefill-fallback", "off"});
+        return flags;
+      }()));
+  ASSERT_TRUE(decode->ok()) << decode->error();
+
+  const nlohmann::json refused = WaitUntilRefused(decode->port(), PeerName(*bf16));
+  ASSERT_FALSE(refused.is_discarded()) << GetJson(decode->port(), "/internal/messenger/peers");
+  const std::string error = refused.value("last_error", "");
+  EXPECT_NE(error.find("weight dtype or format differs"), std::string::npos) << error;
+  EXPECT_NE(error.find("prefill weights=bf16,"), std::string::npos) << error;
+  EXPECT_NE(error.find("decode weights=bf16/int8"), std::string::npos) << error;
+  EXPECT_EQ(error.find("model weights differ"), std::string::npos) << error;
+
+  EXPECT_EQ(WaitForMetric(decode->port(), "pdserve:messenger_peers_ready", 1, 20000), 1);
+  EXPECT_EQ(WaitForMetric(same->port(), "pdserve:messenger_peers_ready", 1, 20000), 1);
+  for (int i = 0; i < 3; ++i) {
+    const Completion c = Complete(decode->port(), RandomPrompt(21 + i, 30 + i), 3,
+                                  {{"X-Prefill-Peer", PeerName(*same)}});
+    EXPECT_EQ(c.status, 200) << c.body.dump();
+    EXPECT_EQ(c.token_ids.size(), 3u);
+  }
+  EXPECT_EQ(NodeMetric(bf16->port(), "pdserve:messenger_peers_ready"), 0);
+  ExpectNodeDrained(decode->port());
+  ExpectNodeDrained(same->port());
 }
 
 }  // namespace
