@@ -37,7 +37,8 @@ void UnpackRowBF16(const uint16_t* packed, int n, int k, int row, float* out);
 // scales whatever rows it is packed with, so tensor-parallel shares and fused matrices may
 // start anywhere.) Packed once, at load, by PackFP8 (64-column blocks, one byte per weight plus
 // the scales; see kernel_table.h); PackedFP8Bytes is the packed size. Bytes 0x7f and 0xff (NaN)
-// must not occur: the kernels would read them as 480 (the loader refuses them).
+// must not occur: the kernels would read them as 480 (the loader refuses them). A subnormal is
+// packed as a zero of its sign (the BF16 dot products would read it so).
 inline constexpr int kFp8BlockK = 128;
 size_t PackedFP8Bytes(int n, int k);
 // w [n][k] FP8 bytes (row-major, Hugging Face layout); row_scales [n][ceil(k / kFp8BlockK)].
@@ -45,19 +46,20 @@ void PackFP8(const uint8_t* w, const float* row_scales, int n, int k, uint8_t* p
 
 // INT8 weight matrices: w[r][c] = int8[r][c] * row_scales[r][c / kFp8BlockK], symmetric
 // (no zero point), the same grid of scales as FP8 (an F32 per row and 128-wide k block).
-// Packed once by PackInt8 into the FP8 layout (one byte per weight plus the scales); the
-// kernels widen each byte exactly to F32 and keep the FP8 order (kernel_table.h).
+// Packed once by PackInt8 into the FP8 layout's blocks (one byte per weight plus the scales);
+// the kernels widen each byte exactly to BF16 and keep the FP8 order (kernel_table.h).
 size_t PackedInt8Bytes(int n, int k);
 // w [n][k] INT8 (row-major); row_scales [n][ceil(k / kFp8BlockK)].
 void PackInt8(const int8_t* w, const float* row_scales, int n, int k, uint8_t* packed);
 
 // y[m][n] = sum_k x[m][k] * w[n][k]. BF16: x is BF16 too (activations are rounded to BF16
-// before a BF16 product) and w is packed by PackBF16. F32: w is [n][k] row-major. FP8: x stays
-// F32 and w is packed by PackFP8; each FP8 value is widened exactly inside the kernel.
+// before a BF16 product) and w is packed by PackBF16. F32: w is [n][k] row-major. FP8: x is
+// F32, rounded to BF16 inside the product (as vcvtneps2bf16 rounds), w packed by PackFP8; each
+// FP8 value is widened exactly to BF16 and the products are BF16 dot products (kernel_table.h).
 void MatMulBF16(const uint16_t* x, const uint16_t* packed_w, float* y, int m, int n, int k);
 void MatMulF32(const float* x, const float* w, float* y, int m, int n, int k);
 void MatMulFP8(const float* x, const uint8_t* packed_w, float* y, int m, int n, int k);
-// INT8: x stays F32 (no activation quantisation); w packed by PackInt8.
+// INT8: as FP8 (x rounded to BF16, no activation quantisation); w packed by PackInt8.
 void MatMulInt8(const float* x, const uint8_t* packed_w, float* y, int m, int n, int k);
 
 // Several products of one shape [n][k] at once (an MoE layer's experts, each with its own rows):
