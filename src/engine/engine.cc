@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string>
 
 #include <fmt/format.h>
 
 #include "common/check.h"
+#include "common/dtype.h"
 #include "common/logging.h"
 #include "engine/mtp_drafter.h"
 #include "engine/spec_sampling.h"
@@ -54,6 +56,12 @@ Sequence::Sequence(EngineRequest req, int page_tokens, Sampler s)
 Sequence::~Sequence() = default;
 
 namespace {
+
+// What besides the tokens changes a page's KV (engine/prefix_cache.h).
+std::string PrefixCacheSalt(const Transformer& model, const KvLayout& layout) {
+  return fmt::format("model={:016x} kv_dtype={} kv_kind={}", model.Fingerprint(),
+                     DTypeName(layout.dtype), static_cast<int>(layout.kind));
+}
 
 // Rank r's cache layout: rank 0's (the model's) with r's KV heads.
 KvLayout RankKvLayout(const Transformer& model, int rank, int num_pages, int page_tokens) {
@@ -200,7 +208,11 @@ Engine::Engine(std::unique_ptr<Transformer> model, const Tokenizer* tokenizer,
       tokenizer_(tokenizer),
       cache_(std::move(cache)),
       pool_(cache_->layout().num_pages),
-      scheduler_(options.scheduler, &pool_),
+      // Not with the MTP KV layer: its entry at a page's last slot depends on the next page's
+      // first token, which a page's hash does not cover (engine/prefix_cache.h).
+      prefix_cache_(&pool_, options.prefix_caching && !model_->mtp_kv(),
+                    PrefixCacheSalt(*model_, cache_->layout()), options.page_tokens),
+      scheduler_(options.scheduler, &pool_, &prefix_cache_),
       seeds_(options.seed),
       options_(options),
       layer_counter_(std::make_unique<LayerCounter>(this)) {
@@ -448,6 +460,7 @@ bool Engine::Step() {
     }
   }
   ProcessLogits(plan, logits_);
+  for (Sequence* seq : scheduler_.running()) prefix_cache_.Seal(seq);
   PublishStats();
   return true;
 }
@@ -465,6 +478,9 @@ void Engine::PublishStats() {
   stats_.waiting = static_cast<int>(scheduler_.waiting().size() + remote_pending_.size());
   stats_.awaiting_kv = awaiting_kv;
   stats_.pages_used = pool_.used();
+  stats_.pages_cached = pool_.cached_pages();
+  stats_.pages_evictable = pool_.evictable_pages();
+  stats_.prefix_cache = prefix_cache_.stats();
   stats_.preemptions = scheduler_.preemptions();
   stats_.steps = static_cast<int64_t>(steps_.load(std::memory_order_relaxed));
   if (drafter_ != nullptr) {
@@ -574,6 +590,7 @@ void Engine::Finish(Sequence* seq, FinishReason reason, Status status, RequestOu
   out.completion_tokens = seq->completion_tokens();
   scheduler_.Remove(seq);
   std::erase(remote_pending_, seq);
+  prefix_cache_.Seal(seq);
   if (drafter_ != nullptr) drafter_->Release(*seq);
   const std::string id = seq->request.id;
   auto node = live_.extract(id);
@@ -604,6 +621,7 @@ void Engine::FinishPrefillOnly(Sequence* seq) {
   out.held_pages.assign(pages.begin(), pages.end());
   out.mtp_hidden = std::move(seq->mtp_hidden);
   scheduler_.Remove(seq);
+  prefix_cache_.Seal(seq);
   seq->state = SequenceState::kFinished;
   held_.insert(live_.extract(seq->request.id));
   seq->request.on_output(out);

@@ -24,6 +24,7 @@
 #include "common/mutex.h"
 #include "common/status.h"
 #include "engine/drafter.h"
+#include "engine/prefix_cache.h"
 #include "engine/rank_workers.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
@@ -48,6 +49,8 @@ struct EngineOptions {
   // step, in [1, kMaxSpeculativeTokens].
   int num_speculative_tokens = 0;
   static constexpr int kMaxSpeculativeTokens = 16;
+  // Automatic prefix caching (engine/prefix_cache.h).
+  bool prefix_caching = true;
 };
 
 // Speculative decoding's counters, as vLLM defines them: one draft per verified run of drafted
@@ -83,8 +86,11 @@ struct EngineStats {
   int running = 0;
   int waiting = 0;
   int awaiting_kv = 0;
-  int pages_used = 0;
+  int pages_used = 0;  // referenced by requests
   int pages_total = 0;
+  int pages_cached = 0;     // holding a cached prefix, referenced or not
+  int pages_evictable = 0;  // cached and referenced by none: free for the taking
+  PrefixCacheStats prefix_cache;
   int64_t preemptions = 0;
   int64_t steps = 0;
   int tp_size = 1;                 // tensor-parallel ranks computing each step
@@ -152,6 +158,7 @@ class Engine {
   int tp_size() const { return 1 + static_cast<int>(rank_caches_.size()); }
   KvCache& kv_cache(int rank);  // precondition: 0 <= rank < tp_size()
   const PagePool& page_pool() const { return pool_; }
+  const PrefixCache& prefix_cache() const { return prefix_cache_; }
   const Drafter* drafter() const { return drafter_.get(); }  // null without speculation
 
  private:
@@ -203,6 +210,7 @@ class Engine {
   std::unique_ptr<RankWorkers> workers_;               // after the caches: stops first
   std::unique_ptr<Drafter> drafter_;                   // null without speculation
   PagePool pool_;
+  PrefixCache prefix_cache_;
   Scheduler scheduler_;
   SeedSource seeds_;
   EngineOptions options_;

@@ -131,8 +131,15 @@ std::vector<ScheduledChunk> Scheduler::Schedule() {
       budget -= 1;
       continue;
     }
+    const PrefixCache::Hit hit =
+        prefix_cache_ != nullptr ? prefix_cache_->Acquire(s) : PrefixCache::Hit{};
     const int64_t chunk = PlanPrefillChunk(s, budget);
-    if (chunk == 0) break;  // no pages: keep FIFO order, retry next step
+    if (chunk == 0) {  // no pages: keep FIFO order, retry next step
+      // A waiting sequence holds no shared pages: they would be pinned for nothing.
+      if (prefix_cache_ != nullptr) prefix_cache_->Return(s, hit);
+      break;
+    }
+    if (prefix_cache_ != nullptr) prefix_cache_->CountAdmission(s, hit);
     waiting_.pop_front();
     AddRunning(s);
     plan.push_back({s, s->num_computed, chunk,

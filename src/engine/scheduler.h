@@ -10,7 +10,9 @@
 //     fewer where max_tokens, the context, the budget or free pages allow fewer; never by
 //     preempting;
 //  2. running sequences still in prefill get chunks from the remaining budget (oldest first);
-//  3. waiting sequences are admitted (FIFO) while budget, running slots and pages allow.
+//  3. waiting sequences are admitted (FIFO) while budget, running slots and pages allow; one
+//     that holds no pages first shares the cached pages of its longest cached prefix
+//     (engine/prefix_cache.h) and computes only the rest.
 #pragma once
 
 #include <climits>
@@ -18,6 +20,7 @@
 #include <deque>
 #include <vector>
 
+#include "engine/prefix_cache.h"
 #include "engine/sequence.h"
 #include "kv/page_pool.h"
 
@@ -41,7 +44,9 @@ struct ScheduledChunk {
 
 class Scheduler {
  public:
-  Scheduler(const SchedulerOptions& options, PagePool* pool) : options_(options), pool_(pool) {}
+  // prefix_cache may be null (no prefix caching); it must outlive the scheduler.
+  Scheduler(const SchedulerOptions& options, PagePool* pool, PrefixCache* prefix_cache = nullptr)
+      : options_(options), pool_(pool), prefix_cache_(prefix_cache) {}
 
   // Positions a sequence may reach (the model's context, the cache): drafted tokens stop there.
   void set_max_sequence_tokens(int64_t tokens) { max_sequence_tokens_ = tokens; }
@@ -70,6 +75,7 @@ class Scheduler {
 
   SchedulerOptions options_;
   PagePool* pool_;
+  PrefixCache* prefix_cache_;
   std::deque<Sequence*> running_;  // admission order
   std::deque<Sequence*> waiting_;
   int64_t max_sequence_tokens_ = INT64_MAX;

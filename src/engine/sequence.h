@@ -10,6 +10,7 @@
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "kv/block_table.h"
+#include "kv/page_hash.h"
 #include "tokenizer/tokenizer.h"
 
 namespace pdserve {
@@ -51,6 +52,12 @@ struct Sequence {
   // With the MTP KV layer (engine/mtp_drafter.h): the target's final-normed hidden state of
   // position num_computed - 1, where the next drafts start; empty until a pass produced it.
   std::vector<float> mtp_hidden;
+
+  // Prefix caching (engine/prefix_cache.h): the hashes of `tokens`' first full pages, as far
+  // as they were needed (tokens only grow, so they stay valid), and whether the sequence's
+  // first admission was counted in the cache's statistics.
+  std::vector<PageHash> page_hashes;
+  bool prefix_counted = false;
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int completion_tokens() const { return static_cast<int>(tokens.size()) - prompt_len; }

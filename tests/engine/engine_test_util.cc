@@ -31,6 +31,7 @@ EngineFixture::EngineFixture(const std::string& model_dir, const FixtureOptions&
   eo.num_pages = options.num_pages;
   eo.kv_cache_bytes = size_t{64} << 20;
   eo.scheduler.max_batch_tokens = options.max_batch_tokens;
+  eo.prefix_caching = options.prefix_caching;
   std::unique_ptr<Drafter> drafter;
   if (options.mtp) eo.num_speculative_tokens = options.speculative_tokens;
   if (!options.draft_dir.empty()) {

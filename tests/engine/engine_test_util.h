@@ -32,6 +32,7 @@ struct FixtureOptions {
   int speculative_tokens = 3;
   // Speculative decoding with the model's own MTP module (engine/mtp_drafter.h).
   bool mtp = false;
+  bool prefix_caching = true;  // EngineOptions::prefix_caching
 };
 
 class EngineFixture {
