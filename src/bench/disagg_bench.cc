@@ -56,7 +56,10 @@ Result<std::unique_ptr<Engine>> LoadEngine(const DisaggBenchOptions& o, int thre
       WeightsIdentity(dir.transformer->matrix_dtype(), dir.transformer->linear_dtype());
   PD_ASSIGN_OR_RETURN(*identity, IdentifyModel(dir.path, dir.config, weights));
   *config = dir.config;
-  return Engine::Create(std::move(dir.transformer), nullptr, o.engine);
+  // Every repeat sends the same prompt, which P must compute whole each time.
+  EngineOptions engine = o.engine;
+  engine.prefix_caching = false;
+  return Engine::Create(std::move(dir.transformer), nullptr, engine);
 }
 
 Result<std::unique_ptr<Nodes>> StartNodes(const DisaggBenchOptions& o) {

@@ -54,6 +54,10 @@ void AddModelFlags(CLI::App* cmd, ModelFlags* flags, bool tensor_parallel) {
   cmd->add_option("--max-running", flags->max_running, "Sequences per step")
       ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();
+  cmd->add_flag(
+      "--no-prefix-caching", flags->no_prefix_caching,
+      "Turn off automatic prefix caching (on by default: a prompt's full KV pages that an "
+      "earlier request computed are shared instead of computed again)");
   if (!tensor_parallel) return;
   cmd->add_option("--tp", flags->tp,
                   "Tensor-parallel ranks (rank 0 here, the others in `pdserve rank-worker` "
@@ -145,6 +149,7 @@ EngineOptions EngineOptionsFromFlags(const ModelFlags& flags) {
   options.kv_cache_bytes = static_cast<size_t>(flags.kv_cache_mb) << 20;
   options.scheduler.max_batch_tokens = flags.max_batch_tokens;
   options.scheduler.max_running = flags.max_running;
+  options.prefix_caching = !flags.no_prefix_caching;
   options.tensor_parallel.size = flags.tp;
   options.tensor_parallel.collective_timeout = std::chrono::seconds(flags.tp_timeout_s);
   // Each worker loads the model as this process did, as its own rank, on the same kernel path.

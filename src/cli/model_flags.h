@@ -23,6 +23,7 @@ struct ModelFlags {
   int kv_cache_mb = 256;
   int max_batch_tokens = 512;
   int max_running = 64;
+  bool no_prefix_caching = false;  // --no-prefix-caching (engine/prefix_cache.h)
   int tp = 1;  // tensor-parallel ranks: this process is rank 0, the others `rank-worker`s
   // Longest wait of a rank for another inside a forward pass before the group fails.
   int tp_timeout_s = 120;

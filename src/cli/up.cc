@@ -50,6 +50,7 @@ struct UpFlags {
   int threads_per_node = 0;  // 0: the node's share of the cores
   std::string api_key;
   int kv_cache_mb = 256;
+  bool no_prefix_caching = false;
   int startup_timeout_s = 300;
   int stop_timeout_s = 10;
   int shutdown_grace_s = 30;
@@ -176,6 +177,7 @@ std::vector<std::string> NodeArgv(const std::string& exe, const std::string& mod
                                    std::to_string(spec.threads),
                                    "--kv-cache-mb",
                                    std::to_string(f.kv_cache_mb)};
+  if (f.no_prefix_caching) argv.push_back("--no-prefix-caching");
   if (spec.role != "colocated" && !f.fabric_provider.empty()) {
     argv.insert(argv.end(), {"--fabric-provider", f.fabric_provider});
   }
@@ -382,6 +384,8 @@ void AddUpCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--kv-cache-mb", flags->kv_cache_mb, "KV cache per node in MiB")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
+  cmd->add_flag("--no-prefix-caching", flags->no_prefix_caching,
+                "Turn off every node's automatic prefix caching");
   cmd->add_option("--startup-timeout", flags->startup_timeout_s, "Seconds to wait for nodes")
       ->check(CLI::Range(1, 3600))
       ->capture_default_str();

@@ -88,9 +88,24 @@ std::string ServerMetrics::Render(const EngineStats& stats) const {
           "pdserve:kv_cache_usage_perc", "Fraction of KV cache pages in use (0 to 1).",
           stats.pages_total > 0 ? static_cast<double>(stats.pages_used) / stats.pages_total : 0.0)
       // The page pool in pages: on a decode node, pages held for KV in flight count as used.
-      .Gauge("pdserve:kv_pages_used", "KV cache pages in use (allocated, held or pinned).",
+      // Cached pages no request holds are not used: they are evicted as pages are needed.
+      .Gauge("pdserve:kv_pages_used",
+             "KV cache pages in use (held by requests, or pinned for KV in flight).",
              stats.pages_used)
       .Gauge("pdserve:kv_pages_total", "KV cache pages in the pool.", stats.pages_total)
+      .Gauge("pdserve:kv_pages_cached",
+             "KV cache pages holding a cached prompt prefix, held by requests or not.",
+             stats.pages_cached)
+      .Gauge("pdserve:kv_pages_evictable",
+             "Cached KV cache pages no request holds (kept until their memory is needed).",
+             stats.pages_evictable)
+      // vLLM's prefix-cache counters (Prometheus's client library adds _total), in tokens.
+      .Counter("vllm:prefix_cache_queries_total",
+               "Prefix cache queries, in tokens: each request's tokens when it is first admitted.",
+               static_cast<double>(stats.prefix_cache.queries))
+      .Counter("vllm:prefix_cache_hits_total",
+               "Prefix cache hits, in tokens: queried tokens whose KV was found cached.",
+               static_cast<double>(stats.prefix_cache.hits))
       .Gauge("pdserve:tensor_parallel_size", "Tensor-parallel ranks computing each step.",
              stats.tp_size)
       .Counter("pdserve:num_preemptions_total", "Sequences preempted for lack of KV pages.",

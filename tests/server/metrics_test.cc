@@ -33,11 +33,19 @@ TEST(MetricsTest, RenderHasGaugesCountersAndHistograms) {
   stats.waiting = 1;
   stats.pages_used = 1;
   stats.pages_total = 4;
+  stats.pages_cached = 3;
+  stats.pages_evictable = 2;
+  stats.prefix_cache = {.queries = 40, .hits = 32};
   const std::string out = m.Render(stats);
   EXPECT_NE(out.find("pdserve:num_requests_running 2\n"), std::string::npos) << out;
   EXPECT_NE(out.find("pdserve:num_requests_waiting 1\n"), std::string::npos) << out;
   EXPECT_NE(out.find("pdserve:kv_cache_usage_perc 0.25\n"), std::string::npos) << out;
   EXPECT_NE(out.find("pdserve:prompt_tokens_total 5\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("pdserve:kv_pages_cached 3\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("pdserve:kv_pages_evictable 2\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("# TYPE vllm:prefix_cache_queries_total counter\n"), std::string::npos);
+  EXPECT_NE(out.find("vllm:prefix_cache_queries_total 40\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("vllm:prefix_cache_hits_total 32\n"), std::string::npos) << out;
   EXPECT_NE(out.find("pdserve:generation_tokens_total 7\n"), std::string::npos) << out;
   EXPECT_NE(out.find("pdserve:request_success_total{finished_reason=\"stop\"} 1\n"),
             std::string::npos);
