@@ -451,5 +451,40 @@ TEST(PrefixCacheTest, SpeculativeDecodingOverSharedPages) {
   EXPECT_EQ(on.engine().drafter()->page_pool().used(), 0);
 }
 
+// A speculative sequence that stops on a token the target chose over a rejected draft counts
+// that draft's position computed when it finishes (verification did not roll back): the KV
+// there is the draft's, not the stop token's, and must never be registered. With pages of one
+// token, each continuation (the prompt, the answer up to its stop token, a new turn) is
+// checked against an engine without caching or speculation, logprobs bit for bit; the stop
+// token is each of the greedy answer's tokens in turn, so some stops fall on rejections.
+TEST(PrefixCacheTest, SpeculativeStopRegistersNoRejectedDraft) {
+  const std::string target =
+      testing::SyntheticModelDir("tiny", {.quiet_from_layer = 2, .quiet_scale = 0.05f});
+  const std::string draft = testing::SyntheticModelDir("tiny", {.num_layers = 2});
+  EngineFixture off(target, {.page_tokens = 1, .prefix_caching = false});
+  EngineFixture on(target, {.page_tokens = 1, .draft_dir = draft, .speculative_tokens = 4});
+  const std::vector<int32_t> prompt = Tokens(10, 81);
+  const std::vector<int32_t> answer = off.Greedy(prompt, 24);
+  SamplingParams params = Greedy();
+  params.logprobs = 2;
+  int id = 0;
+  for (size_t j = 1; j < answer.size(); ++j) {
+    if (std::find(answer.begin(), answer.begin() + j, answer[j]) != answer.begin() + j) continue;
+    SamplingParams stop = params;
+    stop.stop_token_ids = {answer[j]};
+    const Outcome stopped = RunAlone(on.engine(), "s" + std::to_string(id++), prompt, 24, stop);
+    ASSERT_EQ(stopped.tokens, std::vector<int32_t>(answer.begin(), answer.begin() + j + 1));
+    const std::vector<int32_t> next =
+        Concat(Concat(prompt, stopped.tokens), Tokens(3, 90 + static_cast<uint32_t>(j)));
+    const Outcome want = RunAlone(off.engine(), "w" + std::to_string(id++), next, 4, params);
+    int64_t hit = 0;
+    const Outcome got = RunAlone(on.engine(), "n" + std::to_string(id++), next, 4, params, &hit);
+    EXPECT_GE(hit, static_cast<int64_t>(prompt.size() + j)) << "stop at " << j;
+    ExpectSameSamples(got.samples, want.samples, "stop at " + std::to_string(j));
+  }
+  EXPECT_GT(on.engine().stats().spec.draft_tokens, on.engine().stats().spec.accepted_tokens);
+  ExpectDrained(on.engine());
+}
+
 }  // namespace
 }  // namespace pdserve
