@@ -448,7 +448,7 @@ TEST(PrefixCacheTest, SpeculativeDecodingOverSharedPages) {
   EXPECT_GT(on.engine().stats().spec.draft_tokens, on.engine().stats().spec.accepted_tokens);
   EXPECT_GE(on.engine().prefix_cache().stats().hits, 5 * 16 + 5 * 16);
   ExpectDrained(on.engine());
-  EXPECT_EQ(on.engine().drafter()->page_pool().used(), 0);
+  EXPECT_EQ(on.engine().drafter()->page_pool()->used(), 0);
 }
 
 // A speculative sequence that stops on a token the target chose over a rejected draft counts
