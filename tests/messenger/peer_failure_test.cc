@@ -21,8 +21,11 @@ constexpr int kLongPrompt = kLongPromptTokens;  // prefill steps of 16 tokens: s
 // kPrefillTimeoutMs (disagg_util.h) bounds a hang; only the test that waits for a request to
 // fail for want of a peer uses a short one.
 
+// Without prefix caching: these tests send a prompt again and fault the prefill node while it
+// computes it; a cache hit would leave nothing to compute, and the request ended before the
+// fault (seen in CI: "WaitUntilPrefilling" false, the repeat served in 21 ms).
 std::unique_ptr<NodeProcess> StartPrefill(const std::string& listen = "127.0.0.1:0") {
-  auto args = PrefillArgs("tcp", {"--max-batch-tokens", "16"});
+  auto args = PrefillArgs("tcp", {"--max-batch-tokens", "16", "--no-prefix-caching"});
   args.insert(args.end(), kQuickPeerLossFlags.begin(), kQuickPeerLossFlags.end());
   return std::make_unique<NodeProcess>(TinyModelDir(), args, listen);
 }
