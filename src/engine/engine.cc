@@ -366,7 +366,8 @@ void Engine::Apply(Command& cmd) {
       // An ordinary request from now on: its pages are no write target any more, so a
       // preemption may free them like any other's.
       seq->request.kind = RequestKind::kGenerate;
-      seq->num_computed = 0;
+      // Pages shared from the prefix cache hold their KV already (and must not be written).
+      seq->num_computed = seq->table.sealed_tokens();
       scheduler_.AddWaiting(seq);
       return;
     }
@@ -385,10 +386,18 @@ void Engine::TryAllocateRemote() {
   size_t done = 0;
   for (; done < remote_pending_.size(); ++done) {
     Sequence* seq = remote_pending_[done];
-    if (!seq->table.EnsureCapacity(pool_, seq->prompt_len).ok()) break;
+    // The cached pages of its longest cached prefix (of [0, prompt - 1), the positions a
+    // prefill node would fill): only the rest is asked for.
+    const PrefixCache::Hit hit = prefix_cache_.Acquire(seq);
+    if (!seq->table.EnsureCapacity(pool_, seq->prompt_len).ok()) {
+      prefix_cache_.Return(seq, hit);
+      break;
+    }
+    prefix_cache_.CountAdmission(seq, hit);
     seq->state = SequenceState::kAwaitingKv;
     const std::span<const PageId> pages = seq->table.pages();
-    seq->request.on_pages_allocated(std::vector<PageId>(pages.begin(), pages.end()));
+    seq->request.on_pages_allocated(std::vector<PageId>(pages.begin(), pages.end()),
+                                    seq->table.sealed_pages());
   }
   remote_pending_.erase(remote_pending_.begin(), remote_pending_.begin() + done);
 }

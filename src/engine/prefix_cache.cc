@@ -36,7 +36,6 @@ void PrefixCache::Return(Sequence* seq, const Hit& hit) {
 }
 
 void PrefixCache::Seal(Sequence* seq) {
-  if (seq->request.kind == RequestKind::kRemotePrefill) return;
   // Positions [0, num_computed) hold final KV — but a sequence that verifies drafted tokens and
   // finishes in that step (Engine::ProcessLogits) still counts every drafted position computed.
   // Its accepted ones stop before its last token, which no step has run yet: one less is safe.

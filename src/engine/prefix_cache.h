@@ -15,8 +15,12 @@
 // Off with the MTP KV layer (Transformer::mtp_kv, engine/mtp_drafter.h): the module's KV of a
 // position depends on the next token as well, so a page's last slot depends on the token after
 // the page, which its hash does not cover; a later stage may hash one token further.
-// Not registered: a kRemotePrefill sequence's pages (their KV came from a prefill node whose
-// kernel path and completeness this engine does not vouch for; a later stage decides).
+// A kRemotePrefill sequence (a decode node's) looks the cache up when its pages are allocated
+// — only the rest is asked of a prefill node — and its pages are registered like any other's
+// once admitted (all its KV landed): the messenger's handshake admits only prefill nodes that
+// compute this engine's bits (same model identity, weight format, kernel path and KV layout;
+// tensor parallelism changes no bit), so their KV is what this engine would have computed.
+// Pages of a transfer that did not complete are never sealed (num_computed stays at the hit).
 // With caching off, pages are still sealed (BlockTable's checks hold) but never registered.
 // Loop thread only (the scheduler at admission, the engine after each step and as requests
 // end); stats() from any thread.
@@ -63,7 +67,7 @@ class PrefixCache {
   // It was not (no pages for the rest): hands the shared pages back, as before Acquire.
   void Return(Sequence* seq, const Hit& hit);
   // Seals the sequence's pages whose every slot now holds final KV and registers them (caching
-  // on, not kRemotePrefill). Call after every step for running sequences (and before a
+  // on). Call after every step for running sequences (and before a
   // sequence's pages are released) — never while num_computed counts drafted tokens that
   // verification may still reject, except as Finish does (the bound in the .cc).
   void Seal(Sequence* seq);

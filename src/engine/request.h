@@ -49,8 +49,10 @@ struct EngineRequest {
   RequestKind kind = RequestKind::kGenerate;
   // Called for every batch of new tokens and once with finished == true. Required.
   std::function<void(const RequestOutput&)> on_output;
-  // kRemotePrefill only: the pages the prompt's KV must be written to (in token order).
-  std::function<void(const std::vector<PageId>&)> on_pages_allocated;
+  // kRemotePrefill only: the request's pages (in token order); the first `cached_pages` came
+  // from this engine's prefix cache and already hold their KV (shared and sealed: nothing may
+  // write them), the rest must be written.
+  std::function<void(const std::vector<PageId>& pages, int cached_pages)> on_pages_allocated;
 };
 
 struct RequestOutput {

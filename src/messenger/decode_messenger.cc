@@ -20,6 +20,9 @@ struct DecodeMessenger::Request {
   std::string peer_override;
   std::vector<int32_t> prefix;  // tokens [0, n-1)
   std::vector<PageId> pages;    // pages holding the prefix
+  // The first cached_pages of `pages` came from this node's prefix cache: only the rest is
+  // asked of a prefill node (PrefillRequest::cached_pages).
+  int cached_pages = 0;
   State state = State::kAwaitingPages;
   PrefillPeer* peer = nullptr;
   uint64_t transfer_id = 0;  // of the current transfer
@@ -116,8 +119,11 @@ Status DecodeMessenger::Submit(EngineRequest request, const std::string& prefill
   req->prefix.assign(request.prompt.begin(), request.prompt.end() - 1);
   request.kind = RequestKind::kRemotePrefill;
   std::weak_ptr<ControlLoop> weak_loop = core_->weak_loop();
-  request.on_pages_allocated = [this, weak_loop, id = request.id](const std::vector<PageId>& p) {
-    if (auto loop = weak_loop.lock()) loop->Post([this, id, p] { OnPagesAllocated(id, p); });
+  request.on_pages_allocated = [this, weak_loop, id = request.id](const std::vector<PageId>& p,
+                                                                  int cached) {
+    if (auto loop = weak_loop.lock()) {
+      loop->Post([this, id, p, cached] { OnPagesAllocated(id, p, cached); });
+    }
   };
   request.on_output = [this, weak_loop, id = request.id,
                        user = std::move(request.on_output)](const RequestOutput& out) {
@@ -199,7 +205,8 @@ void DecodeMessenger::OnPeerRemoved(PrefillPeer& peer, const Status& why) {
   PublishStats();
 }
 
-void DecodeMessenger::OnPagesAllocated(const std::string& id, std::vector<PageId> pages) {
+void DecodeMessenger::OnPagesAllocated(const std::string& id, std::vector<PageId> pages,
+                                       int cached_pages) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   Request& req = *it->second;
@@ -208,10 +215,23 @@ void DecodeMessenger::OnPagesAllocated(const std::string& id, std::vector<PageId
       (req.prefix.size() + static_cast<size_t>(page_tokens) - 1) / static_cast<size_t>(page_tokens);
   pages.resize(std::min(pages.size(), kv_pages));
   req.pages = std::move(pages);
+  req.cached_pages = std::min(cached_pages, static_cast<int>(req.pages.size()));
   req.deadline = Deadline::After(options_.prefill_timeout);
-  if (req.prefix.empty()) {  // a one-token prompt: nothing to transfer
+  if (req.cached_pages > 0) {
+    // What P would have written into those pages, over every rank of this node.
+    int64_t page_bytes = 0;
+    for (int r = 0; r < engine_->tp_size(); ++r) {
+      const KvLayout& layout = engine_->kv_cache(r).layout();
+      page_bytes += static_cast<int64_t>(layout.block_bytes() * layout.num_layers);
+    }
+    counters_.bytes_not_transferred += page_bytes * req.cached_pages;
+    counters_.pages_not_transferred += req.cached_pages;
+  }
+  if (static_cast<size_t>(req.cached_pages) == req.pages.size()) {
+    // A one-token prompt, or every page of [0, n-1) cached here: nothing to transfer.
     req.state = Request::State::kLanded;
     engine_->Admit(id);
+    PublishStats();
     return;
   }
   Dispatch(req);
@@ -278,8 +298,9 @@ void DecodeMessenger::Dispatch(Request& req) {
     context = EncodeContextBuffer({.offset = cache.ContextSlotOffset(req.pages[0]),
                                    .bytes = static_cast<uint32_t>(cache.slot_bytes())});
   }
+  const size_t written_pages = req.pages.size() - static_cast<size_t>(req.cached_pages);
   const uint64_t expected =
-      best->plan->ExpectedWrites(req.pages.size(), seed) + (context.has_value() ? 1 : 0);
+      best->plan->ExpectedWrites(written_pages, seed) + (context.has_value() ? 1 : 0);
   std::weak_ptr<ControlLoop> weak_loop = core_->weak_loop();
   auto on_landed = [this, weak_loop, id = req.id, imm = req.immediate,
                     transfer_id = req.transfer_id](const Status& st, uint32_t arrived) {
@@ -319,7 +340,9 @@ void DecodeMessenger::Dispatch(Request& req) {
   peers_->Send(*best,
                PrefillRequest{.transfer_id = req.transfer_id,
                               .token_ids = req.prefix,
-                              .destination_pages = req.pages,
+                              .cached_pages = static_cast<uint32_t>(req.cached_pages),
+                              .destination_pages = std::vector<PageId>(
+                                  req.pages.begin() + req.cached_pages, req.pages.end()),
                               .transfer_slot = tag.slot,
                               .generation = tag.generation,
                               .deadline_ms = static_cast<uint32_t>(std::max<int64_t>(1, remaining)),
@@ -372,7 +395,9 @@ void DecodeMessenger::OnLanded(const std::string& id, uint32_t imm, const Status
     counters_.writes_received += arrived;
     KvCache& cache = engine_->kv_cache(0);
     counters_.bytes_received += static_cast<int64_t>(
-        req.peer->plan->ExpectedBytes(req.pages.size(), req.transfer_id) + cache.slot_bytes());
+        req.peer->plan->ExpectedBytes(req.pages.size() - static_cast<size_t>(req.cached_pages),
+                                      req.transfer_id) +
+        cache.slot_bytes());
     counters_.transfer_latency_seconds.Observe(
         std::chrono::duration<double>(at - req.prefill_sent).count());
     // Every write P will send has landed: the slot can be reused.

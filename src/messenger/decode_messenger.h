@@ -68,6 +68,10 @@ struct DecodeMessengerStats {
   // only the immediates of one-sided writes, never their lengths).
   int64_t writes_received = 0;
   int64_t bytes_received = 0;
+  // Pages of requests' prompts this node's prefix cache held, so no prefill node wrote them,
+  // and their bytes (over this node's ranks: what the writes would have carried).
+  int64_t pages_not_transferred = 0;
+  int64_t bytes_not_transferred = 0;
   Histogram transfer_latency_seconds{TransferLatencyBounds()};
   std::string last_peer_error;
   std::vector<PrefillPeerStatus> peers;
@@ -109,7 +113,7 @@ class DecodeMessenger {
   // decided: no write of it can land any more).
   void OnPeerReady(PrefillPeer& peer);
   void OnPeerRemoved(PrefillPeer& peer, const Status& why);
-  void OnPagesAllocated(const std::string& id, std::vector<PageId> pages);
+  void OnPagesAllocated(const std::string& id, std::vector<PageId> pages, int cached_pages);
   // Sends `req` to the least loaded ready peer it may use; with none, queues it while one it
   // may use is handshaking or on its first connection attempt, else NoUsablePeer.
   void Dispatch(Request& req);

@@ -81,15 +81,18 @@ void LayerStreamer::OnStepScheduled(uint64_t step, std::span<const AnnouncedChun
       StreamJob& job = *it->second;
       const int64_t end = c.start + c.count;
       // Without streaming nothing is final before the last chunk.
-      const int final_pages = end >= job.num_tokens ? static_cast<int>(job.dst_pages.size())
+      const int total_pages = job.first_page + static_cast<int>(job.dst_pages.size());
+      const int final_pages = end >= job.num_tokens ? total_pages
                               : job.streaming       ? static_cast<int>(end / page_tokens_)
-                                                    : job.pages_announced;
+                                                    : job.first_page + job.pages_announced;
       Segment seg{it->second, {}};
-      for (int i = job.pages_announced; i < final_pages; ++i) {
+      // Pages before first_page are the decode node's own: never written. A chunk that ends
+      // before them (this node recomputes what its cache lacks) announces nothing.
+      for (int i = job.first_page + job.pages_announced; i < final_pages; ++i) {
         if (i >= static_cast<int>(c.pages.size())) break;  // cannot happen: pages cover the chunk
-        seg.pages.push_back({c.pages[i], job.dst_pages[i]});
+        seg.pages.push_back({c.pages[i], job.dst_pages[i - job.first_page]});
       }
-      job.pages_announced = std::max(job.pages_announced, final_pages);
+      job.pages_announced = std::max(job.pages_announced, final_pages - job.first_page);
       if (seg.pages.empty()) continue;
       plan.hold_to_end |= !job.streaming;
       plan.segments.push_back(std::move(seg));

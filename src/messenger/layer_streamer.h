@@ -46,11 +46,14 @@ struct StreamJob {
   int64_t num_tokens = 0;  // tokens prefilled here: the prompt's [0, n-1)
   // Off: every page waits for the last chunk's forward pass to end, then all layers are posted.
   bool streaming = true;
+  // The decode node holds the prompt's first `first_page` pages already (its prefix cache):
+  // page first_page + i goes to dst_pages[i].
+  int first_page = 0;
   std::vector<PageId> dst_pages;
   Deadline deadline = Deadline::Never();
   // ---- Streamer state, guarded by LayerStreamer::mu_.
-  int pages_announced = 0;  // pages handed to a step plan
-  int pages_streamed = 0;   // pages whose every layer has been posted
+  int pages_announced = 0;  // destination pages handed to a step plan
+  int pages_streamed = 0;   // destination pages whose every layer has been posted
   int64_t writes_posted = 0;
   bool stopped = false;  // cancelled or failed: post nothing more
   // ---- Set from completions (any thread).

@@ -188,9 +188,13 @@ void PrefillMessenger::HandlePrefill(fabric::PeerId from, PrefillRequest request
   // may have its own page count: a destination page must exist in every decode rank's cache.
   const KvLayout& layout = p.plan->source().ranks[0];
   const int64_t tokens = static_cast<int64_t>(request.token_ids.size());
-  if (static_cast<size_t>(layout.PagesForTokens(tokens)) != request.destination_pages.size()) {
-    return refuse(fmt::format("{} tokens need {} destination pages, got {}", tokens,
-                              layout.PagesForTokens(tokens), request.destination_pages.size()));
+  // D's cached pages and the destination pages together cover the tokens, and at least one
+  // page is left to write.
+  if (static_cast<size_t>(layout.PagesForTokens(tokens)) !=
+      request.cached_pages + request.destination_pages.size()) {
+    return refuse(fmt::format("{} tokens need {} pages, got {} cached and {} destination pages",
+                              tokens, layout.PagesForTokens(tokens), request.cached_pages,
+                              request.destination_pages.size()));
   }
   PageId dst_pages = std::numeric_limits<PageId>::max();
   for (const KvLayout& rank : p.plan->destination().ranks) {
@@ -207,6 +211,9 @@ void PrefillMessenger::HandlePrefill(fabric::PeerId from, PrefillRequest request
     // The hidden state of the last prefilled position, into D's slot of its first page.
     Result<ContextBuffer> parsed = ParseContextBuffer(*request.context_buffer);
     if (!parsed.ok()) return refuse(parsed.status().message());
+    // The slot is the request's first page's, which D writes itself when it holds that page
+    // (with the MTP KV layer prefix caching is off: engine/prefix_cache.h).
+    if (request.cached_pages != 0) return refuse("a context buffer with cached pages");
     const size_t own = engine_->kv_cache(0).slot_bytes();
     const KvLayout& dst0 = p.plan->destination().ranks[0];
     if (own == 0 || parsed->bytes != own) {
@@ -235,6 +242,7 @@ void PrefillMessenger::HandlePrefill(fabric::PeerId from, PrefillRequest request
       EncodeImmediate({.slot = request.transfer_slot, .generation = request.generation});
   job->num_tokens = tokens;
   job->streaming = kv_streaming_.load();
+  job->first_page = static_cast<int>(request.cached_pages);
   job->dst_pages = std::move(request.destination_pages);
   job->deadline = Deadline::AfterMs(request.deadline_ms);
 

@@ -86,6 +86,10 @@ Status CheckPrefillRequest(const PrefillRequest& p) {
     return Invalid(fmt::format("prefill request has {} destination pages (1..{})",
                                p.destination_pages.size(), kMaxRequestPages));
   }
+  if (p.cached_pages > kMaxRequestPages) {
+    return Invalid(fmt::format("prefill request has {} cached pages (at most {})", p.cached_pages,
+                               kMaxRequestPages));
+  }
   for (int32_t t : p.token_ids) {
     if (t < 0) return Invalid(fmt::format("negative token id {}", t));
   }
@@ -176,6 +180,7 @@ void WriteBody(ByteWriter& w, const Message& m) {
                         [&](const PrefillRequest& p) {
                           w.U32(static_cast<uint32_t>(p.token_ids.size()));
                           for (int32_t t : p.token_ids) w.U32(static_cast<uint32_t>(t));
+                          w.U32(p.cached_pages);
                           w.U32(static_cast<uint32_t>(p.destination_pages.size()));
                           for (PageId page : p.destination_pages) {
                             w.U32(static_cast<uint32_t>(page));
@@ -250,6 +255,11 @@ Status ReadPrefillRequest(ByteReader& r, PrefillRequest* p) {
   PD_RETURN_IF_ERROR(r.Count("token count", kMaxPromptTokens, 4, &count));
   p->token_ids.resize(count);
   for (int32_t& t : p->token_ids) PD_RETURN_IF_ERROR(r.NonNegativeI32("token id", &t));
+  PD_RETURN_IF_ERROR(r.U32("cached pages", &p->cached_pages));
+  if (p->cached_pages > kMaxRequestPages) {
+    return Status::ProtocolError(
+        fmt::format("cached pages {} (at most {})", p->cached_pages, kMaxRequestPages));
+  }
   PD_RETURN_IF_ERROR(r.Count("page count", kMaxRequestPages, 4, &count));
   p->destination_pages.resize(count);
   for (PageId& page : p->destination_pages) {

@@ -35,7 +35,8 @@ namespace pdserve::messenger {
 
 // 2: HelloAck names the Hello it answers (hello_nonce).
 // 3: a layout carries its kind (GQA K and V, or an MLA latent).
-inline constexpr uint16_t kProtocolVersion = 3;
+// 4: PrefillRequest::cached_pages (D's prefix-cache hit: only the pages after it are written).
+inline constexpr uint16_t kProtocolVersion = 4;
 inline constexpr size_t kHeaderBytes = 20;
 // Caps: far above real use, low enough that a hostile peer cannot make us allocate much.
 inline constexpr size_t kMaxMessageBytes = size_t{16} << 20;
@@ -105,6 +106,11 @@ struct HandshakeRefused {
 struct PrefillRequest {
   uint64_t transfer_id = 0;
   std::vector<int32_t> token_ids;
+  // D already holds the KV of the prompt's first `cached_pages` pages (its prefix cache): P
+  // writes only pages cached_pages, cached_pages + 1, ... of [0, n-1), to destination_pages
+  // in that order (so cached_pages + destination_pages.size() pages cover the tokens). P still
+  // needs the whole prefix to attend to; it computes what its own cache lacks.
+  uint32_t cached_pages = 0;
   std::vector<PageId> destination_pages;
   uint32_t transfer_slot = 0;  // with generation: the writes' immediate (immediate.h)
   uint32_t generation = 0;

@@ -182,6 +182,12 @@ class DecodeFront final : public RoleFront {
                  "KV page writes of transfers that landed completely.", n(s.writes_received))
         .Counter("pdserve:messenger_kv_bytes_received_total",
                  "Bytes of those writes (from the transfer plan).", n(s.bytes_received))
+        .Counter("pdserve:messenger_kv_pages_not_transferred_total",
+                 "Prompt pages this node's prefix cache held, so no prefill node sent them.",
+                 n(s.pages_not_transferred))
+        .Counter("pdserve:messenger_kv_bytes_not_transferred_total",
+                 "Bytes of those pages over this node's ranks (what their writes would carry).",
+                 n(s.bytes_not_transferred))
         .Histogram("pdserve:messenger_kv_transfer_latency_seconds",
                    "PrefillRequest sent to every expected KV write landed.",
                    s.transfer_latency_seconds);

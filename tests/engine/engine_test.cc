@@ -243,7 +243,7 @@ EngineRequest GreedyRemotePrefill(const std::string& id, const std::vector<int32
   r.params.max_tokens = n;
   r.params.ignore_eos = true;
   r.kind = RequestKind::kRemotePrefill;
-  r.on_pages_allocated = [pages](const std::vector<PageId>& p) { *pages = p; };
+  r.on_pages_allocated = [pages](const std::vector<PageId>& p, int) { *pages = p; };
   r.on_output = [tokens, finished](const RequestOutput& o) {
     tokens->insert(tokens->end(), o.tokens.begin(), o.tokens.end());
     *finished = o.finished;

@@ -154,7 +154,7 @@ std::vector<RequestSpec> RunDisaggregated(const std::string& target,
     r.params.max_tokens = n;
     r.params.ignore_eos = true;
     r.kind = RequestKind::kRemotePrefill;
-    r.on_pages_allocated = [&](const std::vector<PageId>& pages) { d_pages = pages; };
+    r.on_pages_allocated = [&](const std::vector<PageId>& pages, int) { d_pages = pages; };
     r.on_output = [&](const RequestOutput& o) {
       got.insert(got.end(), o.tokens.begin(), o.tokens.end());
       finished = o.finished;

@@ -358,9 +358,10 @@ TEST(PrefixCacheTest, PreemptionWhileSharing) {
 
 // A prefill node's request that hits the cache (kPrefillOnly): its held pages start with the
 // shared ones and hold, bit for bit, the KV the first request's pages hold; copied to a decode
-// engine they give the colocated tokens. A decode engine's kRemotePrefill pages are never
-// registered (their KV came from elsewhere).
-TEST(PrefixCacheTest, PrefillOnlyHitsAndRemotePrefillRegistersNothing) {
+// engine they give the colocated tokens. The decode engine registers those pages once the
+// request is admitted (its KV landed), so the same prompt again asks only for the page past
+// its cached ones (the last, partly filled page of [0, n-1)), and still gives those tokens.
+TEST(PrefixCacheTest, PrefillOnlyHitsAndRemotePrefillRegistersItsLandedPages) {
   const std::string dir = testing::SyntheticModelDir("tiny-qwen3", DType::kBF16);
   const std::vector<int32_t> prompt = Tokens(26, 51);
   const int n = 8;
@@ -404,29 +405,40 @@ TEST(PrefixCacheTest, PrefillOnlyHitsAndRemotePrefillRegistersNothing) {
   }
   p.engine().ReleaseHeldPages("p0");
 
-  std::vector<PageId> d_pages;
-  Outcome got;
-  EngineRequest r = MakeRequest("r", prompt, n, &got, Greedy());
-  r.kind = RequestKind::kRemotePrefill;
-  r.on_pages_allocated = [&d_pages](const std::vector<PageId>& pages) { d_pages = pages; };
-  ASSERT_TRUE(d.engine().Submit(std::move(r)).ok());
-  d.engine().Step();
-  ASSERT_EQ(d_pages.size(), 7u);
-  for (int layer = 0; layer < layout.num_layers; ++layer) {
-    for (size_t j = 0; j < d_pages.size(); ++j) {
-      std::memcpy(d.engine().kv_cache().Block(layer, d_pages[j], false),
-                  p.engine().kv_cache().Block(layer, held[1][j], false), layout.block_bytes());
+  // Two remote requests for the prompt, one after the other: the first gets no cached page
+  // and all 7 copied; the second shares D's 6 full pages of [0, 24) and gets only the 7th.
+  for (int run = 0; run < 2; ++run) {
+    std::vector<PageId> d_pages;
+    int cached = -1;
+    Outcome got;
+    EngineRequest r = MakeRequest("r" + std::to_string(run), prompt, n, &got, Greedy());
+    r.kind = RequestKind::kRemotePrefill;
+    r.on_pages_allocated = [&](const std::vector<PageId>& pages, int cached_pages) {
+      d_pages = pages;
+      cached = cached_pages;
+    };
+    ASSERT_TRUE(d.engine().Submit(std::move(r)).ok());
+    d.engine().Step();
+    ASSERT_EQ(d_pages.size(), 7u);
+    ASSERT_EQ(cached, run == 0 ? 0 : 6);
+    for (int layer = 0; layer < layout.num_layers; ++layer) {
+      for (size_t j = static_cast<size_t>(cached); j < d_pages.size(); ++j) {
+        std::memcpy(d.engine().kv_cache().Block(layer, d_pages[j], false),
+                    p.engine().kv_cache().Block(layer, held[1][j], false), layout.block_bytes());
+      }
     }
+    d.engine().Admit("r" + std::to_string(run));
+    d.engine().RunUntilIdle();
+    EXPECT_EQ(got.tokens, want) << "run " << run;
+    // 26 prompt + 8 generated tokens, 33 computed: 8 full pages registered.
+    EXPECT_EQ(d.engine().page_pool().cached_pages(), 8) << "run " << run;
+    EXPECT_EQ(d.engine().prefix_cache().stats().queries, 26 * (run + 1));
+    EXPECT_EQ(d.engine().prefix_cache().stats().hits, 24 * run);
   }
   p.engine().ReleaseHeldPages("p1");
   p.engine().Step();
   ExpectDrained(p.engine());
   EXPECT_EQ(p.engine().page_pool().cached_pages(), 6);  // the 7th page was computed twice
-  d.engine().Admit("r");
-  d.engine().RunUntilIdle();
-  EXPECT_EQ(got.tokens, want);
-  EXPECT_EQ(d.engine().page_pool().cached_pages(), 0);
-  EXPECT_EQ(d.engine().prefix_cache().stats().queries, 0);
   ExpectDrained(d.engine());
 }
 

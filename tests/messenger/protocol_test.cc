@@ -43,6 +43,7 @@ Nonce FilledNonce(uint8_t first) {
 PrefillRequest SampleRequest() {
   return PrefillRequest{.transfer_id = 0x0102030405060708,
                         .token_ids = {100000, 200000, 7, 0, 151643},
+                        .cached_pages = 2,
                         .destination_pages = {900000, 3, 2},
                         .transfer_slot = kMaxTransferSlots - 1,
                         .generation = 17,
@@ -120,7 +121,7 @@ TEST(ProtocolTest, EncodingIsExplicitLittleEndian) {
   const std::string expected_body("\x01\x02\x03\x04\x05\x06\x07\x08", 8);
   ASSERT_EQ(bytes.size(), kHeaderBytes + 8);
   EXPECT_EQ(bytes.substr(kHeaderBytes), expected_body);
-  EXPECT_EQ(bytes.substr(4, 2), std::string("\x03\x00", 2));  // version 3
+  EXPECT_EQ(bytes.substr(4, 2), std::string("\x04\x00", 2));  // version 4
   EXPECT_EQ(bytes.substr(6, 2), std::string("\x09\x00", 2));  // type Heartbeat
 }
 
@@ -179,7 +180,7 @@ TEST(ProtocolTest, CorruptLengthFieldsAreRefused) {
   const PrefillRequest request = SampleRequest();
   const std::string prefill = Encode(request);
   const size_t token_count_at = kHeaderBytes;
-  const size_t page_count_at = token_count_at + 4 + 4 * request.token_ids.size();
+  const size_t page_count_at = token_count_at + 4 + 4 * request.token_ids.size() + 4;
   const HelloAck ack = std::get<HelloAck>(SampleMessages()[1]);
   const std::string hello_ack = Encode(ack);
   // incarnation, nonce, hello nonce, proof
@@ -248,8 +249,11 @@ TEST(ProtocolTest, OutOfRangeValuesAreRefusedOnDecode) {
   std::string bytes = good;
   PatchU32(&bytes, first_token_at, 0x80000000u);  // a negative token id
   ExpectRefused(bytes, "negative token");
-  const size_t slot_at =
-      first_token_at + 4 * request.token_ids.size() + 4 + 4 * request.destination_pages.size();
+  const size_t cached_at = first_token_at + 4 * request.token_ids.size();
+  bytes = good;
+  PatchU32(&bytes, cached_at, kMaxRequestPages + 1);
+  ExpectRefused(bytes, "cached pages past the cap");
+  const size_t slot_at = cached_at + 4 + 4 + 4 * request.destination_pages.size();
   bytes = good;
   PatchU32(&bytes, slot_at, kMaxTransferSlots);
   ExpectRefused(bytes, "slot past the immediate's 20 bits");
