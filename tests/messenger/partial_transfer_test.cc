@@ -13,7 +13,7 @@ namespace pdserve::testing {
 namespace {
 
 const std::vector<std::string> kPartialFlags = {"--page-size", std::to_string(kPage), "--kv-dtype",
-                                         "bf16",        "--max-batch-tokens",  "8"};
+                                                "bf16",        "--max-batch-tokens",  "8"};
 constexpr int kAnswerLength = 6;
 
 // Bytes of one page's KV on a TP-1 node: every layer, K and V of every KV head, BF16.
@@ -35,8 +35,8 @@ class PartialTransferTest : public ::testing::Test {
   void SetUp() override {
     page_bytes_ = TinyPageBytes();
     ASSERT_GT(page_bytes_, 0);
-    colocated_ = std::make_unique<NodeProcess>(TinyModelDir(),
-                                               With(kPartialFlags, {"--no-prefix-caching"}));
+    colocated_ =
+        std::make_unique<NodeProcess>(TinyModelDir(), With(kPartialFlags, {"--no-prefix-caching"}));
     ASSERT_TRUE(colocated_->ok()) << colocated_->error();
   }
 
@@ -161,8 +161,8 @@ TEST_F(PartialTransferTest, MultiTurnConversationsUnderEvictionPressure) {
   NodeProcess prefill(TinyModelDir(), With(PrefillArgs("tcp"), kPartialFlags));
   ASSERT_TRUE(prefill.ok()) << prefill.error();
   // 1 MiB: 128 pages of 4 tokens (2 KiB per token).
-  NodeProcess decode(TinyModelDir(),
-                     DecodeArgs("tcp", {prefill.port()}, With(kPartialFlags, {"--kv-cache-mb", "1"})));
+  NodeProcess decode(TinyModelDir(), DecodeArgs("tcp", {prefill.port()},
+                                                With(kPartialFlags, {"--kv-cache-mb", "1"})));
   ASSERT_TRUE(decode.ok()) << decode.error();
   ASSERT_EQ(page_bytes_ * 128, 1 << 20);
   const std::vector<int32_t> system = RandomPrompt(13, 600);

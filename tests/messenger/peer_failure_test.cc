@@ -21,9 +21,10 @@ constexpr int kLongPrompt = kLongPromptTokens;  // prefill steps of 16 tokens: s
 // kPrefillTimeoutMs (disagg_util.h) bounds a hang; only the test that waits for a request to
 // fail for want of a peer uses a short one.
 
-// Without prefix caching: these tests send a prompt again and fault the prefill node while it
-// computes it; a cache hit would leave nothing to compute, and the request ended before the
-// fault (seen in CI: "WaitUntilPrefilling" false, the repeat served in 21 ms).
+// Without prefix caching (here and on the decode nodes): these tests send a prompt again and
+// fault the prefill node while it computes it; a cache hit would leave nothing to compute (or
+// nothing to ask P), and the request ended before the fault (seen in CI: "WaitUntilPrefilling"
+// false, the repeat served in 21 ms).
 std::unique_ptr<NodeProcess> StartPrefill(const std::string& listen = "127.0.0.1:0") {
   auto args = PrefillArgs("tcp", {"--max-batch-tokens", "16", "--no-prefix-caching"});
   args.insert(args.end(), kQuickPeerLossFlags.begin(), kQuickPeerLossFlags.end());
@@ -37,7 +38,8 @@ std::unique_ptr<NodeProcess> StartDecode(const std::vector<int>& prefill_ports,
   auto decode = std::make_unique<NodeProcess>(
       TinyModelDir(), DecodeArgs("tcp", prefill_ports, [&extra] {
         auto a = kQuickPeerLossFlags;
-        a.insert(a.end(), {"--prefill-timeout-ms", std::to_string(kPrefillTimeoutMs)});
+        a.insert(a.end(), {"--prefill-timeout-ms", std::to_string(kPrefillTimeoutMs),
+                           "--no-prefix-caching"});
         a.insert(a.end(), extra.begin(), extra.end());
         return a;
       }()));
