@@ -25,7 +25,9 @@ std::vector<uint64_t> ChainBlockHashes(std::string_view bytes, size_t block_byte
 
 PrefixIndex::PrefixIndex(size_t capacity) : capacity_(std::max<size_t>(1, capacity)) {}
 
-void PrefixIndex::Record(const std::string& target, std::span<const uint64_t> chain) {
+void PrefixIndex::Record(const std::string& target, std::span<const uint64_t> chain,
+                         size_t capacity) {
+  if (capacity == 0) capacity = capacity_;
   MutexLock lock(&mu_);
   Target& t = targets_[target];
   // Last block first, so a prompt's head ends up most recent: eviction takes tails before the
@@ -41,7 +43,7 @@ void PrefixIndex::Record(const std::string& target, std::span<const uint64_t> ch
     t.where.emplace(hash, t.lru.begin());
   }
   // Only now: evicting while recording could drop this chain's own head before it is touched.
-  while (t.lru.size() > capacity_) {
+  while (t.lru.size() > capacity) {
     t.where.erase(t.lru.back());
     t.lru.pop_back();
   }

@@ -33,8 +33,10 @@ class PrefixIndex {
   PrefixIndex(const PrefixIndex&) = delete;
   PrefixIndex& operator=(const PrefixIndex&) = delete;
 
-  // The target now holds these blocks (most recently used).
-  void Record(const std::string& target, std::span<const uint64_t> chain) EXCLUDES(mu_);
+  // The target now holds these blocks (most recently used); it keeps at most `capacity` hashes
+  // (0: the index's).
+  void Record(const std::string& target, std::span<const uint64_t> chain, size_t capacity = 0)
+      EXCLUDES(mu_);
   // How many leading blocks of `chain` the target is thought to hold.
   size_t Match(const std::string& target, std::span<const uint64_t> chain) const EXCLUDES(mu_);
   // The target lost its cache (restarted, removed).

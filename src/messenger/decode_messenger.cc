@@ -19,7 +19,10 @@ struct DecodeMessenger::Request {
   std::string id;  // engine id
   std::string peer_override;
   std::vector<int32_t> prefix;  // tokens [0, n-1)
-  std::vector<PageId> pages;    // pages holding the prefix
+  // Chained hashes of the prefix's full pages, for the choice of peer by prefix (filled at the
+  // first dispatch).
+  std::vector<uint64_t> page_chain;
+  std::vector<PageId> pages;  // pages holding the prefix
   // The first cached_pages of `pages` came from this node's prefix cache: only the rest is
   // asked of a prefill node (PrefillRequest::cached_pages).
   int cached_pages = 0;
@@ -184,6 +187,7 @@ void DecodeMessenger::RedispatchQueued() {
 
 void DecodeMessenger::OnPeerRemoved(PrefillPeer& peer, const Status& why) {
   counters_.last_peer_error = why.ToString();
+  peer_prefixes_.Forget(peer.spec.name);  // it may come back as a new process, cache empty
   peer.own_tokens = 0;
   std::vector<Request*> affected;
   for (auto& [id, req] : requests_) {
@@ -250,15 +254,30 @@ bool DecodeMessenger::MayUse(const Request& req, const PrefillPeer& peer) const 
 }
 
 void DecodeMessenger::Dispatch(Request& req) {
+  const int page_tokens = engine_->kv_layout().page_tokens;
+  if (req.page_chain.empty()) {
+    req.page_chain =
+        ChainBlockHashes(std::string_view(reinterpret_cast<const char*>(req.prefix.data()),
+                                          req.prefix.size() * sizeof(int32_t)),
+                         static_cast<size_t>(page_tokens) * sizeof(int32_t));
+  }
+  // The peer whose queue would finish this prompt's prefill first, in tokens: what it has
+  // outstanding (its last report and this node's own in flight there) plus the part of the
+  // prompt it is not thought to hold cached (peer_prefixes_). Ties: the first peer.
   PrefillPeer* best = nullptr;
+  int64_t best_cost = 0;
   bool pending = false;  // a peer it may use will be ready or known unusable soon
   for (auto& p : peers_->all()) {
     if (!MayUse(req, *p)) continue;
     pending |= p->handshaking() || p->first_attempt();
     if (!p->ready()) continue;
-    if (best == nullptr ||
-        p->own_tokens + p->reported_tokens < best->own_tokens + best->reported_tokens) {
+    const int64_t cached =
+        static_cast<int64_t>(peer_prefixes_.Match(p->spec.name, req.page_chain)) * page_tokens;
+    const int64_t cost =
+        p->own_tokens + p->reported_tokens + static_cast<int64_t>(req.prefix.size()) - cached;
+    if (best == nullptr || cost < best_cost) {
       best = p.get();
+      best_cost = cost;
     }
   }
   if (best == nullptr) {
@@ -329,6 +348,9 @@ void DecodeMessenger::Dispatch(Request& req) {
   req.state = Request::State::kInFlight;
   PD_LOG_DEBUG("request {}: {} tokens to {} as transfer {} (slot {}, {} writes expected)", req.id,
                req.prefix.size(), best->spec.name, req.transfer_id, req.slot, expected);
+  // P will hold the prompt's pages (until its cache evicts them: bounded by its page count).
+  peer_prefixes_.Record(best->spec.name, req.page_chain,
+                        static_cast<size_t>(best->plan->source().ranks[0].num_pages));
   best->own_tokens += static_cast<int64_t>(req.prefix.size());
   const auto remaining =
       std::chrono::duration_cast<std::chrono::milliseconds>(req.deadline.Remaining()).count();

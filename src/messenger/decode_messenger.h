@@ -1,7 +1,8 @@
 // DecodeMessenger: the decode node's side of the KV messenger (DESIGN.md §3). It handshakes with
 // every configured prefill peer, and for each request: submits it to the engine as
 // kRemotePrefill; once the engine has allocated its pages, picks a prefill peer (the request's
-// override, else the one with the fewest outstanding prefill tokens), registers the number of
+// override, else the one whose queue would finish the prompt first: its outstanding prefill
+// tokens plus the prompt's tokens it is not thought to hold cached), registers the number of
 // writes it expects (TransferPlan::ExpectedWrites of P's and D's layouts for the request's pages
 // and replica seed: the writes of every route between P's and D's ranks, whatever their tensor
 // parallelism) for the request's transfer slot BEFORE
@@ -35,6 +36,7 @@
 
 #include "common/histogram.h"
 #include "common/mutex.h"
+#include "common/prefix_index.h"
 #include "common/status.h"
 #include "engine/engine.h"
 #include "messenger/event_log.h"
@@ -147,6 +149,9 @@ class DecodeMessenger {
   std::map<uint64_t, std::string> by_transfer_id_;            // transfer id -> engine id
   uint64_t next_transfer_id_ = 1;
   SlotTable slots_;
+  // Which prompt pages each prefill peer was sent (an approximate view of its prefix cache,
+  // each peer bounded by its page count), for the choice of peer.
+  PrefixIndex peer_prefixes_{1};
   DecodeMessengerStats counters_;
 
   // Failures the engine's final output must carry (engine.Cancel alone says "cancelled").

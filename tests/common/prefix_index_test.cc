@@ -25,7 +25,7 @@ TEST(PrefixIndexTest, ChainedHashesNameWholePrefixes) {
 
 TEST(PrefixIndexTest, MatchCountsLeadingBlocksPerTarget) {
   PrefixIndex index(100);
-  const auto shared = ChainBlockHashes(std::string(64, 's'), 16);               // 4 blocks
+  const auto shared = ChainBlockHashes(std::string(64, 's'), 16);  // 4 blocks
   const auto longer = ChainBlockHashes(std::string(64, 's') + std::string(32, 't'), 16);  // 6
   index.Record("n1", shared);
   EXPECT_EQ(index.Match("n1", longer), 4u);

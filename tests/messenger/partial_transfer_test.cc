@@ -4,6 +4,8 @@
 // Checked on real `pdserve serve` processes over tcp, with hits ending at every offset within
 // a page, on either side or both, against a colocated node without caching: the tokens, P's
 // bytes sent, D's bytes not transferred and both pools.
+#include <future>
+
 #include <gtest/gtest.h>
 
 #include "disagg_util.h"
@@ -194,6 +196,53 @@ TEST_F(PartialTransferTest, MultiTurnConversationsUnderEvictionPressure) {
   EXPECT_EQ(NodeMetric(decode.port(), "pdserve:kv_pages_total"), 128);
   EXPECT_EQ(NodeMetric(decode.port(), "pdserve:kv_pages_evictable"),
             NodeMetric(decode.port(), "pdserve:kv_pages_cached"));
+}
+
+}  // namespace
+}  // namespace pdserve::testing
+
+namespace pdserve::testing {
+namespace {
+
+// D's choice of prefill peer by prefix (docs/messenger.md, "Peer choice"): prompts extending
+// one that went to P2 go to P2 while it is idle (without the prefix term the tie would go to
+// P1, the first peer), and to P1 when P2 is busy with more tokens than the prefix saves. D
+// runs without caching, so every prompt is asked of a prefill node.
+TEST(PrefillPeerChoiceTest, PrefersThePeerHoldingThePrefixUnlessItIsBusy) {
+  NodeProcess p1(TinyModelDir(), With(PrefillArgs("tcp"), kPartialFlags));
+  ASSERT_TRUE(p1.ok()) << p1.error();
+  NodeProcess p2(TinyModelDir(), With(PrefillArgs("tcp"), kPartialFlags));
+  ASSERT_TRUE(p2.ok()) << p2.error();
+  NodeProcess decode(TinyModelDir(),
+                     DecodeArgs("tcp", {p1.port(), p2.port()},
+                                With(kPartialFlags, {"--no-prefix-caching", "--prefill-timeout-ms",
+                                                     std::to_string(kPrefillTimeoutMs)})));
+  ASSERT_TRUE(decode.ok()) << decode.error();
+  ASSERT_EQ(WaitForMetric(decode.port(), "pdserve:messenger_peers_ready", 2, 20000), 2);
+  const std::vector<int32_t> shared = RandomPrompt(40, 800);
+  const Completion first = Complete(decode.port(), shared, 2, {{"X-Prefill-Peer", PeerName(p2)}});
+  ASSERT_EQ(first.status, 200) << first.body.dump();
+  const std::string queries = "vllm:prefix_cache_queries_total";
+  for (uint32_t i = 0; i < 3; ++i) {
+    const Completion got = Complete(decode.port(), Joined(shared, RandomPrompt(9, 810 + i)), 2);
+    ASSERT_EQ(got.status, 200) << got.body.dump();
+  }
+  EXPECT_EQ(NodeMetric(p1.port(), queries), 0) << "P1 got a prompt P2 holds the prefix of";
+  EXPECT_EQ(NodeMetric(p2.port(), queries), 39 + 3 * 48);
+  // 9 pages of the shared prompt the first time; 10 after (the second cached its 10th page).
+  EXPECT_EQ(NodeMetric(p2.port(), "vllm:prefix_cache_hits_total"), 36 + 40 + 40);
+
+  // P2 busy with a long prompt: its outstanding tokens outweigh the 36 it would save.
+  auto busy = std::async(std::launch::async, [&] {
+    return Complete(decode.port(), RandomPrompt(kLongPromptTokens, 820), 2,
+                    {{"X-Prefill-Peer", PeerName(p2)}});
+  });
+  ASSERT_EQ(WaitForMetric(p2.port(), "pdserve:messenger_requests_in_flight", 1, 10000), 1);
+  const Completion moved = Complete(decode.port(), Joined(shared, RandomPrompt(9, 830)), 2);
+  ASSERT_EQ(moved.status, 200) << moved.body.dump();
+  EXPECT_EQ(NodeMetric(p1.port(), queries), 48);
+  ASSERT_EQ(busy.get().status, 200);
+  for (const NodeProcess* n : {&p1, &p2, &decode}) ExpectNodeDrained(n->port());
 }
 
 }  // namespace
