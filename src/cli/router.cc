@@ -25,6 +25,7 @@ struct RouterFlags {
   int max_attempts = 3;
   int health_interval_ms = 1000;
   int failures_to_down = 3;
+  double prefix_weight = 2.0;
   HttpFrontFlags http{.max_connections = 8192, .max_body_mb = 8};
 };
 
@@ -47,6 +48,7 @@ int RunRouter(const RouterFlags& f) {
   options.max_attempts = f.max_attempts;
   options.health_interval = std::chrono::milliseconds(f.health_interval_ms);
   options.pool.failures_to_down = f.failures_to_down;
+  options.prefix_weight = f.prefix_weight;
   // Signals are blocked before any thread starts, so only the sigwait below receives them.
   TerminationSignals signals;
   PD_ASSIGN_OR_RETURN_CLI(auto front, router::Router::Create(options));
@@ -83,6 +85,11 @@ void AddRouterCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--failures-to-down", flags->failures_to_down,
                   "Failed health checks before a node gets no traffic")
       ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  cmd->add_option("--prefix-weight", flags->prefix_weight,
+                  "Routing by prefix: outstanding requests a node holding the whole prompt's "
+                  "prefix is preferred by (0: least outstanding only)")
+      ->check(CLI::Range(0.0, 1000.0))
       ->capture_default_str();
   AddHttpFrontFlags(cmd, &flags->http);
   cmd->callback([flags, exit_code] { *exit_code = RunRouter(*flags); });

@@ -42,6 +42,43 @@ ApiError ShuttingDown() { return ApiError::Unavailable("the router is stopping",
 
 bool IsRetryableStatus(int status) { return status == 429 || status >= 500; }
 
+// What a node's prefix cache would see of a request, cut into 64-byte blocks for the prefix
+// index: a completion's prompt (text, or token ids as little-endian u32: 16 per block), a chat's
+// messages (role and content of each, in order: the chat template puts the same history first).
+// Nothing for other bodies, lists of prompts, or a body that is not JSON (the node refuses it).
+std::vector<uint64_t> PromptBlocks(std::string_view path, const std::string& body) {
+  constexpr size_t kBlockBytes = 64;
+  const nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return {};
+  std::string key;
+  if (path == "/v1/completions") {
+    const auto prompt = j.find("prompt");
+    if (prompt == j.end()) return {};
+    if (prompt->is_string()) {
+      key = prompt->get<std::string>();
+    } else if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_number_integer()) {
+      for (const auto& id : *prompt) {
+        if (!id.is_number_integer()) return {};
+        const auto v = static_cast<uint32_t>(id.get<int64_t>());
+        for (int b = 0; b < 4; ++b) key.push_back(static_cast<char>((v >> (8 * b)) & 0xff));
+      }
+    }
+  } else if (path == "/v1/chat/completions") {
+    const auto messages = j.find("messages");
+    if (messages == j.end() || !messages->is_array()) return {};
+    for (const auto& m : *messages) {
+      if (!m.is_object()) return {};
+      key += m.value("role", "");
+      key.push_back('\0');
+      const auto content = m.find("content");
+      if (content != m.end())
+        key += content->is_string() ? content->get<std::string>() : content->dump();
+      key.push_back('\0');
+    }
+  }
+  return ChainBlockHashes(key, kBlockBytes);
+}
+
 bool IsEventStream(const UpstreamHead& head) {
   auto it = head.headers.find("Content-Type");
   return it != head.headers.end() && it->second.starts_with("text/event-stream");
@@ -79,6 +116,7 @@ Result<std::unique_ptr<Router>> Router::Create(RouterOptions options) {
 Router::Router(RouterOptions options)
     : options_(std::move(options)),
       pool_(options_.pool),
+      prefixes_(options_.prefix_index_blocks),
       connections_(options_.upstream_connections) {}
 
 Router::~Router() { Stop(); }
@@ -194,9 +232,22 @@ void Router::HandleForward(const httplib::Request& req, httplib::Response& res) 
   // apart from `res` and copied there only once every attempt failed: a retry that succeeds
   // must carry nothing of it (no second Content-Type, no stale body or Retry-After).
   std::optional<httplib::Response> failure;
+  // Routing by prefix: each node's cost is lowered by up to prefix_weight outstanding
+  // requests, in proportion to the share of the prompt's blocks it was sent before.
+  const std::vector<uint64_t> blocks = options_.prefix_weight > 0 && req.method == "POST"
+                                           ? PromptBlocks(req.path, upstream.body)
+                                           : std::vector<uint64_t>();
+  std::function<double(const std::string&)> prefix_bonus;
+  if (!blocks.empty()) {
+    prefix_bonus = [this, &blocks](const std::string& url) {
+      return options_.prefix_weight * static_cast<double>(prefixes_.Match(url, blocks)) /
+             static_cast<double>(blocks.size());
+    };
+  }
   for (int attempt = 0; attempt < options_.max_attempts && !abort_in_flight_.load(); ++attempt) {
-    std::optional<NodeAddress> node = pool_.Acquire(tried);
+    std::optional<NodeAddress> node = pool_.Acquire(tried, prefix_bonus);
     if (!node.has_value()) break;
+    if (!blocks.empty()) prefixes_.Record(node->url, blocks);
     if (attempt > 0) ++retries_;
     tried.push_back(node->url);
     outcome.node = node->url;

@@ -22,6 +22,7 @@
 
 #include "common/clock.h"
 #include "common/mutex.h"
+#include "common/prefix_index.h"
 #include "common/status.h"
 #include "http/server.h"
 #include "router/relay_loop.h"
@@ -46,6 +47,12 @@ struct RouterOptions {
   Duration health_interval = std::chrono::seconds(1);
   Duration health_timeout = std::chrono::milliseconds(800);
   NodePoolOptions pool;
+  // Routing by prefix: a node is preferred by up to this many outstanding requests for holding
+  // the prompt's prefix — prefix_weight x (leading blocks of the prompt the router sent it
+  // before / the prompt's blocks). 0: least outstanding only.
+  double prefix_weight = 2.0;
+  // Blocks (64 bytes of prompt text or 16 token ids) the router remembers per node.
+  size_t prefix_index_blocks = size_t{1} << 16;
   UpstreamTimeouts upstream;  // `read` also bounds a stream's silence (then an error event)
   // A streamed answer whose client leaves bytes unread this long is ended (the node's
   // connection closed); until then the relay stops reading from that node.
@@ -122,6 +129,7 @@ class Router {
 
   const RouterOptions options_;
   NodePool pool_;
+  PrefixIndex prefixes_;  // which prompts went to which node (router.cc's PromptBlocks)
   UpstreamConnections connections_;
   std::unique_ptr<RelayLoop> relay_;  // from Start; streams' bodies go through it
   http::Server server_;

@@ -51,22 +51,27 @@ void NodePool::ExpireRegistrations(TimePoint now) {
   });
 }
 
-std::optional<NodeAddress> NodePool::Acquire(const std::vector<std::string>& exclude) {
+std::optional<NodeAddress> NodePool::Acquire(
+    const std::vector<std::string>& exclude,
+    const std::function<double(const std::string&)>& bonus) {
   MutexLock lock(&mu_);
   const size_t n = nodes_.size();
   Node* best = nullptr;
   size_t best_index = 0;
+  std::pair<bool, double> best_key;
   for (size_t k = 0; k < n; ++k) {
     const size_t i = (next_ + k) % n;
     Node& node = nodes_[i];
     if (!node.healthy) continue;
     if (std::find(exclude.begin(), exclude.end(), node.address.url) != exclude.end()) continue;
-    // Not degraded first; then strictly fewer wins, so among equals the first after next_
-    // does: round robin on ties.
-    if (best == nullptr || std::pair(!node.degraded.empty(), node.outstanding) <
-                               std::pair(!best->degraded.empty(), best->outstanding)) {
+    // Not degraded first; then strictly lower cost wins, so among equals the first after
+    // next_ does: round robin on ties.
+    const std::pair<bool, double> key(!node.degraded.empty(),
+                                      node.outstanding - (bonus ? bonus(node.address.url) : 0.0));
+    if (best == nullptr || key < best_key) {
       best = &node;
       best_index = i;
+      best_key = key;
     }
   }
   if (best == nullptr) return std::nullopt;

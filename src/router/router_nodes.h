@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -55,11 +56,15 @@ class NodePool {
   // Drops self-registered nodes whose registration expired and that carry no request.
   void ExpireRegistrations(TimePoint now = Clock::now()) EXCLUDES(mu_);
 
-  // Picks the healthy node with the fewest outstanding requests, skipping the urls in
-  // `exclude` (nodes already tried for this request), and counts one more request on it. A
-  // degraded node is picked only when no healthy node that is not degraded is left.
-  // Every successful Acquire is paired with one Release.
-  std::optional<NodeAddress> Acquire(const std::vector<std::string>& exclude = {}) EXCLUDES(mu_);
+  // Picks the healthy node with the lowest cost — its outstanding requests less `bonus(url)`
+  // (the router's prefix preference; none if empty) — skipping the urls in `exclude` (nodes
+  // already tried for this request), and counts one more request on it. A degraded node is
+  // picked only when no healthy node that is not degraded is left. `bonus` runs under the
+  // pool's lock: it must not call back into the pool. Every successful Acquire is paired with
+  // one Release.
+  std::optional<NodeAddress> Acquire(const std::vector<std::string>& exclude = {},
+                                     const std::function<double(const std::string&)>& bonus = {})
+      EXCLUDES(mu_);
   void Release(const std::string& url) EXCLUDES(mu_);
 
   // Health check results. A success makes the node healthy at once; failures_to_down

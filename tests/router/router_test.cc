@@ -287,6 +287,62 @@ TEST(RouterTest, LeastOutstandingAvoidsBusyNode) {
   EXPECT_EQ(first_node, &busy == &a ? "a" : "b");
 }
 
+// Routing by prefix (RouterOptions::prefix_weight): prompts that extend one sent before go
+// to the node that had it, where round robin would alternate; unrelated prompts still
+// alternate; the preference yields to load (2 outstanding on the holder outweigh a prefix
+// worth 2 x 10/11); with weight 0 the same prompts alternate.
+TEST(RouterTest, PromptsSharingAPrefixGoWhereThePrefixWentUnlessThatNodeIsBusy) {
+  const std::string shared(640, 'x');  // 10 blocks of 64 bytes
+  auto body = [&](const std::string& suffix) {
+    return json{{"prompt", shared + suffix}, {"max_tokens", 1}}.dump();
+  };
+  for (const double weight : {2.0, 0.0}) {
+    SCOPED_TRACE("weight " + std::to_string(weight));
+    FakeNode a("a"), b("b");
+    RouterOptions options = WithNodes({a.url(), b.url()});
+    options.prefix_weight = weight;
+    auto router = StartRouter(options);
+    ASSERT_TRUE(router && WaitHealthyNodes(*router, 2));
+    auto client = ClientFor(*router);
+    const std::string first = NodeOf(client.Post("/v1/completions", body(""), "application/json"));
+    std::vector<std::string> got;
+    for (int i = 0; i < 4; ++i) {
+      got.push_back(NodeOf(client.Post("/v1/completions", body(std::string(70, char('a' + i))),
+                                       "application/json")));
+    }
+    if (weight == 0) {
+      EXPECT_NE(got[0], first);
+      EXPECT_NE(got[1], got[0]);
+      continue;
+    }
+    for (const std::string& node : got) EXPECT_EQ(node, first);
+    // Unrelated prompts: round robin between the nodes.
+    const std::string u1 = NodeOf(client.Post(
+        "/v1/completions", json{{"prompt", std::string(640, 'u')}}.dump(), "application/json"));
+    const std::string u2 = NodeOf(client.Post(
+        "/v1/completions", json{{"prompt", std::string(640, 'v')}}.dump(), "application/json"));
+    EXPECT_NE(u1, u2);
+    // The holder busy: two held requests stay on it (cost 0 - 1.8, then 1 - 1.8, below the
+    // other's 0); the third goes to the other node (2 - 1.8 > 0).
+    FakeNode& holder = first == "a" ? a : b;
+    holder.Hold();
+    std::vector<std::thread> held;
+    for (int i = 0; i < 2; ++i) {
+      held.emplace_back([&, i] {
+        auto c = ClientFor(*router);
+        c.Post("/v1/completions", body(std::string(5, char('k' + i))), "application/json");
+      });
+      const Deadline d = Deadline::AfterMs(10000);
+      while (router->nodes().Snapshot()[first == "a" ? 0 : 1].outstanding < i + 1 && !d.Passed()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+    EXPECT_NE(NodeOf(client.Post("/v1/completions", body("z"), "application/json")), first);
+    holder.Release();
+    for (std::thread& t : held) t.join();
+  }
+}
+
 TEST(RouterTest, RetriesOnAnotherNodeWhenOneIsDownAtRequestTime) {
   FakeNode a("a"), b("b");
   // Health checks only at start: the router learns of the dead node from the request itself.
