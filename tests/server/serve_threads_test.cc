@@ -12,8 +12,10 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -47,7 +49,15 @@ int ThreadsAddedByGeneration(int threads) {
                    {{"OMP_NUM_THREADS", std::to_string(kDefaultTeam)}});
   EXPECT_TRUE(node.ok()) << node.error();
   if (!node.ok()) return -1;
-  const int before = ThreadCount(node.pid());
+  // The node's HTTP threads may still be starting once it listens (seen on a loaded host: 31
+  // of them counted as the generation's): wait until the count holds still for 300 ms.
+  int before = ThreadCount(node.pid());
+  for (int still = 0, polls = 0; still < 3 && polls < 50; ++polls) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const int now = ThreadCount(node.pid());
+    still = now == before ? still + 1 : 0;
+    before = now;
+  }
   const nlohmann::json body = {
       {"prompt", "Once upon a time"}, {"max_tokens", 32}, {"temperature", 0}, {"ignore_eos", true}};
   auto res = node.Client().Post("/v1/completions", body.dump(), "application/json");
