@@ -225,6 +225,7 @@ Engine::Engine(std::unique_ptr<Transformer> model, const Tokenizer* tokenizer,
     }
   }
   stats_.pages_total = pool_.capacity();
+  stats_.page_tokens = options.page_tokens;
 }
 
 Engine::~Engine() {

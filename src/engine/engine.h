@@ -88,6 +88,7 @@ struct EngineStats {
   int awaiting_kv = 0;
   int pages_used = 0;  // referenced by requests
   int pages_total = 0;
+  int page_tokens = 0;      // tokens per KV page (--page-size)
   int pages_cached = 0;     // holding a cached prefix, referenced or not
   int pages_evictable = 0;  // cached and referenced by none: free for the taking
   PrefixCacheStats prefix_cache;

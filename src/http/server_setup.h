@@ -56,7 +56,7 @@ struct ServerConfig {
   // (http/cluster_auth.h); empty: they answer 403.
   std::string cluster_key;
   // Paths served without the key, so that probes and scrapers need none.
-  std::vector<std::string> open_paths = {"/health", "/metrics"};
+  std::vector<std::string> open_paths = {"/health", "/ready", "/metrics"};
   // httplib listens with a backlog of 5; bursts of clients need more (see BindServer).
   int listen_backlog = 1024;
 };

@@ -45,6 +45,32 @@ void RenderSpecDecode(const EngineStats& stats, MetricsText& out) {
              s.draft_pages_total);
 }
 
+// What the Gateway API inference extension's endpoint picker (EPP) scrapes, under the vLLM
+// names it reads by default (its model server protocol, docs/api.md "External schedulers"):
+// queue, batch and KV-cache use to pick an endpoint, the cache's page size and count for its
+// prefix-cache scorer. No vllm:lora_requests_info: pdserve serves no LoRA adapters, and vLLM
+// without them exposes none either.
+void RenderSchedulerGauges(const EngineStats& stats, double kv_usage, MetricsText& out) {
+  out.Gauge("vllm:num_requests_running", "Requests in the engine's running batch.", stats.running)
+      // vLLM counts a request waiting for its KV from another node (WAITING_FOR_REMOTE_KVS) as
+      // waiting: so does pdserve's decode node, whose pdserve:num_requests_waiting does not.
+      .Gauge("vllm:num_requests_waiting",
+             "Requests accepted and not yet in the running batch, including those whose KV is "
+             "still arriving from a prefill node.",
+             stats.waiting + stats.awaiting_kv)
+      .Gauge("vllm:kv_cache_usage_perc", "Fraction of KV cache pages in use (0 to 1).", kv_usage)
+      .Gauge("vllm:gpu_cache_usage_perc",
+             "Fraction of KV cache pages in use (0 to 1); vLLM's name before "
+             "vllm:kv_cache_usage_perc, read by older endpoint pickers.",
+             kv_usage)
+      .Family("vllm:cache_config_info", MetricType::kGauge,
+              "KV cache configuration: tokens per page (block_size) and pages (num_gpu_blocks).")
+      .Sample("vllm:cache_config_info",
+              {{"block_size", std::to_string(stats.page_tokens)},
+               {"num_gpu_blocks", std::to_string(stats.pages_total)}},
+              1);
+}
+
 }  // namespace
 
 ServerMetrics::ServerMetrics() : ttft_(kTtftBounds), itl_(kItlBounds), e2e_(kE2eBounds) {}
@@ -80,13 +106,13 @@ void ServerMetrics::RequestFailed(int http_status) {
 
 std::string ServerMetrics::Render(const EngineStats& stats) const {
   MetricsText out;
+  const double kv_usage =
+      stats.pages_total > 0 ? static_cast<double>(stats.pages_used) / stats.pages_total : 0.0;
   out.Gauge("pdserve:num_requests_running", "Requests in the engine's running batch.",
             stats.running)
       .Gauge("pdserve:num_requests_waiting", "Requests queued in the engine, not yet running.",
              stats.waiting)
-      .Gauge(
-          "pdserve:kv_cache_usage_perc", "Fraction of KV cache pages in use (0 to 1).",
-          stats.pages_total > 0 ? static_cast<double>(stats.pages_used) / stats.pages_total : 0.0)
+      .Gauge("pdserve:kv_cache_usage_perc", "Fraction of KV cache pages in use (0 to 1).", kv_usage)
       // The page pool in pages: on a decode node, pages held for KV in flight count as used.
       // Cached pages no request holds are not used: they are evicted as pages are needed.
       .Gauge("pdserve:kv_pages_used",
@@ -110,6 +136,7 @@ std::string ServerMetrics::Render(const EngineStats& stats) const {
              stats.tp_size)
       .Counter("pdserve:num_preemptions_total", "Sequences preempted for lack of KV pages.",
                static_cast<double>(stats.preemptions));
+  RenderSchedulerGauges(stats, kv_usage, out);
   if (stats.num_speculative_tokens > 0) RenderSpecDecode(stats, out);
   MutexLock lock(&mu_);
   out.Counter("pdserve:prompt_tokens_total", "Prompt tokens processed.",

@@ -20,6 +20,7 @@
 #include "http/sse.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
+#include "server/prefill_peer_header.h"
 #include "server/request_drain.h"
 #include "tokenizer/bounded_encode.h"
 
@@ -54,7 +55,7 @@ struct NodeServer::Impl {
 
   // A validated request, tokenized, ready to submit.
   struct Prepared {
-    std::string prefill_peer;  // X-Prefill-Peer (decode role)
+    std::string prefill_peer;  // HOST:PORT from X-Prefill-Peer or llm-d's headers (decode role)
     GenerationRequest request;
     std::vector<int32_t> prompt;
     ResponseContext ctx;
@@ -195,7 +196,16 @@ void NodeServer::Impl::HandleGenerate(ApiKind kind, const httplib::Request& req,
   if (auto e = CheckOverload()) return SendError(res, *e);
   ApiResult<Prepared> prepared = Prepare(kind, req.body);
   if (!prepared.ok()) return SendError(res, prepared.error());
-  prepared.value().prefill_peer = req.get_header_value("X-Prefill-Peer");
+  // A decode node's prefill node for this request: X-Prefill-Peer, or llm-d's scheduler's
+  // headers. Colocated nodes prefill everything themselves and ignore them.
+  if (model.role && model.role->role() == NodeRole::kDecode) {
+    ApiResult<std::string> peer = PrefillPeerFromHeaders(
+        {.prefill_peer = req.get_header_value(kPrefillPeerHeader),
+         .prefiller_host_port = req.get_header_value(kPrefillerHostPortHeader),
+         .prefiller_url = req.get_header_value(kPrefillerUrlHeader)});
+    if (!peer.ok()) return SendError(res, peer.error());
+    prepared.value().prefill_peer = std::move(peer.value());
+  }
   if (prepared.value().request.stream) {
     RespondStream(std::move(prepared.value()), res);
   } else {

@@ -74,5 +74,34 @@ TEST(MetricsTest, SpeculativeDecodingCountersInVllmNamesOnlyWithSpeculation) {
   EXPECT_NE(out.find("pdserve:spec_decode_draft_pages_total 8\n"), std::string::npos);
 }
 
+// The names and types the Gateway API inference extension's endpoint picker reads (docs/api.md,
+// "External schedulers"): a decode node's requests awaiting KV count as waiting there.
+TEST(MetricsTest, EndpointPickerGaugesInVllmNames) {
+  ServerMetrics m;
+  EngineStats stats;
+  stats.running = 3;
+  stats.waiting = 2;
+  stats.awaiting_kv = 4;
+  stats.pages_used = 3;
+  stats.pages_total = 8;
+  stats.page_tokens = 16;
+  const std::string out = m.Render(stats);
+  for (const char* gauge :
+       {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc", "vllm:cache_config_info"}) {
+    EXPECT_NE(out.find(std::string("# TYPE ") + gauge + " gauge\n"), std::string::npos) << gauge;
+  }
+  EXPECT_NE(out.find("vllm:num_requests_running 3\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("vllm:num_requests_waiting 6\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("pdserve:num_requests_waiting 2\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("vllm:kv_cache_usage_perc 0.375\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("vllm:gpu_cache_usage_perc 0.375\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"8\"} 1\n"),
+            std::string::npos)
+      << out;
+  // No LoRA adapters, so no LoRA info (as vLLM without --enable-lora).
+  EXPECT_EQ(out.find("lora"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace pdserve::server

@@ -380,9 +380,12 @@ TEST(NodeApiKeyTest, KeyRequiredWhenSet) {
                            "application/json");
   ASSERT_TRUE(right);
   EXPECT_EQ(right->status, 200) << right->body;
-  auto health = client.Get("/health");  // probes need no key
-  ASSERT_TRUE(health);
-  EXPECT_EQ(health->status, 200);
+  // Probes and scrapers need no key (Kubernetes probes send none: deploy/k8s).
+  for (const char* path : {"/health", "/ready", "/metrics"}) {
+    auto probe = client.Get(path);
+    ASSERT_TRUE(probe) << path;
+    EXPECT_EQ(probe->status, 200) << path;
+  }
 }
 
 TEST(NodeOverloadTest, TooManyWaitingGets503WithRetryAfter) {
