@@ -147,7 +147,8 @@ TEST(ExternalSchedulerTest, PicksByVllmMetricsAndPinsThePrefillNodeByLlmdHeader)
   // pages (KV usage above 0) and D0 counts it as waiting (its KV has not landed).
   const int busy_p = c.prefill[0]->port(), busy_d = c.decode[0]->port();
   int load_status = 0;
-  std::thread load([&] {
+  // Joined before the nodes go, even when an assertion below returns early.
+  std::jthread load([&] {
     httplib::Client client("127.0.0.1", busy_d);
     client.set_read_timeout(120, 0);
     const nlohmann::json body = {{"prompt", RandomPrompt(kLongPromptTokens, 7)},
