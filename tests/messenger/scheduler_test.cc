@@ -215,38 +215,39 @@ TEST(ExternalSchedulerTest, SidecarHeadersNameAKnownPrefillPeerOrAreRefused) {
   ASSERT_TRUE(config.ok()) << config.status().ToString();
   const int d = c.decode[0]->port();
   ASSERT_EQ(WaitForMetric(d, "pdserve:messenger_peers_ready", 2, 10000), 2);
-  const std::string p1 = PeerName(*c.prefill[1]);
-  const std::vector<int32_t> prompt = RandomPrompt(21, 5);
-  const Completion reference = Complete(c.colocated->port(), prompt, 4);
-  ASSERT_EQ(reference.status, 200) << ErrorMessage(reference);
+  const std::string p0 = PeerName(*c.prefill[0]), p1 = PeerName(*c.prefill[1]);
+  // Two prompts of the same length: a decode node caches the KV it received, so a prompt sent
+  // twice would not be asked of a prefill node again (docs/messenger.md, partial transfers).
+  const std::vector<int32_t> prompts[] = {RandomPrompt(21, 5), RandomPrompt(21, 6)};
+  const int64_t writes = PrefillWrites(*config, prompts[0]);
 
   // Each idle prefill node in turn: the older sidecar's x-prefiller-url (a URL) names P1,
   // x-prefiller-host-port P0; each computes exactly the request that named it (left to
   // itself, the decode node would send both to the same one: they are equally idle).
-  const Completion by_url = Complete(d, prompt, 4, {{"x-prefiller-url", "http://" + p1}});
-  ASSERT_EQ(by_url.status, 200) << ErrorMessage(by_url);
-  EXPECT_EQ(by_url.token_ids, reference.token_ids);
-  const int64_t writes = PrefillWrites(*config, prompt);
-  EXPECT_EQ(WaitForMetric(c.prefill[1]->port(), "pdserve:messenger_kv_writes_sent_total",
-                          static_cast<double>(writes), 5000),
-            writes);
-  EXPECT_EQ(NodeMetric(c.prefill[0]->port(), "pdserve:messenger_kv_writes_sent_total"), 0);
-  const Completion by_host_port =
-      Complete(d, prompt, 4, {{"x-prefiller-host-port", PeerName(*c.prefill[0])}});
-  ASSERT_EQ(by_host_port.status, 200) << ErrorMessage(by_host_port);
-  EXPECT_EQ(by_host_port.token_ids, reference.token_ids);
-  EXPECT_EQ(WaitForMetric(c.prefill[0]->port(), "pdserve:messenger_kv_writes_sent_total",
-                          static_cast<double>(writes), 5000),
-            writes);
-  EXPECT_EQ(NodeMetric(c.prefill[1]->port(), "pdserve:messenger_kv_writes_sent_total"), writes);
+  const std::pair<std::string, std::string> pins[] = {{"x-prefiller-url", "http://" + p1},
+                                                      {"x-prefiller-host-port", p0}};
+  for (int i = 0; i < 2; ++i) {
+    const Completion reference = Complete(c.colocated->port(), prompts[i], 4);
+    ASSERT_EQ(reference.status, 200) << ErrorMessage(reference);
+    const Completion got = Complete(d, prompts[i], 4, {{pins[i].first, pins[i].second}});
+    ASSERT_EQ(got.status, 200) << pins[i].first << ": " << ErrorMessage(got);
+    EXPECT_EQ(got.token_ids, reference.token_ids) << pins[i].first;
+    const int named = i == 0 ? 1 : 0;
+    EXPECT_EQ(WaitForMetric(c.prefill[named]->port(), "pdserve:messenger_kv_writes_sent_total",
+                            static_cast<double>(writes), 5000),
+              writes)
+        << pins[i].first;
+    EXPECT_EQ(NodeMetric(c.prefill[1 - named]->port(), "pdserve:messenger_kv_writes_sent_total"),
+              i == 0 ? 0 : writes)
+        << pins[i].first;
+  }
 
   const std::pair<httplib::Headers, std::string> refused[] = {
       {{{"x-prefiller-host-port", "127.0.0.1:1"}}, "unknown prefill peer '127.0.0.1:1'"},
-      {{{"x-prefiller-host-port", p1}, {"X-Prefill-Peer", PeerName(*c.prefill[0])}},
-       "names prefill node"},
+      {{{"x-prefiller-host-port", p1}, {"X-Prefill-Peer", p0}}, "names prefill node"},
       {{{"x-prefiller-host-port", "not-an-address"}}, "x-prefiller-host-port"}};
   for (const auto& [headers, reason] : refused) {
-    const Completion r = Complete(d, prompt, 4, headers);
+    const Completion r = Complete(d, RandomPrompt(21, 7), 4, headers);
     EXPECT_EQ(r.status, 400) << ErrorMessage(r);
     EXPECT_NE(ErrorMessage(r).find(reason), std::string::npos) << ErrorMessage(r);
   }
