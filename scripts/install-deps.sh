@@ -24,6 +24,10 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
+# kubectl for the manifests' checks (tests/deploy): Debian's kubernetes-client, unless some
+# kubectl is installed already (another package's would conflict with it).
+if ! command -v kubectl >/dev/null 2>&1; then missing+=(kubernetes-client); fi
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#PACKAGES[@]} packages present"
   exit 0
