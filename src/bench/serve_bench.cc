@@ -1,11 +1,13 @@
 #include "bench/serve_bench.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -102,44 +104,79 @@ class ProgressBar {
   std::thread thread_;
 };
 
-// Sends requests[i] at start + send_times[i] (all at once when send_times is empty), at most
-// `max_concurrency` in flight, and returns their outcomes in order.
+// Sends the requests, at most `max_concurrency` in flight, and returns their outcomes in
+// order. A chain is a list of request indices sent one after the other, each once its
+// predecessor has finished (a multi-turn conversation; every other request is a chain of one);
+// chain c starts at start + send_times[c] (all at once when send_times is empty) and holds one
+// slot of the concurrency limit until its last request has finished.
 std::vector<RequestOutcome> RunRequests(const ServerAddress& server,
                                         const std::vector<StreamRequest>& requests,
+                                        const std::vector<std::vector<size_t>>& chains,
                                         const std::vector<double>& send_times,
                                         const ServeBenchOptions& options, const char* label) {
   std::vector<RequestOutcome> outcomes(requests.size());
   std::atomic<int> done{0}, failed{0};
   InFlightLimit limit(options.max_concurrency > 0 ? options.max_concurrency : kMaxInFlight);
+  size_t longest_chain = 1;
+  for (const std::vector<size_t>& chain : chains)
+    longest_chain = std::max(longest_chain, chain.size());
   std::vector<std::thread> threads;
-  threads.reserve(requests.size());
+  threads.reserve(chains.size());
   {
     ProgressBar bar(options.progress, label, static_cast<int>(requests.size()), &done, &failed);
     const TimePoint start = Clock::now();
-    for (size_t i = 0; i < requests.size(); ++i) {
+    for (size_t c = 0; c < chains.size(); ++c) {
       if (!send_times.empty()) {
         std::this_thread::sleep_until(start + std::chrono::duration_cast<Duration>(
-                                                  std::chrono::duration<double>(send_times[i])));
+                                                  std::chrono::duration<double>(send_times[c])));
       }
-      // A slot frees when a request ends, which its own timeout bounds; the margin covers
-      // connection set-up and teardown.
-      if (!limit.Acquire(Deadline::After(options.request_timeout + std::chrono::seconds(60)))) {
-        outcomes[i].error = "no request slot freed in time";
-        outcomes[i].prompt_len = requests[i].prompt_len;
-        ++failed;
-        ++done;
+      // A slot frees when a chain ends, which its requests' own timeouts bound; the margin
+      // covers connection set-up and teardown.
+      if (!limit.Acquire(Deadline::After(options.request_timeout * static_cast<int>(longest_chain) +
+                                         std::chrono::seconds(60)))) {
+        for (size_t i : chains[c]) {
+          outcomes[i].error = "no request slot freed in time";
+          outcomes[i].prompt_len = requests[i].prompt_len;
+          ++failed;
+          ++done;
+        }
         continue;
       }
-      threads.emplace_back([&, i] {
-        outcomes[i] = StreamCompletion(server, requests[i], options.request_timeout);
-        if (!outcomes[i].success) ++failed;
-        ++done;
+      threads.emplace_back([&, c] {
+        // A failed turn does not end its conversation: the next turn's prompt is the
+        // transcript's, whatever the server answered.
+        for (size_t i : chains[c]) {
+          outcomes[i] = StreamCompletion(server, requests[i], options.request_timeout);
+          if (!outcomes[i].success) ++failed;
+          ++done;
+        }
         limit.Release();
       });
     }
     for (std::thread& t : threads) t.join();
   }
   return outcomes;
+}
+
+// Every request a chain of its own, or, for a multi-turn dataset, one chain per conversation
+// (its requests are consecutive and in turn order: serve_dataset.h).
+std::vector<std::vector<size_t>> ChainsOf(const std::vector<SampleRequest>& requests) {
+  std::vector<std::vector<size_t>> chains;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const int conversation = requests[i].conversation;
+    if (conversation >= 0 && i > 0 && requests[i - 1].conversation == conversation) {
+      chains.back().push_back(i);
+    } else {
+      chains.push_back({i});
+    }
+  }
+  return chains;
+}
+
+std::vector<std::vector<size_t>> SingleChains(size_t n) {
+  std::vector<std::vector<size_t>> chains;
+  for (size_t i = 0; i < n; ++i) chains.push_back({i});
+  return chains;
 }
 
 std::string NowString() {
@@ -151,12 +188,16 @@ std::string NowString() {
   return buf;
 }
 
+// The URLs named by --metrics-url, or base_url without them.
+std::vector<std::string> MetricsUrls(const ServeBenchOptions& options) {
+  return options.metrics_urls.empty() ? std::vector<std::string>{options.base_url}
+                                      : options.metrics_urls;
+}
+
 // The servers named by --metrics-url (base_url without them), "/metrics" taken off the path.
 Result<std::vector<ServerAddress>> MetricsServers(const ServeBenchOptions& options) {
   std::vector<ServerAddress> servers;
-  const std::vector<std::string> urls = options.metrics_urls.empty()
-                                            ? std::vector<std::string>{options.base_url}
-                                            : options.metrics_urls;
+  const std::vector<std::string> urls = MetricsUrls(options);
   for (const std::string& url : urls) {
     Result<ServerAddress> server = ParseBaseUrl(url);
     if (!server.ok()) return server.status().WithContext("--metrics-url");
@@ -171,12 +212,11 @@ Result<std::vector<ServerAddress>> MetricsServers(const ServeBenchOptions& optio
   return servers;
 }
 
-// The servers' speculative-decoding counters, summed, each read once it runs no request (its
-// running gauge, pdserve's or vLLM's, at 0) or when `wait` has passed. nullopt when none shows
-// such counters.
-std::optional<SpecDecodeCounters> ScrapeSpecCounters(const std::vector<ServerAddress>& servers,
-                                                     Duration wait) {
-  std::optional<SpecDecodeCounters> sum;
+// Each server's /metrics text, read once it runs no request (its running gauge, pdserve's or
+// vLLM's, at 0) or when `wait` has passed; nullopt for a server that did not answer.
+std::vector<std::optional<std::string>> ScrapeMetrics(const std::vector<ServerAddress>& servers,
+                                                      Duration wait) {
+  std::vector<std::optional<std::string>> texts;
   const Deadline deadline = Deadline::After(wait);
   for (const ServerAddress& server : servers) {
     Result<std::string> text = Status::Unavailable("not read");
@@ -188,13 +228,40 @@ std::optional<SpecDecodeCounters> ScrapeSpecCounters(const std::vector<ServerAdd
       if (running <= 0) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    if (!text.ok()) continue;
+    texts.push_back(text.ok() ? std::optional<std::string>(std::move(*text)) : std::nullopt);
+  }
+  return texts;
+}
+
+// The servers' speculative-decoding counters, summed; nullopt when none shows such counters.
+std::optional<SpecDecodeCounters> SumSpecCounters(
+    const std::vector<std::optional<std::string>>& texts) {
+  std::optional<SpecDecodeCounters> sum;
+  for (const std::optional<std::string>& text : texts) {
+    if (!text) continue;
     if (std::optional<SpecDecodeCounters> c = ParseSpecDecodeCounters(*text)) {
       if (!sum) sum.emplace();
       AddSpecDecodeCounters(*sum, *c);
     }
   }
   return sum;
+}
+
+// The run's prefix-cache and KV-transfer usage per server that exposes such counters both
+// times (named by its URL), into `m`.
+void SetCacheUsage(const std::vector<std::string>& urls,
+                   const std::vector<std::optional<std::string>>& before,
+                   const std::vector<std::optional<std::string>>& after, ServeMetrics& m) {
+  for (size_t i = 0; i < urls.size() && i < before.size() && i < after.size(); ++i) {
+    if (!before[i] || !after[i]) continue;
+    const CacheCounters b = ParseCacheCounters(*before[i]);
+    const CacheCounters a = ParseCacheCounters(*after[i]);
+    if (!b.any() || !a.any()) continue;
+    CacheUsage usage = CacheUsageBetween(b, a);
+    usage.server = urls[i];
+    m.cache_by_server.push_back(std::move(usage));
+  }
+  if (!m.cache_by_server.empty()) m.cache = SumCacheUsage(m.cache_by_server);
 }
 
 Status ValidateOptions(const ServeBenchOptions& options, size_t num_requests) {
@@ -238,6 +305,19 @@ Result<std::vector<SampleRequest>> LoadServeDataset(const ServeDatasetOptions& o
     }
     return requests;
   }
+  if (options.name == "shared-prefix") {
+    SharedPrefixDatasetOptions shared = options.shared_prefix;
+    shared.num_prompts = options.random.num_prompts;
+    shared.output_len = options.random.output_len;
+    shared.seed = options.random.seed;
+    return SharedPrefixDataset(shared, *tokenizer);
+  }
+  if (options.name == "multi-turn") {
+    MultiTurnDatasetOptions multi = options.multi_turn;
+    multi.output_len = options.random.output_len;
+    multi.seed = options.random.seed;
+    return MultiTurnDataset(multi, *tokenizer);
+  }
   if (options.name == "jsonl") {
     if (options.path.empty())
       return Status::InvalidArgument("--dataset jsonl needs --dataset-path");
@@ -245,7 +325,8 @@ Result<std::vector<SampleRequest>> LoadServeDataset(const ServeDatasetOptions& o
     return JsonlDataset(options.path, options.random.num_prompts,
                         options.tokenizer_dir.empty() ? nullptr : tokenizer.get());
   }
-  return Status::InvalidArgument("--dataset must be random or jsonl, got '" + options.name + "'");
+  return Status::InvalidArgument(
+      "--dataset must be random, shared-prefix, multi-turn or jsonl, got '" + options.name + "'");
 }
 
 Result<ServeBenchResult> RunServeBench(const ServeBenchOptions& options,
@@ -262,25 +343,35 @@ Result<ServeBenchResult> RunServeBench(const ServeBenchOptions& options,
   if (options.num_warmups > 0) {
     const std::vector<StreamRequest> warmups(static_cast<size_t>(options.num_warmups),
                                              stream_requests.front());
-    RunRequests(server, warmups, {}, options, "warm-up");
+    RunRequests(server, warmups, SingleChains(warmups.size()), {}, options, "warm-up");
   }
 
-  const std::optional<SpecDecodeCounters> spec_before =
-      ScrapeSpecCounters(metrics_servers, options.metrics_idle_wait);
+  const std::vector<std::optional<std::string>> metrics_before =
+      ScrapeMetrics(metrics_servers, options.metrics_idle_wait);
+  // Arrivals start requests, or conversations: each conversation's later turns follow its
+  // previous turn's end.
+  const std::vector<std::vector<size_t>> chains = ChainsOf(requests);
   const std::vector<double> send_times =
-      ArrivalTimes(static_cast<int>(requests.size()), options.arrivals);
+      ArrivalTimes(static_cast<int>(chains.size()), options.arrivals);
   const TimePoint start = Clock::now();
   std::vector<RequestOutcome> outcomes =
-      RunRequests(server, stream_requests, send_times, options, "requests");
+      RunRequests(server, stream_requests, chains, send_times, options, "requests");
   const double duration = SecondsSince(start);
-  const std::optional<SpecDecodeCounters> spec_after =
-      spec_before ? ScrapeSpecCounters(metrics_servers, options.metrics_idle_wait) : std::nullopt;
+  for (size_t i = 0; i < outcomes.size(); ++i) {
+    outcomes[i].conversation = requests[i].conversation;
+    outcomes[i].turn = requests[i].turn;
+  }
+  const std::vector<std::optional<std::string>> metrics_after =
+      ScrapeMetrics(metrics_servers, options.metrics_idle_wait);
 
   ServeBenchResult result;
   result.metrics = ComputeServeMetrics(outcomes, duration, options.percentiles, options.slo);
+  const std::optional<SpecDecodeCounters> spec_before = SumSpecCounters(metrics_before);
+  const std::optional<SpecDecodeCounters> spec_after = SumSpecCounters(metrics_after);
   if (spec_before && spec_after) {
     result.metrics.spec = SpecAcceptanceBetween(*spec_before, *spec_after);
   }
+  SetCacheUsage(MetricsUrls(options), metrics_before, metrics_after, result.metrics);
   json j = {
       {"date", NowString()},
       {"endpoint_type", options.endpoint == EndpointType::kChat ? "openai-chat" : "openai"},

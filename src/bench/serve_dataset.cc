@@ -109,7 +109,55 @@ Result<SampleRequest> RandomPrompt(int target, std::mt19937_64& rng, PromptToken
     }
     PD_ASSIGN_OR_RETURN(ids, tokenizer.Encode(text));
   }
-  return SampleRequest{text, static_cast<int>(ids.size()), 0};
+  return SampleRequest{.prompt = text, .prompt_len = static_cast<int>(ids.size())};
+}
+
+// A text and its exact tokens, the base that AppendWords extends.
+struct TokenizedText {
+  std::string text;
+  std::vector<int32_t> ids;
+};
+
+bool StartsWith(const std::vector<int32_t>& ids, const std::vector<int32_t>& prefix) {
+  return ids.size() >= prefix.size() && std::equal(prefix.begin(), prefix.end(), ids.begin());
+}
+
+// `base` extended by `count` tokens of random words: the result encodes to base's tokens
+// followed by exactly `count` more. Words are appended after a space (a word boundary for
+// byte-level and SentencePiece vocabularies alike), the surplus cut off and the result checked
+// by encoding it again; a few fresh draws settle a cut that merges differently.
+Result<TokenizedText> AppendWords(const TokenizedText& base, int count, std::mt19937_64& rng,
+                                  PromptTokenizer& tokenizer) {
+  const size_t target = base.ids.size() + static_cast<size_t>(count);
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    TokenizedText next;
+    if (base.ids.empty()) {
+      PD_ASSIGN_OR_RETURN(SampleRequest r, RandomPrompt(count, rng, tokenizer));
+      next.text = std::move(r.prompt);
+    } else {
+      next.text = base.text + ' ' + RandomWords(count, rng);
+      PD_ASSIGN_OR_RETURN(next.ids, tokenizer.Encode(next.text));
+      while (next.ids.size() < target) {
+        next.text += ' ' + RandomWords(count, rng);
+        PD_ASSIGN_OR_RETURN(next.ids, tokenizer.Encode(next.text));
+      }
+      if (next.ids.size() > target && StartsWith(next.ids, base.ids)) {
+        // The base's text followed by the decoded tail: the base stays byte for byte.
+        const std::vector<int32_t> tail(next.ids.begin() + static_cast<ptrdiff_t>(base.ids.size()),
+                                        next.ids.begin() + static_cast<ptrdiff_t>(target));
+        PD_ASSIGN_OR_RETURN(std::string tail_text, tokenizer.Decode(tail));
+        std::string joined = base.text + tail_text;
+        // A SentencePiece decoder drops the leading space of a piece sequence; put it back.
+        if (!tail_text.empty() && tail_text.front() != ' ') joined = base.text + ' ' + tail_text;
+        next.text = std::move(joined);
+      }
+    }
+    PD_ASSIGN_OR_RETURN(next.ids, tokenizer.Encode(next.text));
+    if (next.ids.size() == target && StartsWith(next.ids, base.ids)) return next;
+  }
+  return Status::InvalidArgument(
+      fmt::format("could not extend a prompt of {} tokens by exactly {} tokens with this tokenizer",
+                  base.ids.size(), count));
 }
 
 }  // namespace
@@ -151,6 +199,65 @@ Result<std::vector<SampleRequest>> RandomDataset(const RandomDatasetOptions& opt
   return requests;
 }
 
+Result<std::vector<SampleRequest>> SharedPrefixDataset(const SharedPrefixDatasetOptions& options,
+                                                       PromptTokenizer& tokenizer) {
+  if (options.prefix_len < 1 || options.suffix_len < 1 || options.output_len < 1) {
+    return Status::InvalidArgument(
+        "--prefix-len, --suffix-len and --random-output-len must be >= 1");
+  }
+  if (options.num_prefixes < 1 || options.num_prefixes > options.num_prompts) {
+    return Status::InvalidArgument("--num-prefixes must be in [1, --num-prompts]");
+  }
+  std::mt19937_64 rng(options.seed);
+  std::vector<TokenizedText> prefixes;
+  for (int p = 0; p < options.num_prefixes; ++p) {
+    PD_ASSIGN_OR_RETURN(TokenizedText prefix,
+                        AppendWords(TokenizedText{}, options.prefix_len, rng, tokenizer));
+    prefixes.push_back(std::move(prefix));
+  }
+  std::vector<SampleRequest> requests;
+  for (int i = 0; i < options.num_prompts; ++i) {
+    PD_ASSIGN_OR_RETURN(TokenizedText prompt,
+                        AppendWords(prefixes[static_cast<size_t>(i % options.num_prefixes)],
+                                    options.suffix_len, rng, tokenizer));
+    requests.push_back(SampleRequest{.prompt = std::move(prompt.text),
+                                     .prompt_len = static_cast<int>(prompt.ids.size()),
+                                     .output_len = options.output_len});
+  }
+  return requests;
+}
+
+Result<std::vector<SampleRequest>> MultiTurnDataset(const MultiTurnDatasetOptions& options,
+                                                    PromptTokenizer& tokenizer) {
+  if (options.num_conversations < 1 || options.num_turns < 1) {
+    return Status::InvalidArgument("--num-conversations and --num-turns must be >= 1");
+  }
+  if (options.system_prompt_len < 1 || options.user_len < 1 || options.answer_len < 1 ||
+      options.output_len < 1) {
+    return Status::InvalidArgument(
+        "--system-prompt-len, --user-len, --answer-len and --random-output-len must be >= 1");
+  }
+  std::mt19937_64 rng(options.seed);
+  PD_ASSIGN_OR_RETURN(const TokenizedText system,
+                      AppendWords(TokenizedText{}, options.system_prompt_len, rng, tokenizer));
+  std::vector<SampleRequest> requests;
+  for (int c = 0; c < options.num_conversations; ++c) {
+    TokenizedText history = system;
+    for (int turn = 1; turn <= options.num_turns; ++turn) {
+      if (turn > 1) {
+        PD_ASSIGN_OR_RETURN(history, AppendWords(history, options.answer_len, rng, tokenizer));
+      }
+      PD_ASSIGN_OR_RETURN(history, AppendWords(history, options.user_len, rng, tokenizer));
+      requests.push_back(SampleRequest{.prompt = history.text,
+                                       .prompt_len = static_cast<int>(history.ids.size()),
+                                       .output_len = options.output_len,
+                                       .conversation = c,
+                                       .turn = turn});
+    }
+  }
+  return requests;
+}
+
 Result<std::vector<SampleRequest>> JsonlDataset(const std::string& path, int num_prompts,
                                                 PromptTokenizer* tokenizer) {
   std::ifstream in(path);
@@ -173,7 +280,8 @@ Result<std::vector<SampleRequest>> JsonlDataset(const std::string& path, int num
         output_len->get<int64_t>() < 1 || output_len->get<int64_t>() > (1 << 24)) {
       return Status::InvalidArgument(where() + ": needs an integer \"output_len\" >= 1");
     }
-    SampleRequest request{prompt->get<std::string>(), 0, output_len->get<int>()};
+    SampleRequest request{.prompt = prompt->get<std::string>(),
+                          .output_len = output_len->get<int>()};
     if (const auto len = j.find("prompt_len"); len != j.end()) {
       if (!len->is_number_integer() || len->get<int64_t>() < 1 || len->get<int64_t>() > (1 << 24)) {
         return Status::InvalidArgument(where() + ": \"prompt_len\" must be an integer >= 1");

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <limits>
 #include <numeric>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -238,6 +239,63 @@ SpecDecodeAcceptance SpecAcceptanceBetween(const SpecDecodeCounters& before,
   return s;
 }
 
+CacheCounters ParseCacheCounters(std::string_view metrics_text) {
+  CacheCounters c;
+  const std::pair<std::string_view, std::optional<double>*> names[] = {
+      {"vllm:prefix_cache_queries_total", &c.queries},
+      {"vllm:prefix_cache_hits_total", &c.hits},
+      {"pdserve:messenger_kv_bytes_sent_total", &c.kv_bytes_sent},
+      {"pdserve:messenger_kv_bytes_received_total", &c.kv_bytes_received},
+      {"pdserve:messenger_kv_pages_not_transferred_total", &c.kv_pages_not_transferred},
+      {"pdserve:messenger_kv_bytes_not_transferred_total", &c.kv_bytes_not_transferred},
+  };
+  ForEachPromSample(metrics_text, [&](std::string_view name, std::string_view, double value) {
+    for (const auto& [wanted, field] : names) {
+      if (name == wanted) *field = field->value_or(0.0) + value;
+    }
+  });
+  return c;
+}
+
+double CacheUsage::hit_rate() const {
+  if (!queries || !hits || *queries <= 0) return std::numeric_limits<double>::quiet_NaN();
+  return static_cast<double>(*hits) / static_cast<double>(*queries);
+}
+
+CacheUsage CacheUsageBetween(const CacheCounters& before, const CacheCounters& after) {
+  auto delta = [](const std::optional<double>& b,
+                  const std::optional<double>& a) -> std::optional<int64_t> {
+    if (!a || !b) return std::nullopt;
+    return static_cast<int64_t>(std::llround(*a - *b));
+  };
+  CacheUsage u;
+  u.queries = delta(before.queries, after.queries);
+  u.hits = delta(before.hits, after.hits);
+  u.kv_bytes_sent = delta(before.kv_bytes_sent, after.kv_bytes_sent);
+  u.kv_bytes_received = delta(before.kv_bytes_received, after.kv_bytes_received);
+  u.kv_pages_not_transferred =
+      delta(before.kv_pages_not_transferred, after.kv_pages_not_transferred);
+  u.kv_bytes_not_transferred =
+      delta(before.kv_bytes_not_transferred, after.kv_bytes_not_transferred);
+  return u;
+}
+
+CacheUsage SumCacheUsage(const std::vector<CacheUsage>& nodes) {
+  CacheUsage sum;
+  auto add = [](std::optional<int64_t>& to, const std::optional<int64_t>& more) {
+    if (more) to = to.value_or(0) + *more;
+  };
+  for (const CacheUsage& n : nodes) {
+    add(sum.queries, n.queries);
+    add(sum.hits, n.hits);
+    add(sum.kv_bytes_sent, n.kv_bytes_sent);
+    add(sum.kv_bytes_received, n.kv_bytes_received);
+    add(sum.kv_pages_not_transferred, n.kv_pages_not_transferred);
+    add(sum.kv_bytes_not_transferred, n.kv_bytes_not_transferred);
+  }
+  return sum;
+}
+
 double Mean(const std::vector<double>& v) {
   if (v.empty()) return 0;
   return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
@@ -301,6 +359,28 @@ ServeMetrics ComputeServeMetrics(const std::vector<RequestOutcome>& outcomes, do
     m.total_token_throughput = static_cast<double>(m.total_input + m.total_output) / duration_s;
   }
   m.ttft = Summarize(ttfts, percentiles);
+  // Multi-turn: TTFT of each turn, and of turns 2..T together.
+  int num_turns = 0;
+  for (const RequestOutcome& o : outcomes) num_turns = std::max(num_turns, o.turn);
+  auto turn_ttft = [&](int turn, bool later) {
+    TurnTtft t;
+    t.turn = turn;
+    std::vector<double> turn_ttfts;
+    double prompt_sum = 0;
+    for (const RequestOutcome& o : outcomes) {
+      if (!o.success || (later ? o.turn < 2 : o.turn != turn)) continue;
+      turn_ttfts.push_back(o.ttft_s);
+      prompt_sum += o.prompt_len;
+    }
+    t.completed = static_cast<int>(turn_ttfts.size());
+    t.mean_prompt_len = t.completed > 0 ? prompt_sum / t.completed : 0;
+    t.ttft = Summarize(turn_ttfts, percentiles);
+    return t;
+  };
+  for (int turn = 1; turn <= num_turns; ++turn) {
+    m.ttft_by_turn.push_back(turn_ttft(turn, /*later=*/false));
+  }
+  if (num_turns > 1) m.ttft_later_turns = turn_ttft(0, /*later=*/true);
   m.tpot = Summarize(tpots, percentiles);
   m.itl = Summarize(itls, percentiles);
   m.e2el = Summarize(e2els, percentiles);
@@ -346,6 +426,60 @@ nlohmann::json MetricsToJson(const ServeMetrics& m, const std::vector<RequestOut
     nlohmann::json rates = nlohmann::json::array();
     for (double r : sd.per_position_rates) rates.push_back(NullIfNan(r));
     j["spec_decode_per_position_acceptance_rates"] = std::move(rates);
+  }
+  if (m.cache) {
+    auto cache_json = [](const CacheUsage& u) {
+      nlohmann::json c;
+      const std::pair<const char*, const std::optional<int64_t>*> fields[] = {
+          {"prefix_cache_queries", &u.queries},
+          {"prefix_cache_hits", &u.hits},
+          {"kv_bytes_sent", &u.kv_bytes_sent},
+          {"kv_bytes_received", &u.kv_bytes_received},
+          {"kv_pages_not_transferred", &u.kv_pages_not_transferred},
+          {"kv_bytes_not_transferred", &u.kv_bytes_not_transferred},
+      };
+      for (const auto& [name, value] : fields) {
+        if (*value) c[name] = **value;
+      }
+      if (u.queries) c["prefix_cache_hit_rate"] = NullIfNan(100 * u.hit_rate());
+      return c;
+    };
+    j.update(cache_json(*m.cache));
+    nlohmann::json by_server = nlohmann::json::array();
+    for (const CacheUsage& u : m.cache_by_server) {
+      nlohmann::json c = cache_json(u);
+      c["server"] = u.server;
+      by_server.push_back(std::move(c));
+    }
+    j["cache_by_server"] = std::move(by_server);
+  }
+  if (!m.ttft_by_turn.empty()) {
+    nlohmann::json conversations = nlohmann::json::array(), turns = nlohmann::json::array();
+    for (const RequestOutcome& o : outcomes) {
+      conversations.push_back(o.conversation);
+      turns.push_back(o.turn);
+    }
+    j["conversations"] = std::move(conversations);
+    j["turns"] = std::move(turns);
+    auto turn_json = [](const TurnTtft& t) {
+      nlohmann::json tj = {{"completed", t.completed},
+                           {"mean_input_len", t.mean_prompt_len},
+                           {"mean_ttft_ms", t.ttft.mean_ms},
+                           {"median_ttft_ms", t.ttft.median_ms},
+                           {"std_ttft_ms", t.ttft.std_ms}};
+      for (const auto& [p, value] : t.ttft.percentiles_ms) {
+        tj["p" + PercentileWord(p) + "_ttft_ms"] = value;
+      }
+      return tj;
+    };
+    nlohmann::json by_turn = nlohmann::json::array();
+    for (const TurnTtft& t : m.ttft_by_turn) {
+      nlohmann::json tj = turn_json(t);
+      tj["turn"] = t.turn;
+      by_turn.push_back(std::move(tj));
+    }
+    j["ttft_by_turn"] = std::move(by_turn);
+    if (m.ttft_later_turns) j["later_turns"] = turn_json(*m.ttft_later_turns);
   }
   for (const std::string& name : percentile_metrics) {
     const LatencyStats* s = StatsOf(m, name);
@@ -406,6 +540,36 @@ std::string FormatMetricsTable(const ServeMetrics& m,
       per_position += (per_position.empty() ? "" : ", ") + ratio(r, 100);
     }
     row("Per-position acceptance (%):", per_position);
+  }
+  if (!m.ttft_by_turn.empty()) {
+    out += Centered("Time to First Token by Turn", '-');
+    auto turn_row = [&](const std::string& name, const TurnTtft& t) {
+      row(fmt::format("{} mean / median TTFT (ms):", name),
+          fmt::format("{} / {} (n={}, {:.0f} tokens)", num(t.ttft.mean_ms), num(t.ttft.median_ms),
+                      t.completed, t.mean_prompt_len));
+    };
+    for (const TurnTtft& t : m.ttft_by_turn) turn_row(fmt::format("Turn {}", t.turn), t);
+    if (m.ttft_later_turns) {
+      turn_row(fmt::format("Turns 2-{}", m.ttft_by_turn.size()), *m.ttft_later_turns);
+    }
+  }
+  if (m.cache) {
+    const CacheUsage& c = *m.cache;
+    out += Centered("Prefix Caching and KV Transfer", '-');
+    if (c.queries) {
+      const double rate = c.hit_rate();
+      row("Prefix cache hit rate (%):",
+          std::isnan(rate) ? std::string("n/a") : fmt::format("{:.2f}", 100 * rate));
+      row("Prefix cache queries (tokens):", std::to_string(*c.queries));
+      row("Prefix cache hits (tokens):", std::to_string(c.hits.value_or(0)));
+    }
+    if (c.kv_bytes_sent) row("KV bytes sent (prefill nodes):", std::to_string(*c.kv_bytes_sent));
+    if (c.kv_bytes_received) {
+      row("KV bytes received (decode nodes):", std::to_string(*c.kv_bytes_received));
+    }
+    if (c.kv_bytes_not_transferred) {
+      row("KV bytes not transferred (D's hits):", std::to_string(*c.kv_bytes_not_transferred));
+    }
   }
   out += std::string(50, '=') + "\n";
   return out;

@@ -11,6 +11,12 @@
 //   = accepted / drafted tokens, mean acceptance length = 1 + accepted / drafts (the token
 //   verification adds counts), per-position acceptance = drafts whose token at that position
 //   was accepted / drafts.
+// - Prefix caching and KV transfer (when the served nodes expose them): the differences of
+//   vLLM's vllm:prefix_cache_queries_total / _hits_total (tokens) and of pdserve's messenger
+//   counters (bytes a prefill node sent, bytes a decode node received, and the pages and bytes
+//   a decode node's own cache held so that no prefill node sent them), per node and summed.
+// - Multi-turn datasets: TTFT per turn (every conversation's turn k together) and over the
+//   later turns (2..T), whose history an earlier turn computed.
 // Only successful requests enter latencies and token totals; failed ones are counted in
 // `failed` with their error, never as fast ones. Statistics: mean, median, population std,
 // percentiles with linear interpolation between ranks (numpy's default); 0 when no sample.
@@ -56,6 +62,8 @@ struct RequestOutcome {
   double ttft_s = 0;           // first content chunk
   double e2el_s = 0;           // last content chunk
   std::vector<double> itls_s;  // gaps between consecutive content chunks
+  int conversation = -1;       // multi-turn: the request's conversation and turn (1-based)
+  int turn = 0;
 };
 
 // Latency SLOs in milliseconds (`--goodput ttft:MS tpot:MS itl:MS e2el:MS`); unset ones are
@@ -113,6 +121,47 @@ struct SpecDecodeAcceptance {
 SpecDecodeAcceptance SpecAcceptanceBetween(const SpecDecodeCounters& before,
                                            const SpecDecodeCounters& after);
 
+// A node's prefix-cache and KV-transfer counters (Prometheus text; samples of one name summed
+// whatever their labels); nullopt for those the node does not expose.
+struct CacheCounters {
+  std::optional<double> queries;            // vllm:prefix_cache_queries_total (tokens)
+  std::optional<double> hits;               // vllm:prefix_cache_hits_total (tokens)
+  std::optional<double> kv_bytes_sent;      // pdserve:messenger_kv_bytes_sent_total
+  std::optional<double> kv_bytes_received;  // pdserve:messenger_kv_bytes_received_total
+  std::optional<double>
+      kv_pages_not_transferred;  // pdserve:messenger_kv_pages_not_transferred_total
+  std::optional<double>
+      kv_bytes_not_transferred;  // pdserve:messenger_kv_bytes_not_transferred_total
+  bool any() const {
+    return queries || hits || kv_bytes_sent || kv_bytes_received || kv_pages_not_transferred ||
+           kv_bytes_not_transferred;
+  }
+};
+CacheCounters ParseCacheCounters(std::string_view metrics_text);
+
+// Those counters over a run (after - before; a counter either side lacks stays nullopt), for
+// one node (`server` its URL) or summed over nodes (`server` empty; a counter is present when
+// any node has it).
+struct CacheUsage {
+  std::string server;
+  std::optional<int64_t> queries, hits;
+  std::optional<int64_t> kv_bytes_sent, kv_bytes_received;
+  std::optional<int64_t> kv_pages_not_transferred, kv_bytes_not_transferred;
+  // hits / queries; NaN when no token was queried (or the node has no prefix-cache counters).
+  double hit_rate() const;
+};
+CacheUsage CacheUsageBetween(const CacheCounters& before, const CacheCounters& after);
+CacheUsage SumCacheUsage(const std::vector<CacheUsage>& nodes);
+
+// TTFT of one turn of a multi-turn run (turn k of every conversation), or of its later turns
+// (turn 0 here: turns 2..T together).
+struct TurnTtft {
+  int turn = 0;
+  int completed = 0;
+  double mean_prompt_len = 0;
+  LatencyStats ttft;
+};
+
 struct ServeMetrics {
   int completed = 0;
   int failed = 0;
@@ -126,6 +175,13 @@ struct ServeMetrics {
   LatencyStats ttft, tpot, itl, e2el;
   // Set by RunServeBench when the server's /metrics shows speculative decoding.
   std::optional<SpecDecodeAcceptance> spec;
+  // Set by RunServeBench when a served node exposes prefix-cache or KV-transfer counters: the
+  // sum over the nodes, and each node's own.
+  std::optional<CacheUsage> cache;
+  std::vector<CacheUsage> cache_by_server;
+  // Multi-turn runs (requests with turn > 0): turns 1..T, and the later turns when T > 1.
+  std::vector<TurnTtft> ttft_by_turn;
+  std::optional<TurnTtft> ttft_later_turns;
 };
 
 // Statistics helpers, exposed for tests. Percentile: p in [0, 100], linear interpolation.
@@ -145,7 +201,12 @@ ServeMetrics ComputeServeMetrics(const std::vector<RequestOutcome>& outcomes, do
 // `percentile_metrics` (ttft, tpot, itl, e2el); with m.spec, vLLM's spec_decode_num_drafts,
 // spec_decode_draft_tokens, spec_decode_accepted_tokens, spec_decode_acceptance_rate (percent),
 // spec_decode_acceptance_length and spec_decode_per_position_acceptance_rates (fractions), the
-// ratios null where undefined.
+// ratios null where undefined. With m.cache: prefix_cache_queries, prefix_cache_hits,
+// prefix_cache_hit_rate (percent; null without queries), kv_bytes_sent, kv_bytes_received,
+// kv_pages_not_transferred, kv_bytes_not_transferred (those some node exposes) and
+// cache_by_server (the same per node, with its "server"). Multi-turn: conversations and turns
+// (per request), ttft_by_turn ([{turn, completed, mean_input_len, {mean,median,std,pNN}_ttft_ms}])
+// and later_turns (the same over turns 2..T).
 nlohmann::json MetricsToJson(const ServeMetrics& m, const std::vector<RequestOutcome>& outcomes,
                              const std::vector<std::string>& percentile_metrics, bool has_slo);
 

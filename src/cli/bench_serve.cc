@@ -72,7 +72,9 @@ void AddServeRunFlags(CLI::App* cmd, ServeRunFlags* flags, const std::string& nu
                   "completions (/v1/completions) or chat (/v1/chat/completions)")
       ->capture_default_str();
   cmd->add_option("--dataset", flags->dataset.name,
-                  "random: random-word prompts of exact token counts; jsonl: --dataset-path")
+                  "random: random-word prompts of exact token counts; shared-prefix: prompts "
+                  "sharing --num-prefixes prefixes of --prefix-len tokens; multi-turn: "
+                  "conversations replayed turn after turn; jsonl: --dataset-path")
       ->capture_default_str();
   cmd->add_option("--dataset-path", flags->dataset.path,
                   "JSONL file, one {\"prompt\": STRING, \"output_len\": INT[, \"prompt_len\": "
@@ -82,10 +84,42 @@ void AddServeRunFlags(CLI::App* cmd, ServeRunFlags* flags, const std::string& nu
                   "/tokenize and /detokenize)");
   cmd->add_option("--random-input-len", flags->dataset.random.input_len, "Prompt tokens")
       ->capture_default_str();
-  cmd->add_option("--random-output-len", flags->dataset.random.output_len, "Output tokens")
+  cmd->add_option("--random-output-len,--output-len", flags->dataset.random.output_len,
+                  "Output tokens (random, shared-prefix and multi-turn datasets)")
       ->capture_default_str();
   cmd->add_option("--random-range-ratio", flags->dataset.random.range_ratio,
                   "Lengths drawn uniformly from [len*(1-r), len*(1+r)], r in [0, 1)")
+      ->capture_default_str();
+  // shared-prefix: the names of vLLM's prefix_repetition dataset work too.
+  cmd->add_option("--prefix-len,--prefix-repetition-prefix-len",
+                  flags->dataset.shared_prefix.prefix_len, "shared-prefix: tokens of each prefix")
+      ->capture_default_str();
+  cmd->add_option("--suffix-len,--prefix-repetition-suffix-len",
+                  flags->dataset.shared_prefix.suffix_len,
+                  "shared-prefix: tokens after the prefix, each prompt's own")
+      ->capture_default_str();
+  cmd->add_option("--num-prefixes,--prefix-repetition-num-prefixes",
+                  flags->dataset.shared_prefix.num_prefixes,
+                  "shared-prefix: distinct prefixes (prompt i has prefix i mod this)")
+      ->capture_default_str();
+  cmd->add_option("--num-conversations", flags->dataset.multi_turn.num_conversations,
+                  "multi-turn: conversations (they arrive as --request-rate says; --num-prompts "
+                  "is not used)")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  cmd->add_option("--num-turns", flags->dataset.multi_turn.num_turns,
+                  "multi-turn: requests per conversation, each sent once the previous finished")
+      ->check(CLI::Range(1, 10000))
+      ->capture_default_str();
+  cmd->add_option("--system-prompt-len", flags->dataset.multi_turn.system_prompt_len,
+                  "multi-turn: tokens of the system prompt every conversation starts with")
+      ->capture_default_str();
+  cmd->add_option("--user-len", flags->dataset.multi_turn.user_len,
+                  "multi-turn: tokens of each user message")
+      ->capture_default_str();
+  cmd->add_option("--answer-len", flags->dataset.multi_turn.answer_len,
+                  "multi-turn: tokens of each replayed assistant answer (the transcript's, not "
+                  "the server's)")
       ->capture_default_str();
   flags->dataset.random.num_prompts = 100;
   cmd->add_option("--num-prompts", flags->dataset.random.num_prompts, num_prompts_help)
@@ -163,9 +197,10 @@ void AddBenchServeCommand(CLI::App& bench, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--result-file", flags->result_file, "Write the JSON result here");
   cmd->add_option("--metrics-url", flags->metrics_urls,
-                  "Server whose /metrics give the run's speculative-decoding acceptance "
-                  "(vllm:spec_decode_* before and after the run); repeat for several, e.g. the "
-                  "decode nodes behind a router (default: --base-url)");
+                  "Server whose /metrics give the run's speculative-decoding acceptance, "
+                  "prefix-cache hits and KV bytes transferred (counters before and after the "
+                  "run); repeat for several, e.g. the prefill and decode nodes behind a router "
+                  "(default: --base-url)");
   cmd->callback([flags, exit_code] { *exit_code = RunBenchServe(*flags); });
 }
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -77,6 +78,18 @@ class ScriptedServer {
     std::lock_guard lock(mu_);
     return arrivals_;
   }
+  // When `prompt` was first received, and when the server wrote the end of its first answer
+  // (its [DONE]); nullopt before.
+  std::optional<TimePoint> first_arrival(const std::string& prompt) {
+    std::lock_guard lock(mu_);
+    const auto it = first_arrival_.find(prompt);
+    return it == first_arrival_.end() ? std::nullopt : std::optional<TimePoint>(it->second);
+  }
+  std::optional<TimePoint> first_finish(const std::string& prompt) {
+    std::lock_guard lock(mu_);
+    const auto it = first_finish_.find(prompt);
+    return it == first_finish_.end() ? std::nullopt : std::optional<TimePoint>(it->second);
+  }
   json last_body() {
     std::lock_guard lock(mu_);
     return last_body_;
@@ -98,6 +111,7 @@ class ScriptedServer {
       order = received_++;
       ++counts_[prompt];
       arrivals_.push_back(Clock::now());
+      first_arrival_.emplace(prompt, arrivals_.back());
       last_body_ = body;
     }
     // "*" scripts every prompt without a script of its own.
@@ -117,7 +131,7 @@ class ScriptedServer {
     }
     const TimePoint start = Clock::now();
     res.set_chunked_content_provider(
-        "text/event-stream", [s, chat, start](size_t, httplib::DataSink& sink) {
+        "text/event-stream", [this, prompt, s, chat, start](size_t, httplib::DataSink& sink) {
           auto event = [&](const json& j) {
             const std::string e = "data: " + j.dump() + "\n\n";
             return sink.write(e.data(), e.size());
@@ -144,6 +158,11 @@ class ScriptedServer {
           if (s.usage_tokens > 0) {
             event({{"choices", json::array()}, {"usage", {{"completion_tokens", s.usage_tokens}}}});
           }
+          {
+            // Before the last bytes leave: the client cannot have seen the end yet.
+            std::lock_guard lock(mu_);
+            first_finish_.emplace(prompt, Clock::now());
+          }
           if (s.send_done) sink.write("data: [DONE]\n\n", 14);
           sink.done();
           return true;
@@ -158,6 +177,8 @@ class ScriptedServer {
   int received_ = 0;
   std::map<std::string, int> counts_;
   std::vector<TimePoint> arrivals_;
+  std::map<std::string, TimePoint> first_arrival_;
+  std::map<std::string, TimePoint> first_finish_;
   json last_body_;
   std::atomic<int> slow_first_{0};
   std::atomic<int> slow_extra_ms_{0};

@@ -177,6 +177,72 @@ TEST(ServeBenchTest, RequestsLeaveAtTheirArrivalTimes) {
   }
 }
 
+TEST(ServeBenchTest, MultiTurnSendsEachTurnOnlyOnceItsPredecessorFinished) {
+  // Three conversations of three turns; a first turn answers at 150 ms, a later one at 30 ms
+  // (a cached history), each with a second chunk 40 ms later.
+  std::map<std::string, Script> scripts;
+  std::vector<SampleRequest> requests;
+  auto name = [](int c, int t) { return "c" + std::to_string(c) + "t" + std::to_string(t); };
+  const int conversations = 3, turns = 3;
+  for (int c = 0; c < conversations; ++c) {
+    for (int t = 1; t <= turns; ++t) {
+      scripts[name(c, t)] = {
+          .prompt_len = 10 * t, .ttft_ms = t == 1 ? 150 : 30, .gaps_ms = {40}, .usage_tokens = 2};
+      requests.push_back(SampleRequest{.prompt = name(c, t),
+                                       .prompt_len = 10 * t,
+                                       .output_len = 2,
+                                       .conversation = c,
+                                       .turn = t});
+    }
+  }
+  ScriptedServer server(scripts);
+  ServeBenchOptions options = Options(server.url());
+  options.max_concurrency = 2;  // two conversations at once
+  const std::string dir = testing::MakeTempDir("serve_multi_turn");
+  options.result_file = dir + "/result.json";
+  auto result = RunServeBench(options, requests);
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+  ASSERT_EQ(result->metrics.completed, conversations * turns);
+
+  // A turn leaves only once the server has finished its predecessor's answer.
+  for (int c = 0; c < conversations; ++c) {
+    for (int t = 2; t <= turns; ++t) {
+      const std::optional<TimePoint> sent = server.first_arrival(name(c, t));
+      const std::optional<TimePoint> previous_done = server.first_finish(name(c, t - 1));
+      ASSERT_TRUE(sent && previous_done) << name(c, t);
+      EXPECT_GT(*sent, *previous_done) << name(c, t) << " was sent before its predecessor ended";
+    }
+  }
+  // The third conversation waits for a slot: one of the first two has ended.
+  const TimePoint first_end =
+      std::min(*server.first_finish(name(0, turns)), *server.first_finish(name(1, turns)));
+  EXPECT_GT(*server.first_arrival(name(2, 1)), first_end);
+
+  // TTFT per turn, and of the later turns together, in the result file.
+  std::ifstream in(options.result_file);
+  const json j = json::parse(in);
+  ASSERT_EQ(j["ttft_by_turn"].size(), static_cast<size_t>(turns)) << j.dump();
+  for (int t = 1; t <= turns; ++t) {
+    const json& turn = j["ttft_by_turn"][t - 1];
+    const double want_ms = t == 1 ? 150 : 30;
+    EXPECT_EQ(turn["turn"], t);
+    EXPECT_EQ(turn["completed"], conversations);
+    EXPECT_DOUBLE_EQ(turn["mean_input_len"].get<double>(), 10.0 * t);
+    EXPECT_GE(turn["median_ttft_ms"].get<double>(), want_ms) << t;
+    EXPECT_LT(turn["median_ttft_ms"].get<double>(), want_ms + kTolMs) << t;
+  }
+  EXPECT_EQ(j["later_turns"]["completed"], conversations * (turns - 1));
+  EXPECT_DOUBLE_EQ(j["later_turns"]["mean_input_len"].get<double>(), 25.0);
+  EXPECT_LT(j["later_turns"]["p99_ttft_ms"].get<double>(), 30 + kTolMs);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(j["turns"][i], requests[i].turn);
+    EXPECT_EQ(j["conversations"][i], requests[i].conversation);
+  }
+  const std::string table = FormatMetricsTable(result->metrics, {"ttft"}, false);
+  EXPECT_NE(table.find("Turn 1 mean / median TTFT (ms):"), std::string::npos) << table;
+  EXPECT_NE(table.find("Turns 2-3 mean / median TTFT (ms):"), std::string::npos) << table;
+}
+
 TEST(ServeBenchTest, TimeoutsAndUnreachableServersFail) {
   const std::map<std::string, Script> scripts = {
       {"stall", {.prompt_len = 4, .ttft_ms = 1500, .gaps_ms = {}, .usage_tokens = 1}}};

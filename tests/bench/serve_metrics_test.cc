@@ -255,5 +255,79 @@ TEST(ServeSpecMetricsTest, CountersParsedSummedAndDiffedAsVllmDefinesThem) {
   EXPECT_EQ(FormatMetricsTable(m, {}, false).find("Speculative"), std::string::npos);
 }
 
+TEST(ServeCacheMetricsTest, CountersParsedDiffedPerNodeAndSummed) {
+  // A prefill node (its own cache, bytes sent) and a decode node (its cache, bytes received
+  // and not transferred), Prometheus text as the nodes write it.
+  const std::string p_before =
+      "# TYPE vllm:prefix_cache_queries_total counter\n"
+      "vllm:prefix_cache_queries_total 1000\n"
+      "vllm:prefix_cache_hits_total 200\n"
+      "pdserve:messenger_kv_bytes_sent_total 4096\n";
+  const std::string p_after =
+      "vllm:prefix_cache_queries_total 3000\n"
+      "vllm:prefix_cache_hits_total 1700\n"
+      "pdserve:messenger_kv_bytes_sent_total 10240\n";
+  const std::string d_before =
+      "vllm:prefix_cache_queries_total{engine=\"0\"} 10\n"
+      "vllm:prefix_cache_hits_total{engine=\"0\"} 0\n"
+      "pdserve:messenger_kv_bytes_received_total 4096\n"
+      "pdserve:messenger_kv_pages_not_transferred_total 1\n"
+      "pdserve:messenger_kv_bytes_not_transferred_total 1024\n";
+  const std::string d_after =
+      "vllm:prefix_cache_queries_total{engine=\"0\"} 2010\n"
+      "vllm:prefix_cache_hits_total{engine=\"0\"} 1000\n"
+      "pdserve:messenger_kv_bytes_received_total 10240\n"
+      "pdserve:messenger_kv_pages_not_transferred_total 9\n"
+      "pdserve:messenger_kv_bytes_not_transferred_total 9216\n";
+  CacheUsage p = CacheUsageBetween(ParseCacheCounters(p_before), ParseCacheCounters(p_after));
+  p.server = "http://p";
+  CacheUsage d = CacheUsageBetween(ParseCacheCounters(d_before), ParseCacheCounters(d_after));
+  d.server = "http://d";
+  EXPECT_EQ(p.queries, 2000);
+  EXPECT_EQ(p.hits, 1500);
+  EXPECT_DOUBLE_EQ(p.hit_rate(), 0.75);
+  EXPECT_EQ(p.kv_bytes_sent, 6144);
+  EXPECT_FALSE(p.kv_bytes_received.has_value());  // a prefill node receives nothing
+  EXPECT_EQ(d.kv_bytes_received, 6144);
+  EXPECT_EQ(d.kv_pages_not_transferred, 8);
+  EXPECT_EQ(d.kv_bytes_not_transferred, 8192);
+  const CacheUsage sum = SumCacheUsage({p, d});
+  EXPECT_EQ(sum.queries, 4000);
+  EXPECT_EQ(sum.hits, 2500);
+  EXPECT_EQ(sum.kv_bytes_sent, 6144);
+  EXPECT_EQ(sum.kv_bytes_not_transferred, 8192);
+
+  ServeMetrics m;
+  m.cache = sum;
+  m.cache_by_server = {p, d};
+  const nlohmann::json j = MetricsToJson(m, {}, {}, false);
+  EXPECT_EQ(j["prefix_cache_queries"], 4000);
+  EXPECT_EQ(j["prefix_cache_hits"], 2500);
+  EXPECT_DOUBLE_EQ(j["prefix_cache_hit_rate"].get<double>(), 62.5);
+  EXPECT_EQ(j["kv_bytes_sent"], 6144);
+  EXPECT_EQ(j["kv_bytes_received"], 6144);
+  EXPECT_EQ(j["kv_pages_not_transferred"], 8);
+  EXPECT_EQ(j["kv_bytes_not_transferred"], 8192);
+  ASSERT_EQ(j["cache_by_server"].size(), 2u);
+  EXPECT_EQ(j["cache_by_server"][0]["server"], "http://p");
+  EXPECT_DOUBLE_EQ(j["cache_by_server"][0]["prefix_cache_hit_rate"].get<double>(), 75);
+  EXPECT_FALSE(j["cache_by_server"][0].contains("kv_bytes_received"));
+  const std::string table = FormatMetricsTable(m, {}, false);
+  EXPECT_NE(table.find("Prefix cache hit rate (%):               62.50"), std::string::npos)
+      << table;
+  EXPECT_NE(table.find("KV bytes not transferred (D's hits):     8192"), std::string::npos)
+      << table;
+
+  // A node without those counters gives nothing; one that queried nothing has no rate.
+  EXPECT_FALSE(ParseCacheCounters("pdserve:kv_pages_used 0\n").any());
+  EXPECT_TRUE(std::isnan(
+      CacheUsageBetween(ParseCacheCounters(p_before), ParseCacheCounters(p_before)).hit_rate()));
+  m.cache = CacheUsageBetween(ParseCacheCounters(p_before), ParseCacheCounters(p_before));
+  EXPECT_TRUE(MetricsToJson(m, {}, {}, false)["prefix_cache_hit_rate"].is_null());
+  m.cache.reset();
+  EXPECT_FALSE(MetricsToJson(m, {}, {}, false).contains("prefix_cache_hits"));
+  EXPECT_EQ(FormatMetricsTable(m, {}, false).find("Prefix Caching"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace pdserve::bench

@@ -1,7 +1,9 @@
 // `pdserve bench serve` (the real binary) against a real `pdserve serve --role colocated` on
 // the tiny test model: a handful of prompts, the JSON result file parsed and checked; against a
 // node with a draft model, the run's speculative-decoding acceptance is the node's counters'
-// differences over the run.
+// differences over the run; the shared-prefix and multi-turn datasets have exact token counts
+// and share their prefixes token for token, and a real node's prefix-cache hits over a
+// multi-turn run are its counters' differences.
 #include <algorithm>
 #include <chrono>
 #include <fstream>
@@ -13,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/serve_dataset.h"
 #include "testing/node_process.h"
 #include "testing/test_paths.h"
 
@@ -192,6 +195,183 @@ TEST(BenchServeSmokeTest, AcceptanceOfASpeculatingNodeIsItsCountersOverTheRun) {
   EXPECT_GT(accepted, 0.5 * drafted);
   EXPECT_NE(out.find("Speculative Decoding"), std::string::npos) << out;
   EXPECT_NE(out.find("Acceptance length:"), std::string::npos) << out;
+}
+
+std::vector<int32_t> Encode(bench::PromptTokenizer& tokenizer, const std::string& text) {
+  auto ids = tokenizer.Encode(text);
+  EXPECT_TRUE(ids.ok()) << ids.status().ToString();
+  return ids.ok() ? *ids : std::vector<int32_t>{};
+}
+
+std::vector<int32_t> Head(const std::vector<int32_t>& ids, size_t n) {
+  return std::vector<int32_t>(ids.begin(),
+                              ids.begin() + static_cast<ptrdiff_t>(std::min(n, ids.size())));
+}
+
+TEST(BenchServeDatasetTest, SharedPrefixAndMultiTurnPromptsHaveExactTokensAndSharedPrefixes) {
+  auto tokenizer = bench::LocalPromptTokenizer(testing::TinyModelDir());
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  bench::PromptTokenizer& tok = **tokenizer;
+
+  // Shared prefix: 6 prompts over 2 prefixes of 40 tokens, suffixes of 9.
+  const bench::SharedPrefixDatasetOptions shared{.num_prompts = 6,
+                                                 .prefix_len = 40,
+                                                 .suffix_len = 9,
+                                                 .num_prefixes = 2,
+                                                 .output_len = 3,
+                                                 .seed = 5};
+  auto prompts = bench::SharedPrefixDataset(shared, tok);
+  ASSERT_TRUE(prompts.ok()) << prompts.status().ToString();
+  ASSERT_EQ(prompts->size(), 6u);
+  std::vector<std::vector<int32_t>> ids;
+  for (const bench::SampleRequest& r : *prompts) {
+    ids.push_back(Encode(tok, r.prompt));
+    ASSERT_EQ(ids.back().size(), 49u) << r.prompt;
+    EXPECT_EQ(r.prompt_len, 49);
+    EXPECT_EQ(r.output_len, 3);
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    for (size_t k = i + 1; k < ids.size(); ++k) {
+      // Prompt i has prefix i % 2: the same 40 tokens as every prompt of its prefix, different
+      // ones from the other's; every suffix its own.
+      EXPECT_EQ(Head(ids[i], 40) == Head(ids[k], 40), i % 2 == k % 2) << i << " " << k;
+      EXPECT_NE(ids[i], ids[k]) << i << " " << k;
+    }
+  }
+
+  // Multi-turn: 3 conversations of 3 turns, system prompt 33, user messages 7, answers 5.
+  const bench::MultiTurnDatasetOptions multi{.num_conversations = 3,
+                                             .num_turns = 3,
+                                             .system_prompt_len = 33,
+                                             .user_len = 7,
+                                             .answer_len = 5,
+                                             .output_len = 4,
+                                             .seed = 9};
+  auto turns = bench::MultiTurnDataset(multi, tok);
+  ASSERT_TRUE(turns.ok()) << turns.status().ToString();
+  ASSERT_EQ(turns->size(), 9u);
+  std::vector<int32_t> first_system;
+  for (int c = 0; c < 3; ++c) {
+    std::vector<int32_t> previous;
+    for (int t = 1; t <= 3; ++t) {
+      const bench::SampleRequest& r = (*turns)[static_cast<size_t>(c * 3 + t - 1)];
+      EXPECT_EQ(r.conversation, c);
+      EXPECT_EQ(r.turn, t);
+      EXPECT_EQ(r.output_len, 4);
+      const std::vector<int32_t> turn_ids = Encode(tok, r.prompt);
+      const size_t want = 33 + 7 * t + 5 * (t - 1);
+      ASSERT_EQ(turn_ids.size(), want) << "conversation " << c << " turn " << t;
+      EXPECT_EQ(r.prompt_len, static_cast<int>(want));
+      // Turn t's tokens start with turn t-1's: the history, token for token.
+      if (t > 1) {
+        EXPECT_EQ(Head(turn_ids, previous.size()), previous) << c << " " << t;
+        EXPECT_EQ(r.prompt.rfind((*turns)[static_cast<size_t>(c * 3 + t - 2)].prompt, 0), 0u);
+      }
+      // Every conversation starts with the same system prompt and then goes its own way.
+      if (first_system.empty()) first_system = Head(turn_ids, 40);
+      EXPECT_EQ(Head(turn_ids, 33), Head(first_system, 33)) << c;
+      if (c > 0 && t == 1) {
+        EXPECT_NE(Head(turn_ids, 40), first_system) << c;
+      }
+      previous = turn_ids;
+    }
+  }
+
+  // Bad shapes are refused with the flag's name.
+  bench::SharedPrefixDatasetOptions bad = shared;
+  bad.num_prefixes = 7;
+  auto refused = bench::SharedPrefixDataset(bad, tok);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("--num-prefixes"), std::string::npos);
+}
+
+TEST(BenchServeSmokeTest, MultiTurnHitRateIsTheNodesCountersOverTheRun) {
+  testing::NodeProcess node(testing::TinyModelDir(), {"--role", "colocated"});
+  ASSERT_TRUE(node.ok()) << node.error();
+  auto models = node.Client().Get("/v1/models");
+  ASSERT_TRUE(models && models->status == 200);
+  const std::string model = json::parse(models->body)["data"][0]["id"];
+  // Traffic before the run (cached, hit): only the counters' differences give the run's.
+  const json earlier = {{"model", model},
+                        {"prompt", "Once upon a time there was a little cat"},
+                        {"max_tokens", 3},
+                        {"temperature", 0}};
+  for (int i = 0; i < 2; ++i) {
+    auto res = node.Client().Post("/v1/completions", earlier.dump(), "application/json");
+    ASSERT_TRUE(res && res->status == 200);
+  }
+  const std::string before = IdleNodeMetrics(node);
+  ASSERT_GT(testing::MetricValue(before, "vllm:prefix_cache_queries_total"), 0) << before;
+
+  const std::string url = "http://127.0.0.1:" + std::to_string(node.port());
+  const std::string result_file = testing::MakeTempDir("bench_serve_multi_turn") + "/result.json";
+  int exit_code = -1;
+  const std::string out = testing::RunPdserve({"bench",
+                                               "serve",
+                                               "--base-url",
+                                               url,
+                                               "--model",
+                                               model,
+                                               "--dataset",
+                                               "multi-turn",
+                                               "--num-conversations",
+                                               "3",
+                                               "--num-turns",
+                                               "3",
+                                               "--system-prompt-len",
+                                               "40",
+                                               "--user-len",
+                                               "8",
+                                               "--answer-len",
+                                               "8",
+                                               "--output-len",
+                                               "4",
+                                               "--max-concurrency",
+                                               "2",
+                                               "--seed",
+                                               "2",
+                                               "--result-file",
+                                               result_file},
+                                              &exit_code);
+  ASSERT_EQ(exit_code, 0) << out;
+  const std::string after = IdleNodeMetrics(node);
+  std::ifstream in(result_file);
+  ASSERT_TRUE(in) << "no result file; stdout: " << out;
+  const json j = json::parse(in);
+  ASSERT_EQ(j["completed"], 9);
+  for (int i = 0; i < 9; ++i) {
+    const int turn = i % 3 + 1;
+    EXPECT_EQ(j["turns"][i], turn);
+    EXPECT_EQ(j["input_lens"][i], 40 + 8 * turn + 8 * (turn - 1));
+  }
+  ASSERT_EQ(j["ttft_by_turn"].size(), 3u);
+
+  auto delta = [&](const std::string& name) {
+    return testing::MetricValue(after, name) - testing::MetricValue(before, name);
+  };
+  const double queries = delta("vllm:prefix_cache_queries_total");
+  const double hits = delta("vllm:prefix_cache_hits_total");
+  EXPECT_EQ(j["prefix_cache_queries"].get<double>(), queries) << j.dump();
+  EXPECT_EQ(j["prefix_cache_hits"].get<double>(), hits);
+  EXPECT_DOUBLE_EQ(j["prefix_cache_hit_rate"].get<double>(), 100 * hits / queries);
+  // Every prompt token is queried once, with the special tokens the server adds (the dataset
+  // counts without them, as vLLM's does); later turns and other conversations hit the history
+  // and the system prompt.
+  auto tokens = [&](bool special) {
+    const json body = {{"model", model}, {"prompt", "hello"}, {"add_special_tokens", special}};
+    auto res = node.Client().Post("/tokenize", body.dump(), "application/json");
+    EXPECT_TRUE(res && res->status == 200);
+    return res && res->status == 200 ? json::parse(res->body)["tokens"].size() : 0u;
+  };
+  const double specials = static_cast<double>(tokens(true) - tokens(false));
+  EXPECT_EQ(queries, j["total_input_tokens"].get<double>() + 9 * specials);
+  EXPECT_GT(hits, 0);
+  EXPECT_LT(hits, queries);
+  ASSERT_EQ(j["cache_by_server"].size(), 1u);
+  EXPECT_EQ(j["cache_by_server"][0]["server"], url);
+  EXPECT_FALSE(j.contains("kv_bytes_sent"));  // a colocated node sends no KV
+  EXPECT_NE(out.find("Prefix cache hit rate (%):"), std::string::npos) << out;
+  EXPECT_NE(out.find("Turns 2-3 mean / median TTFT (ms):"), std::string::npos) << out;
 }
 
 }  // namespace
