@@ -26,7 +26,7 @@ using internal::KernelTable;
 // directly: compilers differ in which names __builtin_cpu_supports knows (clang 14 has no
 // "f16c").
 struct CpuFeatures {
-  bool fma, f16c, avx2, bmi2, avx512f, avx512dq, avx512bw, avx512vl, avx512bf16;
+  bool fma, f16c, avx2, bmi2, avx512f, avx512dq, avx512bw, avx512vl, avx512bf16, avx512vnni;
   bool amx_tile, amx_bf16;
   uint64_t xcr0;  // the state the OS saves across context switches (0 without OSXSAVE)
 };
@@ -49,6 +49,7 @@ CpuFeatures ReadCpuFeatures() {
     f.avx512dq = (ebx & (1u << 17)) != 0;
     f.avx512bw = (ebx & (1u << 30)) != 0;
     f.avx512vl = (ebx & (1u << 31)) != 0;
+    f.avx512vnni = (ecx & (1u << 11)) != 0;
     f.amx_bf16 = (edx & (1u << 22)) != 0;
     f.amx_tile = (edx & (1u << 24)) != 0;
     const uint32_t max_subleaf = eax;
@@ -146,6 +147,7 @@ std::vector<std::string_view> MissingFeatures(const KernelTable& path) {
     if (!f.avx512vl) missing.push_back("avx512vl");
     if (!f.avx512dq) missing.push_back("avx512dq");
     if (!f.avx512bf16) missing.push_back("avx512_bf16");
+    if (!f.avx512vnni) missing.push_back("avx512_vnni");
     if (!f.bmi2) missing.push_back("bmi2");
   }
   if (amx) {

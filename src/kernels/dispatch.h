@@ -31,8 +31,9 @@ std::string_view ActivePath();
 // The revision of the kernels' arithmetic: raised whenever a path computes other bits for the
 // same inputs, so that nodes built before and after (whose tokens would differ) refuse to pair.
 // Revision 2: attention over a BF16 cache takes BF16 dot products (kernel_table.h).
-inline constexpr int kArithmeticRevision = 2;
-// What two nodes that exchange KV compare: the active path and the revision, "avx512 r2".
+// Revision 3: INT8 products quantise x per row and k block and take integer dot products.
+inline constexpr int kArithmeticRevision = 3;
+// What two nodes that exchange KV compare: the active path and the revision, "avx512 r3".
 std::string ArithmeticIdentity();
 
 // Makes `name` the active path. "auto" or "" selects the best supported path. Errors:

@@ -37,34 +37,31 @@ constexpr int kBlockGroups = 4;
 constexpr int kBlockCols = kGroupCols * kBlockGroups;
 constexpr int kPairElems = 2 * kBlockCols;  // BF16 values of one k pair in one block
 
-// Packed FP8 and INT8 layouts (PackFP8, PackInt8): 64-column blocks as above; within a block,
-// for each k block j (kFp8BlockK = 128 values of k, the last one possibly shorter) first the 64
-// columns' scales of block j (F32 in column order: FP8 the row's scale times 2^60, INT8 as it
-// is), then one 128-byte pair line per k pair of block j (an odd last pair's odd bytes zero):
-// the 64 columns' bytes of k indices 2p (even) and 2p + 1 (odd), at Fp8PairPosition or
-// Int8PairPosition. Columns past n hold zero bytes and zero scales. A block is one contiguous
-// stream of Fp8BlockBytes(k) bytes, a multiple of 64.
+// Packed FP8 layout (PackFP8): 64-column blocks as above; within a block, for each k block j
+// (kFp8BlockK = 128 values of k, the last one possibly shorter) first the 64 columns' scales of
+// block j (F32 in column order: the row's scale times 2^60), then one 128-byte pair line per k
+// pair of block j (an odd last pair's odd bytes zero): the 64 columns' bytes of k indices 2p
+// (even) and 2p + 1 (odd), at Fp8PairPosition. Columns past n hold zero bytes and zero scales. A
+// block is one contiguous stream of Fp8BlockBytes(k) bytes, a multiple of 64.
 //
-// The products are BF16 dot products, as the BF16 product's (vdpbf16ps): the kernels take x
-// rounded to BF16 (kernels.cc's Blocked8Rows: FP8 x times 2^60, INT8 x as it is; a BF16
-// denormal as a zero, as vdpbf16ps reads it) and widen every byte exactly to a BF16:
-// - FP8: a byte s|eeee|mmm placed at bits 15 and 10..4 of a BF16 (the rest zero) is the BF16
-//   fp8 * 2^-120, two 16-bit shifts and a mask; the 2^-120 is undone by x's and the scales'
-//   2^60. An FP8 subnormal would be a BF16 denormal, which vdpbf16ps reads as zero, so PackFP8
-//   stores subnormals as zeros of their sign (|w| < 2^-6 of the block's unit, below 1/28672 of
-//   its largest value): every path then sees the same values.
-// - INT8: the integer, exact (8 significant bits at most), through F32 (vpmovsxbd, vcvtdq2ps,
-//   vcvtne2ps2bf16 on avx512).
+// The FP8 products are BF16 dot products, as the BF16 product's (vdpbf16ps): the kernels take x
+// times 2^60 rounded to BF16 (kernels.cc's Blocked8Rows; a BF16 denormal as a zero, as
+// vdpbf16ps reads it) and widen every byte exactly to a BF16: a byte s|eeee|mmm placed at bits
+// 15 and 10..4 of a BF16 (the rest zero) is the BF16 fp8 * 2^-120, two 16-bit shifts and a
+// mask; the 2^-120 is undone by x's and the scales' 2^60. An FP8 subnormal would be a BF16
+// denormal, which vdpbf16ps reads as zero, so PackFP8 stores subnormals as zeros of their sign
+// (|w| < 2^-6 of the block's unit, below 1/28672 of its largest value): every path then sees
+// the same values.
 //
-// Order (every path, bit for bit): for each output (row t of x, column c) and each k block j in
-// order, part = 0 and for each pair p of the block in order part = part + xo * wo, then
+// FP8 order (every path, bit for bit): for each output (row t of x, column c) and each k block j
+// in order, part = 0 and for each pair p of the block in order part = part + xo * wo, then
 // part = part + xe * we (odd then even, exact products: vdpbf16ps); then
 // acc = fma(part, scale[c][j], acc), acc starting at 0. So a value depends only on its row of x
 // and column of W, whatever the tile, batch, thread count or path (avx512 widens a k block's
 // panel once into BF16 for many rows, or each line in registers for a few: the same values in
 // the same order). As for the BF16 product, the paths without vdpbf16ps (avx2, generic) differ
-// from it only where it would flush a denormal sum to zero: a partial sum below 2^-126 (FP8:
-// below 2^-66 of the unscaled values), which no activation of a model comes near.
+// from it only where it would flush a denormal sum to zero: a partial sum below 2^-66 of the
+// unscaled values, which no activation of a model comes near.
 constexpr int kFp8BlockK = 128;  // kernels::kFp8BlockK (kernels.cc checks they agree)
 constexpr int kFp8ScaleBytes = kBlockCols * static_cast<int>(sizeof(float));
 constexpr int kPairLineBytes = 2 * kBlockCols;  // one byte per column and k index of a pair
@@ -74,12 +71,40 @@ constexpr int kPairLineBytes = 2 * kBlockCols;  // one byte per column and k ind
 constexpr int Fp8PairPosition(int c, int odd) {
   return 64 * (c / 32) + 4 * (c % kGroupCols) + 2 * odd + (c / kGroupCols) % 2;
 }
-// INT8: column c's even byte then its odd byte, columns in order (a group is 32 bytes).
-constexpr int Int8PairPosition(int c, int odd) { return 2 * c + odd; }
 // The BF16 bits that keep an FP8 byte placed at bits 15 and 10..4 (see above).
 constexpr uint16_t kFp8BF16Mask = 0x87f0;
 // FP8 x and scales are taken times 2^60 (see above).
 constexpr float kFp8Unscale = 0x1p60f;
+
+// Packed INT8 layout (PackInt8): integer dot products of 8-bit x and 8-bit weights (vpdpbusd on
+// avx512: 4 unsigned bytes of x times 4 signed bytes of w summed into an int32 lane). 64-column
+// blocks; within a block, for each k block j (128 values of k, the last possibly shorter): the
+// 64 columns' F32 weight scales, then their int32 corrections kInt8XOffset * (sum of the column's
+// int8 weights over block j), then one 256-byte quad line per 4 values of k of block j (a short
+// last quad zero-padded): column c's bytes of k indices 4q..4q+3 at bytes 4c..4c+3, so a group
+// of 16 columns is one 64-byte vector and each 32-bit lane one column. Columns past n hold zero
+// bytes, scales and corrections. A block is Int8BlockBytes(k) bytes, a multiple of 64.
+//
+// x is quantised per row and k block (Int8Rows, the path's quantise_rows): a = max |x| over the
+// block's values; sx = a / 127 and q = x * (127 / a) rounded to nearest even (within +-127; a
+// block with a < kInt8TinyBlock has sx = 0 and q = 0; a block holding an inf or NaN has
+// sx = NaN and q = 0, so its outputs are NaN); stored as the byte q + kInt8XOffset (1..255,
+// unsigned, as vpdpbusd takes it), rows of Int8RowBytes(k) bytes (pad: kInt8XOffset), sx as
+// [rows][k blocks] F32.
+//
+// Order (every path, bit for bit): for each output (row t, column c) and each k block j in
+// order, s = sum over the block of (q + 128) * w in int32 (exact, so any order: |s| <= 128 *
+// 255 * 128 < 2^23), d = s - corr[c][j] (= sum of q * w, exact, |d| <= 128 * 127 * 128 < 2^21,
+// so exact in F32), acc = fma(float(d), scale[c][j] * sx[t][j], acc) (the product of the scales
+// rounded to F32 first), acc starting at 0. Integers are exact and the F32 steps are the same on
+// every path, so every path computes the same bits (avx512: vpdpbusd; avx2: int16 products,
+// vpmaddwd; generic: int loops), whatever the tile, batch or thread count.
+constexpr int kInt8QuadLineBytes = 4 * kBlockCols;
+constexpr int kInt8BlockHeadBytes = 2 * kBlockCols * static_cast<int>(sizeof(float));
+constexpr int kInt8XOffset = 128;
+// Below this block maximum |x| a block of x quantises to zeros (127 / a stays finite).
+constexpr float kInt8TinyBlock = 0x1p-96f;
+constexpr int Int8QuadPosition(int c, int i) { return 4 * c + i; }
 
 // Attention: head_dim <= 16 * kMaxHeadChunks; at most kMaxGroup query heads share one pass.
 constexpr int kMaxHeadChunks = 16;
@@ -142,12 +167,18 @@ struct KernelTable {
   // Blocked8Rows gives them. `ahead`: the next block (whole), for many rows.
   void (*fp8_tile)(const uint16_t* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
                    int groups, int tokens, BlockAhead ahead);
-  // The same for MatMulInt8 (the packed INT8 layout above).
-  void (*int8_tile)(const uint16_t* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
-                    int groups, int tokens, BlockAhead ahead);
+  // One tile of MatMulInt8: the packed INT8 layout above, x quantised by quantise_rows (rows of
+  // Int8RowBytes(k) bytes, x_scales [rows][Int8KBlocks(k)]), tokens <= kTokenBlock, in the
+  // order stated with the layout.
+  void (*int8_tile)(const uint8_t* xq, const float* x_scales, const uint8_t* block, float* y, int n,
+                    int k, int c0, int t0, int groups, int tokens, BlockAhead ahead);
+  // x of the INT8 products: one row of k values quantised per k block as stated with the INT8
+  // layout (bytes q + kInt8XOffset into xq, Int8RowBytes(k) of them; scales into x_scales). On
+  // the calling thread.
+  void (*quantise_row)(const float* x, int k, uint8_t* xq, float* x_scales);
   // F32ToBF16 of n values on the calling thread.
   void (*to_bf16)(const float* src, uint16_t* dst, int64_t n);
-  // x of the 8-bit products (kernels.cc's Blocked8Rows): n values times `factor` (a power of
+  // x of the FP8 products (kernels.cc's Blocked8Rows): n values times `factor` (a power of
   // two), each rounded to BF16 as vcvtneps2bf16 rounds it: a denormal (below 2^-126) as a zero
   // of its sign, else to nearest even; NaN stays NaN. On the calling thread.
   void (*to_bf16_daz)(const float* src, float factor, uint16_t* dst, int64_t n);
@@ -200,5 +231,9 @@ int Pairs(int k);
 int ColBlocks(int n);
 // Bytes of one 64-column block of a packed FP8 matrix of k columns.
 int64_t Fp8BlockBytes(int k);
+// INT8: k blocks, bytes of a quantised row of x, bytes of one 64-column block.
+int Int8KBlocks(int k);
+int Int8RowBytes(int k);
+int64_t Int8BlockBytes(int k);
 
 }  // namespace pdserve::kernels::internal

@@ -198,6 +198,12 @@ int64_t Fp8BlockBytes(int k) {
   const int64_t k_blocks = (k + kFp8BlockK - 1) / kFp8BlockK;
   return k_blocks * kFp8ScaleBytes + static_cast<int64_t>(Pairs(k)) * kPairLineBytes;
 }
+int Int8KBlocks(int k) { return (k + kFp8BlockK - 1) / kFp8BlockK; }
+int Int8RowBytes(int k) { return (k + 3) / 4 * 4; }
+int64_t Int8BlockBytes(int k) {
+  return static_cast<int64_t>(Int8KBlocks(k)) * internal::kInt8BlockHeadBytes +
+         static_cast<int64_t>(Int8RowBytes(k) / 4) * internal::kInt8QuadLineBytes;
+}
 int QueryPairs(int hd) { return (hd + 1) / 2; }
 
 void RoundQueryHeads(const float* q, int heads, int hd, float* rounded, uint16_t* pairs) {
@@ -355,7 +361,6 @@ void PackBlocked8(const uint8_t* w, const float* row_scales, float scale_factor,
 }
 
 int Fp8Position(int c, int odd) { return internal::Fp8PairPosition(c, odd); }
-int Int8Position(int c, int odd) { return internal::Int8PairPosition(c, odd); }
 
 using Blocked8Tile = void (*)(const uint16_t*, const uint8_t*, float*, int, int, int, int, int, int,
                               internal::BlockAhead);
@@ -426,6 +431,45 @@ void MatMulBlocked8Grouped(Blocked8Tile tile, float factor,
                      });
 }
 
+// x [m][k] as the INT8 tiles take it (kernel_table.h): each row quantised per k block by the
+// path's quantise_row, so a row's bytes and scales never depend on the other rows.
+void Int8Rows(const float* x, int m, int k, uint8_t* rows, float* scales) {
+  const internal::KernelTable& path = Active();
+  const size_t row_bytes = static_cast<size_t>(internal::Int8RowBytes(k));
+  const size_t row_scales = static_cast<size_t>(internal::Int8KBlocks(k));
+  ParallelFor(m, static_cast<int64_t>(m) * k >= kParallelMacs / 4, [&](int64_t r) {
+    path.quantise_row(x + static_cast<size_t>(r) * k, k, rows + r * row_bytes,
+                      scales + r * row_scales);
+  });
+}
+
+// One call of the INT8 tile: block b, the rows [t, t + tokens) (Int8Rows). A call of many rows
+// is told the next block, as Blocked8TileAt.
+void Int8TileAt(const internal::KernelTable& path, const uint8_t* rows, const float* scales,
+                const uint8_t* packed_w, float* y, int n, int k, int b, int t, int tokens) {
+  const int64_t block_bytes = internal::Int8BlockBytes(k);
+  const int c0 = b * kBlockCols;
+  const uint8_t* next = b + 1 < internal::ColBlocks(n) ? packed_w + (b + 1) * block_bytes : nullptr;
+  internal::BlockAhead ahead;
+  if (next != nullptr && tokens >= 3 * kTokens) ahead = {.at = next, .bytes = block_bytes};
+  path.int8_tile(rows, scales, packed_w + b * block_bytes, y, n, k, c0, t, BlockGroups(n, c0),
+                 tokens, ahead);
+}
+
+// The quantised rows of the INT8 products, kept per calling thread across calls.
+struct Int8Scratch {
+  std::vector<uint8_t> rows;
+  std::vector<float> scales;
+  void Resize(int m, int k) {
+    rows.resize(static_cast<size_t>(m) * internal::Int8RowBytes(k));
+    scales.resize(static_cast<size_t>(m) * internal::Int8KBlocks(k));
+  }
+};
+Int8Scratch& Int8ScratchOfThread() {
+  thread_local Int8Scratch scratch;
+  return scratch;
+}
+
 }  // namespace
 
 void PackFP8(const uint8_t* w, const float* row_scales, int n, int k, uint8_t* packed) {
@@ -433,11 +477,44 @@ void PackFP8(const uint8_t* w, const float* row_scales, int n, int k, uint8_t* p
                packed);
 }
 
-size_t PackedInt8Bytes(int n, int k) { return PackedFP8Bytes(n, k); }
+size_t PackedInt8Bytes(int n, int k) {
+  return static_cast<size_t>(internal::ColBlocks(n)) * internal::Int8BlockBytes(k);
+}
 
 void PackInt8(const int8_t* w, const float* row_scales, int n, int k, uint8_t* packed) {
-  PackBlocked8(reinterpret_cast<const uint8_t*>(w), row_scales, 1.0f, Int8Position,
-               /*flush_subnormals=*/false, n, k, packed);
+  const int64_t block_bytes = internal::Int8BlockBytes(k);
+  const int k_blocks = internal::Int8KBlocks(k);
+  ParallelFor(internal::ColBlocks(n), static_cast<int64_t>(n) * k >= kParallelMacs, [&](int64_t b) {
+    uint8_t* at = packed + b * block_bytes;
+    const int c0 = static_cast<int>(b) * kBlockCols;
+    const int cols = std::min(kBlockCols, n - c0);
+    for (int j = 0; j < k_blocks; ++j) {
+      const int k0 = j * kFp8BlockK, kb = std::min(kFp8BlockK, k - k0);
+      float scales[kBlockCols] = {};
+      int32_t corrections[kBlockCols] = {};
+      for (int c = 0; c < cols; ++c) {
+        scales[c] = row_scales[static_cast<size_t>(c0 + c) * k_blocks + j];
+        const int8_t* src = w + static_cast<size_t>(c0 + c) * k + k0;
+        int32_t sum = 0;
+        for (int i = 0; i < kb; ++i) sum += src[i];
+        corrections[c] = internal::kInt8XOffset * sum;
+      }
+      std::memcpy(at, scales, sizeof(scales));
+      std::memcpy(at + sizeof(scales), corrections, sizeof(corrections));
+      at += internal::kInt8BlockHeadBytes;
+      const size_t line_bytes =
+          static_cast<size_t>(internal::Int8RowBytes(kb) / 4) * internal::kInt8QuadLineBytes;
+      std::memset(at, 0, line_bytes);
+      for (int c = 0; c < cols; ++c) {
+        const int8_t* src = w + static_cast<size_t>(c0 + c) * k + k0;
+        for (int i = 0; i < kb; ++i) {
+          at[(i / 4) * internal::kInt8QuadLineBytes + internal::Int8QuadPosition(c, i % 4)] =
+              static_cast<uint8_t>(src[i]);
+        }
+      }
+      at += line_bytes;
+    }
+  });
 }
 
 void MatMulFP8(const float* x, const uint8_t* packed_w, float* y, int m, int n, int k) {
@@ -445,7 +522,14 @@ void MatMulFP8(const float* x, const uint8_t* packed_w, float* y, int m, int n, 
 }
 
 void MatMulInt8(const float* x, const uint8_t* packed_w, float* y, int m, int n, int k) {
-  MatMulBlocked8(Active().int8_tile, 1.0f, x, packed_w, y, m, n, k);
+  Int8Scratch& s = Int8ScratchOfThread();
+  s.Resize(m, k);
+  Int8Rows(x, m, k, s.rows.data(), s.scales.data());
+  const internal::KernelTable& path = Active();
+  ForEachTile(m, n, k, internal::ColBlocks(n), kTokenBlock,
+              [&](int b, int t, int tokens, TokenBlock) {
+                Int8TileAt(path, s.rows.data(), s.scales.data(), packed_w, y, n, k, b, t, tokens);
+              });
 }
 
 void MatMulFP8Grouped(std::span<const GroupedProduct> products, int n, int k) {
@@ -453,7 +537,24 @@ void MatMulFP8Grouped(std::span<const GroupedProduct> products, int n, int k) {
 }
 
 void MatMulInt8Grouped(std::span<const GroupedProduct> products, int n, int k) {
-  MatMulBlocked8Grouped(Active().int8_tile, 1.0f, products, n, k);
+  std::vector<int> first(products.size() + 1, 0);
+  for (size_t p = 0; p < products.size(); ++p) first[p + 1] = first[p] + products[p].m;
+  Int8Scratch& s = Int8ScratchOfThread();
+  s.Resize(first.back(), k);
+  const size_t row_bytes = static_cast<size_t>(internal::Int8RowBytes(k));
+  const size_t row_scales = static_cast<size_t>(internal::Int8KBlocks(k));
+  for (size_t p = 0; p < products.size(); ++p) {
+    Int8Rows(static_cast<const float*>(products[p].x), products[p].m, k,
+             s.rows.data() + first[p] * row_bytes, s.scales.data() + first[p] * row_scales);
+  }
+  const internal::KernelTable& path = Active();
+  ForEachGroupedTile(products, n, k, internal::ColBlocks(n), kTokenBlock,
+                     [&](int p, int b, int t, int tokens, TokenBlock) {
+                       const GroupedProduct& g = products[p];
+                       Int8TileAt(path, s.rows.data() + first[p] * row_bytes,
+                                  s.scales.data() + first[p] * row_scales,
+                                  static_cast<const uint8_t*>(g.w), g.y, n, k, b, t, tokens);
+                     });
 }
 
 void MatMulF32(const float* x, const float* w, float* y, int m, int n, int k) {

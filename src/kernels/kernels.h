@@ -46,8 +46,9 @@ void PackFP8(const uint8_t* w, const float* row_scales, int n, int k, uint8_t* p
 
 // INT8 weight matrices: w[r][c] = int8[r][c] * row_scales[r][c / kFp8BlockK], symmetric
 // (no zero point), the same grid of scales as FP8 (an F32 per row and 128-wide k block).
-// Packed once by PackInt8 into the FP8 layout's blocks (one byte per weight plus the scales);
-// the kernels widen each byte exactly to BF16 and keep the FP8 order (kernel_table.h).
+// Packed once by PackInt8 into 64-column blocks of quad lines (one byte per weight plus, per
+// column and k block, its scale and 128 times its sum); the products are integer dot products
+// of x quantised per row and k block (kernel_table.h).
 size_t PackedInt8Bytes(int n, int k);
 // w [n][k] INT8 (row-major); row_scales [n][ceil(k / kFp8BlockK)].
 void PackInt8(const int8_t* w, const float* row_scales, int n, int k, uint8_t* packed);
@@ -59,7 +60,9 @@ void PackInt8(const int8_t* w, const float* row_scales, int n, int k, uint8_t* p
 void MatMulBF16(const uint16_t* x, const uint16_t* packed_w, float* y, int m, int n, int k);
 void MatMulF32(const float* x, const float* w, float* y, int m, int n, int k);
 void MatMulFP8(const float* x, const uint8_t* packed_w, float* y, int m, int n, int k);
-// INT8: as FP8 (x rounded to BF16, no activation quantisation); w packed by PackInt8.
+// INT8: x is F32, quantised inside the product to 8 bits per row and 128-wide k block (a scale
+// max|x| / 127 each, so a row's values never depend on the other rows), multiplied with the
+// INT8 weights in integers and scaled in F32 per k block (kernel_table.h); w packed by PackInt8.
 void MatMulInt8(const float* x, const uint8_t* packed_w, float* y, int m, int n, int k);
 
 // Several products of one shape [n][k] at once (an MoE layer's experts, each with its own rows):

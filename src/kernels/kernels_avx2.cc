@@ -250,6 +250,7 @@ void PackedTile(const uint16_t* x, const uint16_t* block, float* y, int n, int k
 }
 
 #include "kernels/kernels_avx2_fp8.inc"
+#include "kernels/kernels_avx2_int8.inc"
 
 // ---- F32 products ----
 //
@@ -742,6 +743,7 @@ const KernelTable kAvx2Kernels = {
     .f32_tile = F32Tile,
     .fp8_tile = Fp8Tile,
     .int8_tile = Int8Tile,
+    .quantise_row = QuantiseRow,
     .to_bf16 = ToBF16Run,
     .to_bf16_daz = ToBF16Daz,
     .rms_norm_row = RmsNormRow,

@@ -1,4 +1,5 @@
-// The avx512 kernel path: AVX-512F/BW/VL/DQ with BF16 dot products (vdpbf16ps); attention over
+// The avx512 kernel path: AVX-512F/BW/VL/DQ with BF16 dot products (vdpbf16ps) and, for INT8,
+// integer dot products (AVX512-VNNI's vpdpbusd); attention over
 // the pages is in kernels_avx512_attention.cc. These two files alone are compiled with those flags;
 // dispatch.cc runs it only on a CPU (and OS) that has them. See kernel_table.h for the rule that
 // keeps its code out of the other paths.
@@ -207,6 +208,7 @@ constexpr Array<Array<PackedTileFn, kTokens + 1>, kBlockGroups + 1> PackedTileTa
 }
 
 #include "kernels/kernels_avx512_fp8.inc"
+#include "kernels/kernels_avx512_int8.inc"
 
 // F32ToBF16 of n values on the calling thread, 16 lanes at a time (bit for bit: round to
 // nearest even, NaN stays NaN).
@@ -288,6 +290,7 @@ const KernelTable kAvx512Kernels = {
     .f32_tile = F32Tile,
     .fp8_tile = Fp8Tile,
     .int8_tile = Int8Tile,
+    .quantise_row = QuantiseRow,
     .to_bf16 = ToBF16Run,
     .to_bf16_daz = ToBF16Daz,
     .rms_norm_row = RmsNormRow,

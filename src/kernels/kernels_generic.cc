@@ -3,6 +3,7 @@
 // (-ffp-contract=off), so its values are those of its source on every architecture. Slow by
 // design; it is the fallback and the reference the other paths are tested against.
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 
@@ -63,15 +64,7 @@ struct Fp8Widened {
   }
 };
 
-// The widened value of every INT8 byte (two's complement), exact.
-struct Int8Widened {
-  float value[256];
-  Int8Widened() {
-    for (int b = 0; b < 256; ++b) value[b] = static_cast<float>(static_cast<int8_t>(b));
-  }
-};
-
-// One tile of the 8-bit products: `widened` maps a byte to its value, `position` places a
+// One tile of the FP8 products: `widened` maps a byte to its value, `position` places a
 // column's even or odd byte in a pair line. x: BF16 rows of 2 * Pairs(k) values.
 void Blocked8Tile(const uint16_t* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
                   int groups, int tokens, const float* widened, int (*position)(int, int)) {
@@ -111,11 +104,71 @@ void Fp8Tile(const uint16_t* x, const uint8_t* block, float* y, int n, int k, in
                [](int c, int odd) { return internal::Fp8PairPosition(c, odd); });
 }
 
-void Int8Tile(const uint16_t* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
-              int groups, int tokens, internal::BlockAhead /*ahead: not used*/) {
-  static const Int8Widened widened;
-  Blocked8Tile(x, block, y, n, k, c0, t0, groups, tokens, widened.value,
-               [](int c, int odd) { return internal::Int8PairPosition(c, odd); });
+// INT8 (layout, quantisation and order: kernel_table.h). The row's maximum, then each value
+// times 127 / max rounded to nearest even (nearbyint in the default rounding mode, as the
+// vector paths' conversions round).
+void QuantiseRow(const float* x, int k, uint8_t* xq, float* x_scales) {
+  for (int k0 = 0, j = 0; k0 < k; k0 += internal::kFp8BlockK, ++j) {
+    const int kb = std::min(internal::kFp8BlockK, k - k0);
+    float a = 0.0f;
+    bool finite = true;
+    for (int i = 0; i < kb; ++i) {
+      const float v = std::fabs(x[k0 + i]);
+      finite = finite && v <= FLT_MAX;  // false for inf and NaN
+      a = v > a ? v : a;
+    }
+    float inv = 0.0f;
+    if (!finite) {
+      x_scales[j] = NAN;
+    } else if (a < internal::kInt8TinyBlock) {
+      x_scales[j] = 0.0f;
+    } else {
+      x_scales[j] = a / 127.0f;
+      inv = 127.0f / a;
+    }
+    for (int i = 0; i < kb; ++i) {
+      const float q = finite ? std::clamp(std::nearbyint(x[k0 + i] * inv), -127.0f, 127.0f) : 0.0f;
+      xq[k0 + i] = static_cast<uint8_t>(static_cast<int>(q) + internal::kInt8XOffset);
+    }
+  }
+  for (int i = k; i < internal::Int8RowBytes(k); ++i) xq[i] = internal::kInt8XOffset;
+}
+
+void Int8Tile(const uint8_t* xq, const float* x_scales, const uint8_t* block, float* y, int n,
+              int k, int c0, int t0, int groups, int tokens, internal::BlockAhead /*ahead*/) {
+  const int cols = groups * kGroupCols;
+  const size_t row_bytes = static_cast<size_t>(internal::Int8RowBytes(k));
+  const int k_blocks = internal::Int8KBlocks(k);
+  float acc[kBlockCols], scales[kBlockCols];
+  int32_t sums[kBlockCols], corrections[kBlockCols];
+  for (int t = t0; t < t0 + tokens; ++t) {
+    const uint8_t* row = xq + static_cast<size_t>(t) * row_bytes;
+    for (int c = 0; c < cols; ++c) acc[c] = 0.0f;
+    const uint8_t* at = block;
+    for (int j = 0; j < k_blocks; ++j) {
+      const int k0 = j * internal::kFp8BlockK;
+      const int quads = internal::Int8RowBytes(std::min(internal::kFp8BlockK, k - k0)) / 4;
+      std::memcpy(scales, at, sizeof(scales));
+      std::memcpy(corrections, at + sizeof(scales), sizeof(corrections));
+      at += internal::kInt8BlockHeadBytes;
+      for (int c = 0; c < cols; ++c) sums[c] = 0;
+      for (int q = 0; q < quads; ++q) {
+        for (int c = 0; c < cols; ++c) {
+          for (int i = 0; i < 4; ++i) {
+            sums[c] += static_cast<int32_t>(row[k0 + 4 * q + i]) *
+                       static_cast<int8_t>(at[internal::Int8QuadPosition(c, i)]);
+          }
+        }
+        at += internal::kInt8QuadLineBytes;
+      }
+      const float sx = x_scales[static_cast<size_t>(t) * k_blocks + j];
+      for (int c = 0; c < cols; ++c) {
+        acc[c] = std::fma(static_cast<float>(sums[c] - corrections[c]), scales[c] * sx, acc[c]);
+      }
+    }
+    float* yr = y + static_cast<size_t>(t) * n + c0;
+    for (int c = 0; c < cols && c0 + c < n; ++c) yr[c] = acc[c];
+  }
 }
 
 // 16 lanes over k (lane j: elements j, j + 16, ...; missing elements are zeros, as a masked
@@ -308,6 +361,7 @@ const KernelTable kGenericKernels = {
     .f32_tile = F32Tile,
     .fp8_tile = Fp8Tile,
     .int8_tile = Int8Tile,
+    .quantise_row = QuantiseRow,
     .to_bf16 = ToBF16Run,
     .to_bf16_daz = ToBF16Daz,
     .rms_norm_row = RmsNormRow,

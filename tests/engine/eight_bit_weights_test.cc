@@ -107,7 +107,10 @@ TEST(EightBitWeightsTest, Int8CheckpointStaysInt8UnlessAskedOtherwise) {
   ModelDir fp8 = testing::LoadForLogits(path, std::nullopt, DType::kF8E4M3);
   ASSERT_TRUE(kept.config.quantization.int8());
   EXPECT_LT(kept.transformer->WeightBytes(), dequantised.transformer->WeightBytes() * 0.7);
-  EXPECT_EQ(kept.transformer->WeightBytes(), fp8.transformer->WeightBytes());
+  // The INT8 layout holds, per column and k block, a 4-byte correction beside the 4-byte scale
+  // (kernel_table.h): 4 bytes per 128 weights more than FP8.
+  EXPECT_GT(kept.transformer->WeightBytes(), fp8.transformer->WeightBytes());
+  EXPECT_LT(kept.transformer->WeightBytes(), fp8.transformer->WeightBytes() * 1.04);
   EXPECT_NE(kept.transformer->Fingerprint(), dequantised.transformer->Fingerprint());
   EXPECT_NE(kept.transformer->Fingerprint(), fp8.transformer->Fingerprint());
   const std::vector<int32_t> prompt = testing::SeededTokens(20, kept.config.vocab_size, 9);
@@ -117,7 +120,9 @@ TEST(EightBitWeightsTest, Int8CheckpointStaysInt8UnlessAskedOtherwise) {
   float largest = 0, worst = 0;
   for (float v : b) largest = std::max(largest, std::fabs(v));
   for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
-  EXPECT_LE(worst, 2e-2f * largest);  // BF16 rounding of the values and activations only
+  // BF16 rounding of the values and activations (bf16) against activations quantised to 8 bits
+  // per row and 128 values (int8; measured 2.4% of the largest logit on this random model).
+  EXPECT_LE(worst, 4e-2f * largest);
 }
 
 // Refused with the reason: a format the loader does not hold, and --weights bf16 against

@@ -1,10 +1,13 @@
 // The INT8 product (kernels::MatMulInt8) on every kernel path: against float64 loops over x
-// rounded to BF16 and the dequantised weights (int8 value times its row's block scale), every
-// byte's widening, and the invariances of DESIGN.md §6: a row's bits do not depend on the other
-// rows of the batch, nor on the OpenMP team, and every path computes the generic path's bits.
+// quantised per row and 128-wide k block (kernel_table.h) and the dequantised weights (int8 value
+// times its row's block scale), within the quantisation's bound of the unquantised product,
+// every byte of the weights, blocks of x that are zero, tiny or not finite, and the invariances
+// of DESIGN.md §6: a row's bits do not depend on the other rows of the batch, nor on the OpenMP
+// team, and every path computes the generic path's bits.
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -12,7 +15,6 @@
 #include <tuple>
 #include <vector>
 
-#include "common/dtype.h"
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "matmul_checks.h"
@@ -76,26 +78,63 @@ class Int8MatMulTest : public ::testing::TestWithParam<std::tuple<std::string, I
   void TearDown() override { (void)kernels::SelectPath("auto"); }
 };
 
-TEST_P(Int8MatMulTest, MatchesFloat64LoopsOverTheDequantisedWeights) {
+// x as the INT8 products take it (kernel_table.h), written out here: per row and k block
+// a = max |x|, q = x * (127 / a) rounded to nearest even, the block's scale a / 127.
+struct QuantisedX {
+  std::vector<int> q;         // [m][k]
+  std::vector<float> scales;  // [m][Int8KBlocks(k)]
+  QuantisedX(const std::vector<float>& x, int m, int k) : q(x.size()) {
+    const int blocks = Int8KBlocks(k);
+    scales.resize(static_cast<size_t>(m) * blocks);
+    for (int i = 0; i < m; ++i) {
+      for (int j = 0; j < blocks; ++j) {
+        const int k0 = j * kernels::kFp8BlockK, k1 = std::min(k, k0 + kernels::kFp8BlockK);
+        float a = 0;
+        for (int e = k0; e < k1; ++e) a = std::max(a, std::abs(x[static_cast<size_t>(i) * k + e]));
+        scales[static_cast<size_t>(i) * blocks + j] = a / 127.0f;
+        for (int e = k0; e < k1; ++e) {
+          const size_t at = static_cast<size_t>(i) * k + e;
+          q[at] = a == 0 ? 0 : static_cast<int>(std::nearbyint(x[at] * (127.0f / a)));
+        }
+      }
+    }
+  }
+};
+
+TEST_P(Int8MatMulTest, MatchesFloat64LoopsOverTheQuantisedRows) {
   const auto [m, n, k] = std::get<1>(GetParam());
   std::mt19937 rng(m * 1000003 + n * 1009 + k + 5);
   const Int8Matrix w(n, k, rng);
-  const std::vector<float> x = RandomInt8TestFloats(static_cast<size_t>(m) * k, rng);
+  std::vector<float> x = RandomInt8TestFloats(static_cast<size_t>(m) * k, rng);
+  // Row 0's first block 1000 times larger (an outlier): the other blocks keep their own scale.
+  for (int e = 0; e < std::min(k, kernels::kFp8BlockK); ++e) x[e] *= 1000.0f;
+  const QuantisedX xq(x, m, k);
   std::vector<float> y(static_cast<size_t>(m) * n, NAN);
   kernels::MatMulInt8(x.data(), w.packed.data(), y.data(), m, n, k);
+  const int blocks = Int8KBlocks(k);
   for (int i = 0; i < m; ++i) {
     for (int j = 0; j < n; ++j) {
-      double want = 0, magnitude = 0;
-      for (int e = 0; e < k; ++e) {
-        // x as the kernels take it: rounded to BF16 (kernel_table.h).
-        const double xe = BF16ToF32(F32ToBF16(x[static_cast<size_t>(i) * k + e]));
-        const double p = xe * w.Weight(j, e);
-        want += p;
-        magnitude += std::abs(p);
+      double want = 0, magnitude = 0, exact = 0, bound = 0;
+      for (int b = 0; b < blocks; ++b) {
+        const float sx = xq.scales[static_cast<size_t>(i) * blocks + b];
+        const float sw = w.scales[static_cast<size_t>(j) * blocks + b];
+        double sum = 0, weights = 0;
+        for (int e = b * kernels::kFp8BlockK; e < std::min(k, (b + 1) * kernels::kFp8BlockK); ++e) {
+          const size_t at = static_cast<size_t>(i) * k + e;
+          sum += static_cast<double>(xq.q[at]) * w.values[static_cast<size_t>(j) * k + e];
+          exact += static_cast<double>(x[at]) * w.Weight(j, e);
+          weights += std::abs(w.Weight(j, e));
+        }
+        want += sum * static_cast<double>(sx * sw);
+        magnitude += std::abs(sum * sx * sw);
+        bound += 0.5 * sx * weights;  // half a step of x per weight
       }
-      // Exact products, one rounding per addition, at most 128 within a k block and one per
-      // block: a few hundred units of 2^-24 of the sum of magnitudes at worst.
-      ASSERT_NEAR(y[static_cast<size_t>(i) * n + j], want, 2e-5 * magnitude + 1e-30)
+      // Exact integer sums and the same product of the scales; per block one rounding (the
+      // FMA's), at most 2^-24 of the sum of magnitudes each.
+      ASSERT_NEAR(y[static_cast<size_t>(i) * n + j], want, 6e-8 * blocks * magnitude + 1e-30)
+          << "row " << i << " column " << j;
+      // And the quantisation's own bound against the product of the unquantised x.
+      ASSERT_NEAR(y[static_cast<size_t>(i) * n + j], exact, bound * 1.001 + 1e-6 * magnitude)
           << "row " << i << " column " << j;
     }
   }
@@ -122,9 +161,10 @@ class Int8PathTest : public ::testing::TestWithParam<std::string> {
 };
 
 // Column c holds byte c in k index 0 of each k block (and in the last k index of the first
-// block) and zeros elsewhere, x is 1, scales 1 and 0.5: y[c] is exactly (int8) c times 1.5, so
-// every byte position of every word widens right, -128 and the sign included.
-TEST_P(Int8PathTest, WidensEveryByteExactly) {
+// block) and zeros elsewhere, x is 127 (so q = 127 and its scale 1), scales 1 and 0.5: y[c] is
+// exactly 127 (int8) c times 1.5, so every byte position of every lane reads right, -128 and
+// the sign included.
+TEST_P(Int8PathTest, ReadsEveryByteExactly) {
   for (const int k : {1, 130}) {
     const int n = 256;
     std::vector<int8_t> values(static_cast<size_t>(n) * k, 0);
@@ -136,13 +176,38 @@ TEST_P(Int8PathTest, WidensEveryByteExactly) {
     }
     std::vector<uint8_t> packed(kernels::PackedInt8Bytes(n, k));
     kernels::PackInt8(values.data(), scales.data(), n, k, packed.data());
-    const std::vector<float> x(k, 1.0f);
+    const std::vector<float> x(k, 127.0f);
     std::vector<float> y(n, NAN);
     kernels::MatMulInt8(x.data(), packed.data(), y.data(), 1, n, k);
     for (int c = 0; c < n; ++c) {
-      const float v = static_cast<float>(static_cast<int8_t>(c));
+      const float v = 127.0f * static_cast<float>(static_cast<int8_t>(c));
       ASSERT_EQ(y[c], k > 128 ? 1.5f * v : v) << "byte " << c << " (k " << k << ")";
     }
+  }
+}
+
+// A row of x that is zero, or tiny (below 2^-96 a block quantises to zeros, where 127 / max
+// would overflow), gives zeros; a block with an inf or a NaN makes its row's outputs NaN and
+// leaves the other rows as they are alone.
+TEST_P(Int8PathTest, ZeroTinyAndNonFiniteBlocks) {
+  std::mt19937 rng(23);
+  const int n = 80, k = 300, m = 5;
+  const Int8Matrix w(n, k, rng);
+  std::vector<float> x = RandomInt8TestFloats(static_cast<size_t>(m) * k, rng);
+  for (int e = 0; e < k; ++e) x[1 * k + e] = 0.0f;
+  for (int e = 0; e < k; ++e) x[2 * k + e] = e % 2 == 0 ? 1e-39f : -3e-38f;
+  x[3 * k + 290] = INFINITY;
+  x[4 * k + 7] = NAN;
+  std::vector<float> y(static_cast<size_t>(m) * n, 1.0f);
+  kernels::MatMulInt8(x.data(), w.packed.data(), y.data(), m, n, k);
+  std::vector<float> alone(n, NAN);
+  kernels::MatMulInt8(x.data(), w.packed.data(), alone.data(), 1, n, k);
+  for (int c = 0; c < n; ++c) {
+    ASSERT_EQ(std::memcmp(&y[c], &alone[c], sizeof(float)), 0) << "column " << c;
+    EXPECT_EQ(y[1 * n + c], 0.0f) << "column " << c;
+    EXPECT_EQ(y[2 * n + c], 0.0f) << "column " << c;
+    EXPECT_TRUE(std::isnan(y[3 * n + c])) << "column " << c;
+    EXPECT_TRUE(std::isnan(y[4 * n + c])) << "column " << c;
   }
 }
 
