@@ -19,6 +19,10 @@
 #   CDF_RATE [0.05]       rate of the ITL CDF plot
 #   PRESET [qwen2.5-0.5b] WORK_DIR [$XDG_CACHE_HOME/pdserve]  the model, made once there
 #   OUT_DIR [docs/experiment] DEPLOYMENTS ["colocated 1p1d"] BUILD [build]
+#   ADMISSION [serve's default]  the decode node's --admission (local | refuse | off;
+#                         docs/messenger.md, "Admission")
+#   NAME_SUFFIX [""]      appended to the deployment names of the runs (e.g. -admission-off),
+#                         so that runs of two settings can share OUT_DIR
 #   EXPERIMENT_SMOKE=1    a minute-long check of the pipeline: the tiny preset, short prompts,
 #                         2 rates, 3 prompts, into /tmp (measures nothing)
 set -euo pipefail
@@ -101,7 +105,7 @@ start_1p1d() {
     return 2
   fi
   "$PDSERVE" up --model "$MODEL" --prefill 1 --decode 1 --fabric-provider shm \
-    --local-prefill-max-tokens 0 \
+    --local-prefill-max-tokens 0 ${ADMISSION:+--admission "$ADMISSION"} \
     --port "$PORT" >"$LOGS/1p1d-up.log" 2>&1 &
   PIDS+=($!)
 }
@@ -113,6 +117,7 @@ start_1p1d() {
   echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "model: $PRESET; prompts $INPUT_LEN tokens (range ratio $RANGE_RATIO), output $OUTPUT_LEN"
   echo "rates: $RATES; $NUM_PROMPTS prompts per rate; goodput SLO: $GOODPUT"
+  echo "1p1d admission: ${ADMISSION:-local, the default}"
 } >"$OUT_DIR/machine.txt"
 
 for deployment in $DEPLOYMENTS; do
@@ -123,8 +128,17 @@ for deployment in $DEPLOYMENTS; do
   [ $rc -eq 2 ] && continue
   [ $rc -eq 0 ] || exit 1
   wait_ready "http://127.0.0.1:$PORT"
+  if [ "$deployment" = 1p1d ]; then
+    # The decode node answers before its prefill node is up (it prefills by itself meanwhile):
+    # wait for the handshake, so that the warm-up goes through P (and P measures its prefill
+    # rate, which D's admission needs) before the timed requests.
+    for _ in $(seq 600); do
+      grep -q "prefill peer .* ready" "$LOGS/1p1d-up.log" && break
+      sleep 1
+    done
+  fi
   # shellcheck disable=SC2086  # GOODPUT holds several NAME:MS words
-  "$PDSERVE" bench sweep --deployment "$deployment=http://127.0.0.1:$PORT" \
+  "$PDSERVE" bench sweep --deployment "$deployment${NAME_SUFFIX:-}=http://127.0.0.1:$PORT" \
     --model "$(curl -sf "http://127.0.0.1:$PORT/v1/models" |
                python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')" \
     --rates "$RATES" --dataset random --random-input-len "$INPUT_LEN" \

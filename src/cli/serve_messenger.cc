@@ -42,6 +42,18 @@ void AddMessengerFlags(CLI::App* cmd, MessengerFlags* f) {
                   "Decode role: how long a prompt's KV may take to land")
       ->check(CLI::Range(100, 3600000))
       ->capture_default_str();
+  cmd->add_option("--admission", f->admission,
+                  "Decode role: a request whose estimated KV wait (the least loaded prefill "
+                  "peer's queued tokens over its measured rate) exceeds --prefill-timeout-ms is "
+                  "prefilled here while there is room, else refused with 503 and Retry-After "
+                  "(local), always refused (refuse), or left to wait (off)")
+      ->check(CLI::IsMember({"off", "refuse", "local"}))
+      ->capture_default_str();
+  cmd->add_option("--admission-local-max-tokens", f->admission_local_max_tokens,
+                  "Decode role: --admission local prefills here while this node's unfinished "
+                  "admission prefills hold at most this many prompt tokens (the new one included)")
+      ->check(CLI::Range(0, 1 << 24))
+      ->capture_default_str();
   cmd->add_option("--kv-streaming", f->kv_streaming,
                   "Prefill role: post each layer's KV pages while the forward pass runs (on), "
                   "or all of a request's writes after its last forward pass (off)")
@@ -76,6 +88,10 @@ Result<std::unique_ptr<server::RoleFront>> MakeRoleFront(server::NodeRole role,
   options.local_prefill_max_tokens = flags.local_prefill_max_tokens;
   options.local_prefill_fallback = flags.local_prefill_fallback != "off";
   options.kv_streaming = flags.kv_streaming != "off";
+  options.admission = flags.admission == "off"      ? messenger::AdmissionPolicy::kOff
+                      : flags.admission == "refuse" ? messenger::AdmissionPolicy::kRefuse
+                                                    : messenger::AdmissionPolicy::kLocal;
+  options.admission_local_max_tokens = flags.admission_local_max_tokens;
   if (role == server::NodeRole::kPrefill) {
     return server::MakePrefillFront(engine, std::move(options));
   }

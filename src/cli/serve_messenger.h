@@ -31,6 +31,8 @@ struct MessengerFlags {
   int local_prefill_max_tokens = kDefaultLocalPrefillMaxTokens;  // decode role
   std::string local_prefill_fallback = "on";  // decode: with no usable prefill peer, prefill here
   std::string kv_streaming = "on";            // prefill: on | off (off: the benchmark's baseline)
+  std::string admission = "local";            // decode: off | refuse | local
+  int admission_local_max_tokens = 4096;      // decode: bound of --admission local
 };
 
 void AddMessengerFlags(CLI::App* cmd, MessengerFlags* flags);

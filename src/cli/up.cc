@@ -45,6 +45,7 @@ struct UpFlags {
   int decode = 0;
   std::string fabric_provider;        // empty: serve's default
   int local_prefill_max_tokens = -1;  // decode nodes; -1: serve's default
+  std::string admission;              // decode nodes; empty: serve's default
   std::string host = "127.0.0.1";
   int port = 8000;
   int threads_per_node = 0;  // 0: the node's share of the cores
@@ -122,10 +123,11 @@ Status ResolveTopology(UpFlags* f) {
     return Status::InvalidArgument(
         "a disaggregated cluster needs both --prefill N and --decode M (each at least 1)");
   }
-  if (f->nodes >= 0 && (!f->fabric_provider.empty() || f->local_prefill_max_tokens >= 0)) {
+  if (f->nodes >= 0 &&
+      (!f->fabric_provider.empty() || f->local_prefill_max_tokens >= 0 || !f->admission.empty())) {
     return Status::InvalidArgument(
-        "--fabric-provider and --local-prefill-max-tokens apply to prefill/decode nodes, not to "
-        "colocated --nodes");
+        "--fabric-provider, --local-prefill-max-tokens and --admission apply to prefill/decode "
+        "nodes, not to colocated --nodes");
   }
   if (f->nodes < 0 && !disaggregated) f->prefill = f->decode = 1;
   return Status::Ok();
@@ -187,6 +189,9 @@ std::vector<std::string> NodeArgv(const std::string& exe, const std::string& mod
   if (spec.role == "decode" && f.local_prefill_max_tokens >= 0) {
     argv.insert(argv.end(),
                 {"--local-prefill-max-tokens", std::to_string(f.local_prefill_max_tokens)});
+  }
+  if (spec.role == "decode" && !f.admission.empty()) {
+    argv.insert(argv.end(), {"--admission", f.admission});
   }
   argv.insert(argv.end(), {"--shutdown-grace-s", std::to_string(f.shutdown_grace_s)});
   return argv;
@@ -371,6 +376,9 @@ void AddUpCommand(CLI::App& app, int* exit_code) {
                   "Decode nodes prefill prompts up to this many tokens themselves (default: "
                   "serve's)")
       ->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("--admission", flags->admission,
+                  "Decode nodes' admission policy: off | refuse | local (default: serve's)")
+      ->check(CLI::IsMember({"off", "refuse", "local"}));
   cmd->add_option("--host", flags->host, "Router address")->capture_default_str();
   cmd->add_option("--port", flags->port, "Router port (0: any free port)")
       ->check(CLI::Range(0, 65535))

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/retry_after.h"
+
 namespace pdserve::http {
 namespace {
 
@@ -9,8 +11,8 @@ constexpr char kInvalidRequest[] = "invalid_request_error";
 
 ApiError Make(int http_status, std::string type, std::string code, std::string message,
               std::string param = "") {
-  return ApiError{http_status, std::move(type), std::move(code), std::move(message),
-                  std::move(param)};
+  return ApiError{http_status,        std::move(type),  std::move(code),
+                  std::move(message), std::move(param), 1};
 }
 
 }  // namespace
@@ -132,8 +134,11 @@ ApiError ApiError::FromStatus(const Status& status) {
       return ContextLengthExceeded(status.message());
     case StatusCode::kResourceExhausted:
       return Overloaded(status.message());
-    case StatusCode::kUnavailable:
-      return Unavailable(status.message(), "service_unavailable");
+    case StatusCode::kUnavailable: {
+      ApiError e = Unavailable(status.message(), "service_unavailable");
+      if (const int s = RetryAfterSeconds(status.message()); s > 0) e.retry_after_s = s;
+      return e;
+    }
     case StatusCode::kDeadlineExceeded:
       return Timeout(status.message());
     case StatusCode::kCancelled:

@@ -20,6 +20,9 @@ struct ApiError {
   std::string code;     // machine-readable reason
   std::string message;  // for humans; names the field at fault
   std::string param;    // the offending field, if one
+  // With retry_later(): the Retry-After header's seconds (a refusal that knows when the
+  // node will have room says so; else 1).
+  int retry_after_s = 1;
 
   // 400 invalid_request_error; `code` says which rule the request broke ("invalid_json",
   // "invalid_type", "missing_required", "unsupported_value", "invalid_value").
@@ -74,7 +77,9 @@ struct ApiError {
   // Maps an engine/model Status to what a client should see: InvalidArgument -> 400,
   // OutOfRange -> 400 context_length_exceeded, ResourceExhausted -> 503 server_overloaded,
   // Unavailable -> 503 service_unavailable (e.g. a lost prefill peer or tensor-parallel rank),
-  // DeadlineExceeded -> 504, Cancelled -> 503 "cancelled", anything else -> 500.
+  // DeadlineExceeded -> 504, Cancelled -> 503 "cancelled", anything else -> 500. An
+  // Unavailable status whose message ends as common/retry_after.h's WithRetryAfter writes it
+  // answers with that Retry-After.
   static ApiError FromStatus(const Status& status);
 
   // Whether a client should retry after a pause (429, 503): answers carry Retry-After.

@@ -48,7 +48,7 @@ std::string RefusalResponse(const ApiError& error) {
       "HTTP/1.1 " + std::to_string(error.http_status) + " " + ReasonPhrase(error.http_status) +
       "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
       "\r\n" + kRequestIdHeader + ": " + NewRequestId() + "\r\nConnection: close\r\n";
-  if (error.retry_later()) out += "Retry-After: 1\r\n";
+  if (error.retry_later()) out += "Retry-After: " + std::to_string(error.retry_after_s) + "\r\n";
   return out + "\r\n" + body;
 }
 

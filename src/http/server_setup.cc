@@ -131,13 +131,13 @@ ApiError ProofRefusal(const Result<ClusterProofStamp>& proof) {
 
 void SendError(httplib::Response& res, const ApiError& error) {
   res.status = error.http_status;
-  if (error.retry_later()) res.set_header("Retry-After", "1");
+  if (error.retry_later()) res.set_header("Retry-After", std::to_string(error.retry_after_s));
   res.set_content(error.ToJson(), "application/json");
 }
 
 void SendErrorAndClose(httplib::Response& res, const ApiError& error) {
   res.status = error.http_status;
-  if (error.retry_later()) res.set_header("Retry-After", "1");
+  if (error.retry_later()) res.set_header("Retry-After", std::to_string(error.retry_after_s));
   res.set_header("Connection", "close");
   auto body = std::make_shared<const std::string>(error.ToJson());
   // httplib 0.11 closes a connection only when the client asked or a write failed: a provider

@@ -1,6 +1,7 @@
 #include "messenger/decode_messenger.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <future>
 #include <limits>
@@ -9,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "common/logging.h"
+#include "common/retry_after.h"
 #include "messenger/immediate.h"
 
 namespace pdserve::messenger {
@@ -38,6 +40,8 @@ struct DecodeMessenger::Request {
   bool redispatch = false;
   bool failed = false;  // FailRequest ran: the engine's final output finishes it
   int retries = 0;
+  // Prompt tokens admission counted for a peer until it is sent (DecodeMessenger::unsent_tokens_).
+  int64_t unsent_tokens = 0;
   std::vector<PrefillPeer*> failed_peers;
   Status lost_because;
   Deadline deadline = Deadline::Never();  // for the KV to land
@@ -116,9 +120,13 @@ Status DecodeMessenger::Submit(EngineRequest request, const std::string& prefill
     }
     return s;
   }
+  int64_t unsent = 0;
+  bool submitted = false;
+  if (Status s = Admit(request, prefill_peer, &unsent, &submitted); !s.ok() || submitted) return s;
   auto req = std::make_shared<Request>();
   req->id = request.id;
   req->peer_override = prefill_peer;
+  req->unsent_tokens = unsent;
   req->prefix.assign(request.prompt.begin(), request.prompt.end() - 1);
   request.kind = RequestKind::kRemotePrefill;
   std::weak_ptr<ControlLoop> weak_loop = core_->weak_loop();
@@ -155,14 +163,122 @@ Status DecodeMessenger::Submit(EngineRequest request, const std::string& prefill
   });
   const std::string id = request.id;
   Status s = engine_->Submit(std::move(request));
-  if (!s.ok()) core_->Post([this, id] { requests_.erase(id); });
+  if (!s.ok()) {
+    core_->Post([this, id] {
+      auto it = requests_.find(id);
+      if (it == requests_.end()) return;
+      ReleaseUnsent(*it->second);
+      requests_.erase(it);
+    });
+  }
   return s;
+}
+
+Status DecodeMessenger::Admit(EngineRequest& request, const std::string& prefill_peer,
+                              int64_t* unsent, bool* submitted) {
+  if (options_.admission == AdmissionPolicy::kOff) return Status::Ok();
+  const int64_t prompt = static_cast<int64_t>(request.prompt.size());
+  AdmissionInput in{.policy = options_.admission,
+                    .prompt_tokens = prompt - 1,  // what P prefills: all but the last token
+                    .deadline_s = std::chrono::duration<double>(options_.prefill_timeout).count(),
+                    .peers = {},
+                    .unsent_tokens = 0,
+                    .may_prefill_here = prefill_peer.empty(),
+                    .local_tokens = 0,
+                    .local_max_tokens = options_.admission_local_max_tokens,
+                    .pages_free = true};
+  if (in.policy == AdmissionPolicy::kLocal && in.may_prefill_here) {
+    // Room in pages: the prompt's, and one more for its first tokens.
+    const EngineStats es = engine_->stats();
+    const int64_t page_tokens = std::max(1, engine_->kv_layout().page_tokens);
+    in.pages_free = es.pages_total - es.pages_used >= (prompt + page_tokens - 1) / page_tokens + 1;
+  }
+  AdmissionDecision decision;
+  {
+    MutexLock lock(&admission_mu_);
+    for (const AdmissionPeer& p : admission_peers_) {
+      if (!p.ready || (!prefill_peer.empty() && p.name != prefill_peer)) continue;
+      in.peers.push_back({.name = p.name,
+                          .queued_tokens = p.queued_tokens,
+                          .tokens_per_second = p.tokens_per_second});
+    }
+    in.unsent_tokens = unsent_tokens_;
+    in.local_tokens = admission_local_tokens_;
+    decision = DecideAdmission(in);
+    switch (decision.action) {
+      case AdmissionDecision::Action::kRemote:
+        unsent_tokens_ += in.prompt_tokens;
+        *unsent = in.prompt_tokens;
+        return Status::Ok();
+      case AdmissionDecision::Action::kLocal:
+        admission_local_tokens_ += in.prompt_tokens;
+        break;
+      case AdmissionDecision::Action::kRefuse:
+        break;
+    }
+  }
+  if (decision.action == AdmissionDecision::Action::kRefuse) {
+    PD_LOG_INFO("request {} refused: {} (retry after {} s)", request.id, decision.reason,
+                decision.retry_after_s);
+    core_->Post([this] {
+      ++counters_.admission_refusals;
+      PublishStats();
+    });
+    return WithRetryAfter(Status::Unavailable("admission: " + decision.reason),
+                          decision.retry_after_s);
+  }
+  // Prefilled here: its prompt tokens count against this node's room until its prefill ends
+  // (its first output, or its end, whichever comes first).
+  PD_LOG_INFO("request {}: {}", request.id, decision.reason);
+  *submitted = true;
+  auto released = std::make_shared<std::atomic<bool>>(false);
+  auto release = [this, tokens = in.prompt_tokens, released] {
+    if (released->exchange(true)) return;
+    MutexLock lock(&admission_mu_);
+    admission_local_tokens_ -= tokens;
+  };
+  request.kind = RequestKind::kGenerate;
+  request.on_output = [release, user = std::move(request.on_output)](const RequestOutput& out) {
+    release();
+    user(out);
+  };
+  Status s = engine_->Submit(std::move(request));
+  if (!s.ok()) {
+    release();
+    return s;
+  }
+  core_->Post([this] {
+    ++counters_.admission_prefills;
+    PublishStats();
+  });
+  return Status::Ok();
+}
+
+void DecodeMessenger::ReleaseUnsent(Request& req) {
+  if (req.unsent_tokens == 0) return;
+  MutexLock lock(&admission_mu_);
+  unsent_tokens_ -= req.unsent_tokens;
+  req.unsent_tokens = 0;
+}
+
+void DecodeMessenger::PublishLoads() {
+  std::vector<AdmissionPeer> loads;
+  for (const auto& p : peers_->all()) {
+    loads.push_back({.name = p->spec.name,
+                     .ready = p->ready(),
+                     .queued_tokens = p->queued_tokens(),
+                     .tokens_per_second = p->reported_rate});
+  }
+  MutexLock lock(&admission_mu_);
+  admission_peers_ = std::move(loads);
 }
 
 void DecodeMessenger::Handle(fabric::PeerId from, Message message) {
   PrefillPeer* peer = peers_->Find(from);
   if (peer == nullptr) return;     // not (or no longer) a peer: nothing it says counts
   peers_->Handle(*peer, message);  // the handshake and heartbeat answers
+  // Admission and /internal/messenger/peers read the new load at once.
+  if (std::holds_alternative<LoadReport>(message)) PublishStats();
   if (const auto* failed = std::get_if<WriteFailed>(&message)) {
     OnWriteFailed(failed->transfer_id, failed->reason);
   } else if (const auto* ack = std::get_if<CancelAck>(&message)) {
@@ -254,6 +370,7 @@ bool DecodeMessenger::MayUse(const Request& req, const PrefillPeer& peer) const 
 }
 
 void DecodeMessenger::Dispatch(Request& req) {
+  ReleaseUnsent(req);  // from here on counted where it goes (its peer's queue), or nowhere
   const int page_tokens = engine_->kv_layout().page_tokens;
   if (req.page_chain.empty()) {
     req.page_chain =
@@ -352,6 +469,7 @@ void DecodeMessenger::Dispatch(Request& req) {
   peer_prefixes_.Record(best->spec.name, req.page_chain,
                         static_cast<size_t>(best->plan->source().ranks[0].num_pages));
   best->own_tokens += static_cast<int64_t>(req.prefix.size());
+  best->sent_since_report += static_cast<int64_t>(req.prefix.size());
   const auto remaining =
       std::chrono::duration_cast<std::chrono::milliseconds>(req.deadline.Remaining()).count();
   // Stamped before it leaves: P may start on it before Send returns (seen on a loaded host),
@@ -534,6 +652,7 @@ void DecodeMessenger::OnEngineFinished(const std::string& id) {
     default:
       // Nothing can land: admitted (the engine freed or frees its pages), queued or never
       // allocated. ReleaseHeldPages is a no-op when the engine holds nothing.
+      ReleaseUnsent(req);
       engine_->ReleaseHeldPages(id);
       requests_.erase(it);
       PublishStats();
@@ -584,6 +703,7 @@ void DecodeMessenger::Tick() {
 }
 
 void DecodeMessenger::PublishStats() {
+  PublishLoads();
   DecodeMessengerStats s = counters_;
   for (const auto& p : peers_->all()) s.peers_ready += p->ready();
   s.peers_readmitted = peers_->readmissions();

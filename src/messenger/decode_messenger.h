@@ -61,6 +61,10 @@ struct DecodeMessengerStats {
   int64_t local_prefills = 0;  // prefilled by this node (local_prefill_max_tokens)
   // Prefilled by this node because no prefill peer was usable (local_prefill_fallback).
   int64_t fallback_prefills = 0;
+  // Admission (docs/messenger.md): requests whose estimated KV wait exceeded the deadline,
+  // prefilled here instead, or refused with 503 and Retry-After.
+  int64_t admission_prefills = 0;
+  int64_t admission_refusals = 0;
   int64_t peers_readmitted = 0;  // removed peers (the same process) handshaken again
   int64_t requests_retried = 0;
   int64_t requests_failed = 0;
@@ -91,7 +95,9 @@ class DecodeMessenger {
   // for a prompt of at most options.local_prefill_max_tokens tokens and no `prefill_peer`, as
   // an ordinary request of the engine (prefilled here).
   // `prefill_peer`: a peer name to use for this request ("" = least loaded); an unknown name is
-  // InvalidArgument. Other errors are the engine's Submit errors.
+  // InvalidArgument. Admission (options.admission) may prefill it here instead, or refuse it:
+  // Unavailable, its message ending with common/retry_after.h's suffix. Other errors are the
+  // engine's Submit errors.
   Status Submit(EngineRequest request, const std::string& prefill_peer = "");
   // A prefill peer joins while the node runs (a prefill node started with --decode-peer): it is
   // handshaken like the ones given at creation. A name already known is Ok and changes
@@ -138,6 +144,14 @@ class DecodeMessenger {
   void FreeSlot(Request& req);
   void Tick();
   void PublishStats();
+  // The peers' loads as Submit's admission reads them (loop thread).
+  void PublishLoads();
+  // Admission in Submit (any thread): remote (Ok), prefilled here (`request` submitted as an
+  // ordinary request: *submitted), or refused.
+  Status Admit(EngineRequest& request, const std::string& prefill_peer, int64_t* unsent,
+               bool* submitted);
+  // The request's tokens admitted for a peer and not yet sent stop counting (loop thread).
+  void ReleaseUnsent(Request& req);
 
   Engine* const engine_;
   const MessengerOptions options_;
@@ -157,6 +171,20 @@ class DecodeMessenger {
   // Failures the engine's final output must carry (engine.Cancel alone says "cancelled").
   Mutex failures_mu_;
   std::map<std::string, Status> failures_ GUARDED_BY(failures_mu_);
+
+  // What Submit's admission reads, published by the loop (PublishLoads), and what it adds.
+  struct AdmissionPeer {
+    std::string name;
+    bool ready = false;
+    int64_t queued_tokens = 0;
+    double tokens_per_second = 0;
+  };
+  mutable Mutex admission_mu_;
+  std::vector<AdmissionPeer> admission_peers_ GUARDED_BY(admission_mu_);
+  // Prompt tokens admitted for a prefill peer and not yet sent (waiting for pages).
+  int64_t unsent_tokens_ GUARDED_BY(admission_mu_) = 0;
+  // Prompt tokens this node prefills by admission and has not finished prefilling.
+  int64_t admission_local_tokens_ GUARDED_BY(admission_mu_) = 0;
 
   mutable Mutex stats_mu_;
   mutable CondVar stats_cv_;

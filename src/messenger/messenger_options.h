@@ -7,6 +7,7 @@
 #include <string>
 
 #include "fabric/config.h"
+#include "messenger/admission.h"
 
 namespace pdserve::messenger {
 
@@ -36,6 +37,13 @@ struct MessengerOptions {
   // every one removed or refused) is prefilled by this node instead of failing at once with
   // 503. A request that names its peer (X-Prefill-Peer) never falls back.
   bool local_prefill_fallback = true;
+  // D: what a request whose estimated KV wait (the least loaded peer's queued tokens and this
+  // prompt over its measured prefill rate) exceeds prefill_timeout becomes (docs/messenger.md,
+  // "Admission"): kLocal prefills it here while this node prefills at most
+  // admission_local_max_tokens prompt tokens so (this one included) and its free pages hold the
+  // prompt, else refuses it with 503 and Retry-After; kRefuse always refuses; kOff lets it wait.
+  AdmissionPolicy admission = AdmissionPolicy::kLocal;
+  int admission_local_max_tokens = 4096;
   // P: post each layer's final pages while the forward pass runs (DESIGN.md §3.3). Off: a
   // request's writes are all posted after its last forward pass (the benchmark's baseline).
   bool kv_streaming = true;

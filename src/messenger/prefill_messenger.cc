@@ -75,7 +75,7 @@ void PrefillMessenger::Handle(fabric::PeerId from, uint64_t instance, Message me
         } else if constexpr (std::is_same_v<T, Cancel>) {
           HandleCancel(from, m);
         } else if constexpr (std::is_same_v<T, Heartbeat>) {
-          SendTo(from, LoadReport{static_cast<uint64_t>(counters_.outstanding_prefill_tokens)});
+          SendTo(from, Load());
         } else if constexpr (std::is_same_v<T, HandshakeRefused>) {
           DropPeer(from, Status::FailedPrecondition("decode node refused: " + m.reason));
         }
@@ -168,7 +168,7 @@ void PrefillMessenger::HandleHelloFinish(fabric::PeerId from, const HelloFinish&
   }
   // Also the handshake's confirmation: D sends no PrefillRequest before it (messages are not
   // ordered, so a request must not overtake HelloFinish).
-  SendTo(from, LoadReport{static_cast<uint64_t>(counters_.outstanding_prefill_tokens)});
+  SendTo(from, Load());
   PublishStats();
 }
 
@@ -271,6 +271,7 @@ void PrefillMessenger::HandlePrefill(fabric::PeerId from, PrefillRequest request
   }
   ++counters_.requests_total;
   counters_.outstanding_prefill_tokens += tokens;
+  rate_.Observe(Clock::now(), 0, /*busy_after=*/true);
   PublishStats();
 }
 
@@ -297,6 +298,15 @@ void PrefillMessenger::OnEngineOutput(const std::string& engine_id, const Reques
   JobState& state = it->second;
   state.engine_finished = true;
   counters_.outstanding_prefill_tokens -= state.num_tokens;
+  rate_.Observe(Clock::now(), out.finish_reason == FinishReason::kPrefilled ? state.num_tokens : 0,
+                counters_.outstanding_prefill_tokens > 0);
+  counters_.prefill_tokens_per_second = rate_.tokens_per_second();
+  // Every decode peer learns of the shorter queue now, not at its next heartbeat: its
+  // admission estimates use it (docs/messenger.md, "Admission").
+  const LoadReport load = Load();
+  for (const auto& [peer, p] : peers_) {
+    if (p.ready) SendTo(peer, load);
+  }
   if (out.finish_reason != FinishReason::kPrefilled && !state.cancelled) {
     FailJob(state, out.status.ok() ? Status::Internal(fmt::format(
                                          "prefill ended: {}", FinishReasonName(out.finish_reason)))
@@ -450,6 +460,14 @@ void PrefillMessenger::Tick() {
 
 void PrefillMessenger::SendTo(fabric::PeerId peer, const Message& message) {
   core_->Send(peer, message);
+}
+
+LoadReport PrefillMessenger::Load() const {
+  return LoadReport{
+      .outstanding_prefill_tokens =
+          static_cast<uint64_t>(std::max<int64_t>(0, counters_.outstanding_prefill_tokens)),
+      .prefill_rate_milli = static_cast<uint64_t>(std::min<double>(
+          static_cast<double>(kMaxPrefillRateMilli), rate_.tokens_per_second() * 1000.0))};
 }
 
 void PrefillMessenger::PublishStats() {

@@ -25,6 +25,7 @@
 #include "common/status.h"
 #include "engine/engine.h"
 #include "fabric/transfer_engine.h"
+#include "messenger/admission.h"
 #include "messenger/event_log.h"
 #include "messenger/layer_streamer.h"
 #include "messenger/messenger_core.h"
@@ -38,6 +39,8 @@ struct PrefillMessengerStats {
   int peers_ready = 0;
   int requests_in_flight = 0;  // PrefillRequests not yet finished (pages held or streaming)
   int64_t outstanding_prefill_tokens = 0;
+  // Measured prefill rate (PrefillRateMeter), as LoadReport tells the decode nodes; 0: none.
+  double prefill_tokens_per_second = 0;
   int64_t requests_total = 0;
   int64_t peers_readmitted = 0;  // removed decode peers (the same process) handshaken again
   int64_t requests_failed = 0;
@@ -114,6 +117,7 @@ class PrefillMessenger {
   void DropPeer(fabric::PeerId peer, const Status& why, bool remove = true);
   void Tick();
   void SendTo(fabric::PeerId peer, const Message& message);
+  LoadReport Load() const;  // this node's queue and measured rate
   void PublishStats();
 
   Engine* const engine_;
@@ -128,6 +132,7 @@ class PrefillMessenger {
   static constexpr size_t kRemovedInstancesKept = 1024;
   std::set<uint64_t> removed_instances_;  // handshaken decode peers removed since
   PrefillMessengerStats counters_;
+  PrefillRateMeter rate_;
 
   mutable Mutex stats_mu_;
   PrefillMessengerStats stats_ GUARDED_BY(stats_mu_);  // published by the control loop

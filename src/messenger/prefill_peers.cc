@@ -52,6 +52,8 @@ void PrefillPeers::Handle(PrefillPeer& peer, const Message& message) {
                                              " refused the handshake: " + refused->reason));
   } else if (const auto* report = std::get_if<LoadReport>(&message)) {
     peer.reported_tokens = static_cast<int64_t>(report->outstanding_prefill_tokens);
+    peer.reported_rate = static_cast<double>(report->prefill_rate_milli) / 1000.0;
+    peer.sent_since_report = 0;
     // P's first LoadReport confirms the handshake (it sends none before accepting HelloFinish).
     if (peer.state == PrefillPeer::State::kFinishSent) Ready(peer);
   }
@@ -267,7 +269,9 @@ std::vector<PrefillPeerStatus> PrefillPeers::Statuses() const {
                                                                             : "handshaking",
                    .last_error = p->last_error,
                    .epoch = p->epoch,
-                   .refused = !p->refusal.ok()});
+                   .refused = !p->refusal.ok(),
+                   .queued_tokens = p->queued_tokens(),
+                   .prefill_tokens_per_second = p->reported_rate});
   }
   return out;
 }

@@ -9,6 +9,7 @@
 // resolution threads, which the resolve functions' timeouts bound).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -50,6 +51,10 @@ struct PrefillPeerStatus {
   // Its handshake was refused (wrong cluster key, another model): requests that only it could
   // take fail at once with the reason, until a restarted process (new instance) is accepted.
   bool refused = false;
+  // Its queue as this node counts it (PrefillPeer::queued_tokens) and its reported prefill
+  // rate (tokens/s; 0: not measured yet): what admission estimates the KV wait from.
+  int64_t queued_tokens = 0;
+  double prefill_tokens_per_second = 0;
 };
 
 struct PrefillPeer {
@@ -75,11 +80,19 @@ struct PrefillPeer {
   TimePoint retry_at;
   uint64_t heartbeat = 0;
   int64_t reported_tokens = 0;  // from its last LoadReport
+  double reported_rate = 0;     // its measured prefill rate (tokens/s), same; 0: none yet
   int64_t own_tokens = 0;       // prefill tokens the decode node has in flight there
+  // Prompt tokens the decode node sent it since its last LoadReport (which did not count
+  // them yet, unless they overtook it).
+  int64_t sent_since_report = 0;
   // spec.resolve() running on a thread of its own; its answer is posted to the loop.
   std::future<void> resolving;
 
   bool ready() const { return state == State::kReady; }
+  // Prompt tokens queued there, as far as the decode node knows (admission's estimate).
+  int64_t queued_tokens() const {
+    return std::max(reported_tokens + sent_since_report, own_tokens);
+  }
   bool handshaking() const { return state == State::kHelloSent || state == State::kFinishSent; }
   // Never ready nor failed yet: its first connection attempt is under way (a node starting
   // up, or a peer that just joined).

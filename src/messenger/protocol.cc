@@ -120,6 +120,13 @@ Status CheckMessage(const Message& m) {
                  [](const HandshakeRefused& h) { return CheckText("refusal reason", h.reason); },
                  [](const PrefillRequest& p) { return CheckPrefillRequest(p); },
                  [](const WriteFailed& w) { return CheckText("write failure reason", w.reason); },
+                 [](const LoadReport& l) {
+                   return l.prefill_rate_milli <= kMaxPrefillRateMilli
+                              ? Status::Ok()
+                              : Invalid(fmt::format(
+                                    "prefill rate {} thousandths of a token/s over the cap {}",
+                                    l.prefill_rate_milli, kMaxPrefillRateMilli));
+                 },
                  [](const auto&) { return Status::Ok(); }},
       m);
 }
@@ -194,7 +201,10 @@ void WriteBody(ByteWriter& w, const Message& m) {
                         },
                         [&](const WriteFailed& f) { w.Bytes(f.reason); },
                         [&](const Heartbeat& h) { w.U64(h.sequence); },
-                        [&](const LoadReport& l) { w.U64(l.outstanding_prefill_tokens); },
+                        [&](const LoadReport& l) {
+                          w.U64(l.outstanding_prefill_tokens);
+                          w.U64(l.prefill_rate_milli);
+                        },
                         [](const auto&) {}},  // Cancel, CancelAck: the header says it all
              m);
 }
@@ -333,6 +343,7 @@ Result<Message> ReadBody(ByteReader& r, MessageType type, uint64_t transfer_id) 
     case MessageType::kLoadReport: {
       LoadReport l;
       PD_RETURN_IF_ERROR(r.U64("outstanding prefill tokens", &l.outstanding_prefill_tokens));
+      PD_RETURN_IF_ERROR(r.U64("prefill rate", &l.prefill_rate_milli));
       return Message(l);
     }
   }

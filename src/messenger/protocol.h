@@ -36,7 +36,8 @@ namespace pdserve::messenger {
 // 2: HelloAck names the Hello it answers (hello_nonce).
 // 3: a layout carries its kind (GQA K and V, or an MLA latent).
 // 4: PrefillRequest::cached_pages (D's prefix-cache hit: only the pages after it are written).
-inline constexpr uint16_t kProtocolVersion = 4;
+// 5: LoadReport carries the prefill node's measured prefill rate.
+inline constexpr uint16_t kProtocolVersion = 5;
 inline constexpr size_t kHeaderBytes = 20;
 // Caps: far above real use, low enough that a hostile peer cannot make us allocate much.
 inline constexpr size_t kMaxMessageBytes = size_t{16} << 20;
@@ -44,6 +45,8 @@ inline constexpr uint32_t kMaxPromptTokens = uint32_t{1} << 21;
 inline constexpr uint32_t kMaxRequestPages = uint32_t{1} << 21;
 inline constexpr size_t kMaxTextBytes = 4096;  // names, fingerprints, reasons
 inline constexpr size_t kMaxDescriptorBytes = size_t{1} << 16;
+// LoadReport's rate, in thousandths of a token per second: at most 10^9 tokens/s.
+inline constexpr uint64_t kMaxPrefillRateMilli = uint64_t{1'000'000'000'000};
 
 enum class MessageType : uint16_t {
   kHello = 1,
@@ -147,9 +150,15 @@ struct Heartbeat {
   friend bool operator==(const Heartbeat&, const Heartbeat&) = default;
 };
 
-// P→D: how busy this prefill node is, for D's choice of prefill node.
+// P→D: how busy this prefill node is, for D's choice of prefill node and its admission
+// (docs/messenger.md, "Admission"). Sent in answer to each heartbeat, on the handshake's end
+// and whenever one of its prefills ends.
 struct LoadReport {
   uint64_t outstanding_prefill_tokens = 0;
+  // Its measured prefill rate (messenger/admission.h's PrefillRateMeter), in thousandths of a
+  // prompt token per second of busy time; 0: nothing measured yet. At most
+  // kMaxPrefillRateMilli.
+  uint64_t prefill_rate_milli = 0;
   friend bool operator==(const LoadReport&, const LoadReport&) = default;
 };
 

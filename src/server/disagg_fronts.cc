@@ -60,6 +60,10 @@ class PrefillFront final : public RoleFront {
         .Gauge("pdserve:messenger_outstanding_prefill_tokens",
                "Prompt tokens accepted and not yet prefilled.",
                static_cast<double>(s.outstanding_prefill_tokens))
+        .Gauge("pdserve:messenger_prefill_tokens_per_second",
+               "Measured prefill rate (prompt tokens per second of busy time, smoothed), as "
+               "decode nodes are told; 0 before the first prefill ends.",
+               s.prefill_tokens_per_second)
         .Counter("pdserve:messenger_requests_cancelled_total",
                  "Prefill requests stopped by a Cancel from their decode node.",
                  static_cast<double>(s.requests_cancelled))
@@ -129,7 +133,9 @@ class DecodeFront final : public RoleFront {
                          {"state", p.state},
                          {"refused", p.refused},
                          {"epoch", p.epoch},
-                         {"last_error", p.last_error}});
+                         {"last_error", p.last_error},
+                         {"queued_tokens", p.queued_tokens},
+                         {"prefill_tokens_per_second", p.prefill_tokens_per_second}});
       }
       return peers.dump();
     }
@@ -157,6 +163,14 @@ class DecodeFront final : public RoleFront {
         .Counter("pdserve:decode_fallback_prefills_total",
                  "Prompts prefilled here because no prefill peer was usable.",
                  n(s.fallback_prefills))
+        .Counter("pdserve:decode_admission_prefills_total",
+                 "Prompts prefilled here because every prefill peer's estimated KV wait "
+                 "exceeded the deadline (--admission local).",
+                 n(s.admission_prefills))
+        .Counter("pdserve:decode_admission_refusals_total",
+                 "Requests refused at once (503, Retry-After) because every prefill peer's "
+                 "estimated KV wait exceeded the deadline.",
+                 n(s.admission_refusals))
         .Gauge("pdserve:messenger_requests_in_flight",
                "Requests submitted through the messenger and not finished.", s.requests_in_flight)
         .Gauge("pdserve:messenger_slots_in_use", "Transfer slots in use.", s.slots_in_use)

@@ -17,6 +17,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "common/retry_after.h"
 #include "http/api_error.h"
 #include "http/request_id.h"
 #include "http/server_setup.h"
@@ -87,6 +88,13 @@ TEST(ApiErrorTest, FromStatusMapsEngineErrors) {
   EXPECT_EQ(ApiError::FromStatus(Status::DeadlineExceeded("late")).http_status, 504);
   EXPECT_EQ(ApiError::FromStatus(Status::Cancelled("gone")).code, "cancelled");
   EXPECT_EQ(ApiError::FromStatus(Status::Internal("bug")).http_status, 500);
+  // A refusal that knows when to come back (the decode node's admission) says so in the
+  // Retry-After header; any other 503 says 1 s.
+  EXPECT_EQ(ApiError::FromStatus(Status::Unavailable("rank lost")).retry_after_s, 1);
+  const ApiError busy = ApiError::FromStatus(WithRetryAfter(Status::Unavailable("busy"), 42));
+  EXPECT_EQ(busy.http_status, 503);
+  EXPECT_EQ(busy.retry_after_s, 42);
+  EXPECT_TRUE(busy.retry_later());
 }
 
 TEST(RequestIdTest, PolicyKeepsShortSafeIdsOnly) {

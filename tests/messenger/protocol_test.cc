@@ -73,7 +73,7 @@ std::vector<Message> SampleMessages() {
       CancelAck{.transfer_id = 78},
       WriteFailed{.transfer_id = 79, .reason = "fi_writedata: -FI_EIO"},
       Heartbeat{.sequence = 12345},
-      LoadReport{.outstanding_prefill_tokens = 1u << 30},
+      LoadReport{.outstanding_prefill_tokens = 1u << 30, .prefill_rate_milli = 123456789},
   };
 }
 
@@ -121,7 +121,7 @@ TEST(ProtocolTest, EncodingIsExplicitLittleEndian) {
   const std::string expected_body("\x01\x02\x03\x04\x05\x06\x07\x08", 8);
   ASSERT_EQ(bytes.size(), kHeaderBytes + 8);
   EXPECT_EQ(bytes.substr(kHeaderBytes), expected_body);
-  EXPECT_EQ(bytes.substr(4, 2), std::string("\x04\x00", 2));  // version 4
+  EXPECT_EQ(bytes.substr(4, 2), std::string("\x05\x00", 2));  // version 5
   EXPECT_EQ(bytes.substr(6, 2), std::string("\x09\x00", 2));  // type Heartbeat
 }
 
@@ -267,6 +267,19 @@ TEST(ProtocolTest, OutOfRangeValuesAreRefusedOnDecode) {
   bytes[slot_at + 20] = 2;
   ExpectRefused(bytes, "context flag 2");
 
+  // A prefill rate past the cap; the cap itself is taken.
+  const std::string report = Encode(
+      LoadReport{.outstanding_prefill_tokens = 5, .prefill_rate_milli = kMaxPrefillRateMilli});
+  ASSERT_TRUE(DecodeMessage(report).ok());
+  bytes = report;
+  PatchU32(&bytes, kHeaderBytes + 8, static_cast<uint32_t>(kMaxPrefillRateMilli + 1));
+  PatchU32(&bytes, kHeaderBytes + 12, static_cast<uint32_t>((kMaxPrefillRateMilli + 1) >> 32));
+  ExpectRefused(bytes, "prefill rate over the cap");
+  // A version-4 report (no rate) is 8 bytes short of a version-5 one.
+  bytes = report.substr(0, report.size() - 8);
+  PatchU32(&bytes, 8, 8);
+  ExpectRefused(bytes, "report without its rate");
+
   // A node whose ranks overlap, and one with an unknown dtype.
   const HelloFinish finish{.proof = {}, .node = SampleNode(8, 2)};
   const std::string hello = Encode(finish);
@@ -319,6 +332,9 @@ TEST(ProtocolTest, EncoderRefusesWhatTheDecoderWould) {
   refused(HelloFinish{.proof = {}, .node = node}, "f16 KV layout");
   refused(WriteFailed{.transfer_id = 1, .reason = std::string(kMaxTextBytes + 1, 'x')},
           "reason too long");
+  refused(
+      LoadReport{.outstanding_prefill_tokens = 0, .prefill_rate_milli = kMaxPrefillRateMilli + 1},
+      "prefill rate over the cap");
   // Within every count cap but over the message cap.
   r = SampleRequest();
   r.token_ids.assign(kMaxPromptTokens, 1);
