@@ -349,6 +349,7 @@ void DecodeMessenger::OnPagesAllocated(const std::string& id, std::vector<PageId
   }
   if (static_cast<size_t>(req.cached_pages) == req.pages.size()) {
     // A one-token prompt, or every page of [0, n-1) cached here: nothing to transfer.
+    ReleaseUnsent(req);
     req.state = Request::State::kLanded;
     engine_->Admit(id);
     PublishStats();
