@@ -12,6 +12,7 @@ PACKAGES=(
   libfabric-dev libfabric-bin libhwloc-dev hwloc
   libcpp-httplib-dev qemu-user
   iproute2 procps curl
+  etcd-server etcd-client  # cluster membership (--etcd) and its tests (tests/messenger/membership_test.cc)
   gnuplot-nox  # the PNG plots of `pdserve bench sweep`
   python3-jinja2  # the chat-template reference renders (tests/chat/fixtures/render_reference.py)
   python3-numpy  # the float64 reference forward pass (tests/reference/hf_reference.py)

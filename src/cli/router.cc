@@ -1,16 +1,21 @@
 // `pdserve router`: the OpenAI-compatible front that spreads requests over nodes
 // (router/router.h). Runs until SIGINT/SIGTERM.
 #include <csignal>
+#include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/etcd_flags.h"
 #include "cli/http_flags.h"
 #include "cli/model_flags.h"
 #include "cli/router_process.h"
 #include "cli/termination_signals.h"
 #include "common/logging.h"
 #include "http/cluster_auth.h"
+#include "http/etcd_membership.h"
 #include "router/router.h"
 
 namespace pdserve::cli {
@@ -26,6 +31,7 @@ struct RouterFlags {
   int health_interval_ms = 1000;
   int failures_to_down = 3;
   double prefix_weight = 2.0;
+  EtcdFlags etcd;
   HttpFrontFlags http{.max_connections = 8192, .max_body_mb = 8};
 };
 
@@ -49,12 +55,34 @@ int RunRouter(const RouterFlags& f) {
   options.health_interval = std::chrono::milliseconds(f.health_interval_ms);
   options.pool.failures_to_down = f.failures_to_down;
   options.prefix_weight = f.prefix_weight;
+  std::optional<http::MembershipOptions> membership_options;
+  auto membership_metrics = std::make_shared<http::MembershipMetrics>();
+  if (!f.etcd.endpoints.empty()) {
+    PD_ASSIGN_OR_RETURN_CLI(membership_options, MembershipOptionsFromFlags(f.etcd));
+    membership_options->metrics = membership_metrics;
+    options.extra_metrics = [membership_metrics](MetricsText& out) {
+      membership_metrics->Append(out);
+    };
+  }
   // Signals are blocked before any thread starts, so only the sigwait below receives them.
   TerminationSignals signals;
   PD_ASSIGN_OR_RETURN_CLI(auto front, router::Router::Create(options));
   if (Status s = front->Start(); !s.ok()) return Fail(s.ToString());
+  std::unique_ptr<http::Membership> membership;
+  if (membership_options) {
+    // The nodes that serve generation: decode and colocated members.
+    membership_options->watch_roles = {"decode", "colocated"};
+    router::Router* r = front.get();
+    membership_options->on_change = [r](const std::map<std::string, http::MemberRecord>& m) {
+      std::vector<std::string> urls;
+      for (const auto& [key, record] : m) urls.push_back(record.url);
+      r->SetMembers(urls);
+    };
+    PD_ASSIGN_OR_RETURN_CLI(membership, http::Membership::Start(std::move(*membership_options)));
+  }
   const int signal = signals.Wait();
   PD_LOG_INFO("router: signal {} received, stopping", signal);
+  membership.reset();
   front->FinishDrain(Deadline::After(std::chrono::seconds(f.http.shutdown_grace_s)));
   front->Stop();
   return 0;
@@ -91,6 +119,7 @@ void AddRouterCommand(CLI::App& app, int* exit_code) {
                   "prefix is preferred by (0: least outstanding only)")
       ->check(CLI::Range(0.0, 1000.0))
       ->capture_default_str();
+  AddEtcdFlags(cmd, &flags->etcd);
   AddHttpFrontFlags(cmd, &flags->http);
   cmd->callback([flags, exit_code] { *exit_code = RunRouter(*flags); });
 }

@@ -9,9 +9,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/etcd_flags.h"
 #include "cli/http_flags.h"
 #include "cli/model_flags.h"
 #include "cli/router_process.h"
@@ -19,6 +21,7 @@
 #include "cli/termination_signals.h"
 #include "common/logging.h"
 #include "http/cluster_auth.h"
+#include "http/etcd_membership.h"
 #include "http/node_url.h"
 #include "kernels/dispatch.h"
 #include "model/fingerprint.h"
@@ -32,6 +35,8 @@ struct ServeFlags {
   ModelFlags model;
   SpeculativeFlags speculative;
   MessengerFlags messenger;
+  EtcdFlags etcd;
+  std::string advertise_url;
   std::string role = "colocated";
   std::string listen = "127.0.0.1:8000";
   std::string api_key;
@@ -76,6 +81,25 @@ int RunServe(ServeFlags f) {
   options.header_timeout_s = f.http.header_timeout_s;
   options.max_body_bytes = f.http.max_body_bytes();
   options.request_timeout_s = f.request_timeout_s;
+  std::optional<http::MembershipOptions> membership_options;
+  auto membership_metrics = std::make_shared<http::MembershipMetrics>();
+  if (!f.etcd.endpoints.empty()) {
+    Result<http::MembershipOptions> parsed = MembershipOptionsFromFlags(f.etcd);
+    if (!parsed.ok()) return Fail(parsed.status().message());
+    membership_options = std::move(parsed).value();
+    membership_options->metrics = membership_metrics;
+    if (f.advertise_url.empty() && (listen.host == "0.0.0.0" || listen.host == "::")) {
+      return Fail("--etcd with --listen " + f.listen +
+                  " needs --advertise-url: the address other hosts reach this node at");
+    }
+    options.extra_metrics = [membership_metrics](MetricsText& out) {
+      membership_metrics->Append(out);
+    };
+  }
+  if (!f.advertise_url.empty()) {
+    Result<http::NodeAddress> advertised = http::ParseNodeUrl(f.advertise_url);
+    if (!advertised.ok()) return Fail("--advertise-url: " + advertised.status().message());
+  }
 
   // SIGINT/SIGTERM are taken synchronously by this thread (Wait below); every thread started
   // from here inherits the mask. A gone client must not kill the process.
@@ -119,6 +143,7 @@ int RunServe(ServeFlags f) {
   PD_ASSIGN_OR_RETURN_CLI(served.engine,
                           Engine::Create(std::move(dir.transformer), served.tokenizer.get(),
                                          engine_options, std::move(drafter)));
+  Engine* const engine = served.engine.get();  // the node owns it; it outlives the membership
   std::string fingerprint;
   if (role != server::NodeRole::kColocated) {
     // The handshake compares it field by field and names what differs (messenger/node_info.h).
@@ -131,6 +156,7 @@ int RunServe(ServeFlags f) {
   // before the engine.
   PD_ASSIGN_OR_RETURN_CLI(served.role,
                           MakeRoleFront(role, f.messenger, fingerprint, served.engine.get()));
+  server::RoleFront* const front = served.role.get();  // as the engine
   if (Status s = node.SetModel(std::move(served)); !s.ok()) return Fail(s.ToString());
   // A line scripts and tests can wait for.
   std::printf("pdserve serve: ready on http://%s:%d model %s\n", options.host.c_str(), node.port(),
@@ -147,7 +173,41 @@ int RunServe(ServeFlags f) {
     registrations.push_back(std::make_unique<server::NodeRegistration>(
         url, own_url, options.cluster_key, std::chrono::seconds(5), "/internal/messenger/join"));
   }
+  std::unique_ptr<http::Membership> membership;
+  if (membership_options) {
+    // Registered once the model serves, under a lease it keeps alive; a decode node also
+    // watches the prefill members and handshakes each (the cluster secret still decides).
+    const std::string advertised =
+        f.advertise_url.empty() ? own_url : http::ParseNodeUrl(f.advertise_url)->url;
+    const std::string incarnation = NewIncarnation();
+    const std::string role_name(server::NodeRoleName(role));
+    const std::string model_name = options.served_model_name;
+    membership_options->self = [=] {
+      http::MemberRecord r;
+      r.role = role_name;
+      r.url = advertised;
+      if (Result<std::string> a = front->InternalRoute("fabric_address"); a.ok()) {
+        r.fabric_address = *a;
+      }
+      r.model = model_name;
+      r.fingerprint = fingerprint;
+      r.tp_size = engine->tp_size();
+      r.incarnation = incarnation;
+      const EngineStats stats = engine->stats();
+      r.running = stats.running;
+      r.waiting = stats.waiting;
+      return r;
+    };
+    if (role == server::NodeRole::kDecode) {
+      membership_options->watch_roles = {"prefill"};
+      membership_options->on_change = MakePrefillWatcher(front, f.messenger.prefill_peers);
+    }
+    PD_ASSIGN_OR_RETURN_CLI(membership, http::Membership::Start(std::move(*membership_options)));
+  }
   PD_LOG_INFO("signal {}: stopping", signals.Wait());
+  // Out of the membership first: routers and decode nodes stop choosing this node while it
+  // drains.
+  membership.reset();
   registrations.clear();
   // Nothing can finish once a rank is gone: no grace.
   node.Drain(rank_failed.load() ? std::chrono::seconds(0)
@@ -173,6 +233,9 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "Require 'Authorization: Bearer KEY' (default: env PDSERVE_API_KEY)");
   cmd->add_option("--served-model-name", flags->served_model_name,
                   "Model name in the API (default: the model directory's name)");
+  AddEtcdFlags(cmd, &flags->etcd);
+  cmd->add_option("--advertise-url", flags->advertise_url,
+                  "With --etcd: the URL other hosts reach this node at (default: --listen's)");
   cmd->add_option("--router", flags->router,
                   "Router URL to register with (POST /internal/register every 5 s)");
   cmd->add_option("--max-waiting", flags->max_waiting,

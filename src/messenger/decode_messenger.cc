@@ -96,6 +96,12 @@ Status DecodeMessenger::AddPeer(PrefillPeerSpec spec) {
   return Status::Ok();
 }
 
+Status DecodeMessenger::RemovePeer(const std::string& name) {
+  if (!peers_->Retire(name)) return Status::NotFound("unknown prefill peer '" + name + "'");
+  PD_LOG_INFO("prefill peer {} left", name);
+  return Status::Ok();
+}
+
 DecodeMessenger::~DecodeMessenger() {
   // The loop first (nothing more runs), then the transfer engine, and only then the peers'
   // live views (a provider may use their registrations until the engine is closed).
@@ -359,6 +365,7 @@ void DecodeMessenger::OnPagesAllocated(const std::string& id, std::vector<PageId
 }
 
 bool DecodeMessenger::MayUse(const Request& req, const PrefillPeer& peer) const {
+  if (peer.retired) return false;  // it left the membership
   // A request pinned to a peer (X-Prefill-Peer) is never moved, nor sent there twice.
   if (!req.peer_override.empty()) {
     return peer.spec.name == req.peer_override && req.failed_peers.empty();

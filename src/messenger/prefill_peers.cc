@@ -23,9 +23,40 @@ bool PrefillPeers::Add(PrefillPeerSpec spec) {
     if (!names_.insert(spec.name).second) return false;
   }
   core_->Post([this, spec = std::move(spec)]() mutable {
+    for (auto& p : peers_) {
+      if (p->retired && p->spec.name == spec.name) {
+        // It left and joins again (perhaps a new process at the same address): resolved anew.
+        p->retired = false;
+        p->spec = std::move(spec);
+        p->failed_attempts = 0;
+        p->retry_at = TimePoint{};
+        Tick();
+        return;
+      }
+    }
     peers_.push_back(std::make_unique<PrefillPeer>());
     peers_.back()->spec = std::move(spec);
     Tick();  // connect at once
+  });
+  return true;
+}
+
+bool PrefillPeers::Retire(const std::string& name) {
+  {
+    MutexLock lock(&names_mu_);
+    if (names_.erase(name) == 0) return false;
+  }
+  core_->Post([this, name] {
+    for (auto& p : peers_) {
+      if (p->retired || p->spec.name != name) continue;
+      p->retired = true;
+      if (p->state != PrefillPeer::State::kDisconnected) {
+        Remove(*p, Status::Unavailable("prefill peer " + name + " left the membership"));
+      } else {
+        p->last_error = "left the membership";
+        hooks_.changed();  // requests queued for its first attempt decide now
+      }
+    }
   });
   return true;
 }
@@ -82,7 +113,9 @@ void PrefillPeers::StartResolve(PrefillPeer& peer) {
         if (auto loop = weak_loop.lock()) {
           loop->Post([this, p, address = std::move(address)]() mutable {
             p->resolving = {};  // its thread has nothing left to do but return
-            if (p->state == PrefillPeer::State::kDisconnected) Connect(*p, std::move(address));
+            if (p->state == PrefillPeer::State::kDisconnected && !p->retired) {
+              Connect(*p, std::move(address));
+            }
           });
         }
       });
@@ -240,7 +273,7 @@ void PrefillPeers::Tick() {
     PrefillPeer& peer = *p;
     switch (peer.state) {
       case PrefillPeer::State::kDisconnected:
-        if (!peer.resolving.valid() && now >= peer.retry_at) StartResolve(peer);
+        if (!peer.retired && !peer.resolving.valid() && now >= peer.retry_at) StartResolve(peer);
         break;
       case PrefillPeer::State::kHelloSent:
       case PrefillPeer::State::kFinishSent:
@@ -264,7 +297,8 @@ std::vector<PrefillPeerStatus> PrefillPeers::Statuses() const {
   std::vector<PrefillPeerStatus> out;
   for (const auto& p : peers_) {
     out.push_back({.name = p->spec.name,
-                   .state = p->ready()                                      ? "ready"
+                   .state = p->retired                                      ? "left"
+                            : p->ready()                                    ? "ready"
                             : p->state == PrefillPeer::State::kDisconnected ? "disconnected"
                                                                             : "handshaking",
                    .last_error = p->last_error,

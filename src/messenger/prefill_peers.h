@@ -79,6 +79,9 @@ struct PrefillPeer {
   TimePoint last_heard;
   TimePoint retry_at;
   uint64_t heartbeat = 0;
+  // It left the membership (its etcd key went away): removed, not resolved again, used by no
+  // request, until it joins again (Add with its name).
+  bool retired = false;
   int64_t reported_tokens = 0;  // from its last LoadReport
   double reported_rate = 0;     // its measured prefill rate (tokens/s), same; 0: none yet
   int64_t own_tokens = 0;       // prefill tokens the decode node has in flight there
@@ -97,7 +100,8 @@ struct PrefillPeer {
   // Never ready nor failed yet: its first connection attempt is under way (a node starting
   // up, or a peer that just joined).
   bool first_attempt() const {
-    return state == State::kDisconnected && epoch == 0 && failed_attempts == 0 && refusal.ok();
+    return !retired && state == State::kDisconnected && epoch == 0 && failed_attempts == 0 &&
+           refusal.ok();
   }
 };
 
@@ -119,8 +123,12 @@ class PrefillPeers {
   PrefillPeers& operator=(const PrefillPeers&) = delete;
 
   // A new peer (false: the name is known already; nothing changes). It is connected at the
-  // next Tick. Any thread.
+  // next Tick. A peer that left (Retire) joins again under its old entry. Any thread.
   bool Add(PrefillPeerSpec spec);
+  // The peer left the cluster's membership: removed at once if connected (its requests are
+  // retried elsewhere or failed, as for any removal), then neither resolved again nor used
+  // until Add names it again. False if the name is not known. Any thread.
+  bool Retire(const std::string& name);
   bool Knows(const std::string& name) const;  // any thread
 
   // Loop thread from here on.

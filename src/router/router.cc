@@ -487,6 +487,9 @@ void Router::HandleMetrics(const httplib::Request& req, httplib::Response& res) 
            "Requests in flight on the node.", [](const NodeSnapshot& n) { return n.outstanding; });
   per_node("pdserve:router_node_requests_total", MetricType::kCounter, "Requests sent to the node.",
            [](const NodeSnapshot& n) { return n.requests; });
+  out.Gauge("pdserve:router_nodes", "Nodes the router knows (static, registered or members).",
+            static_cast<double>(nodes.size()));
+  if (options_.extra_metrics) options_.extra_metrics(out);
   res.set_content(out.text(), "text/plain; version=0.0.4");
 }
 
@@ -509,6 +512,10 @@ void Router::HandleRegister(const httplib::Request& req, httplib::Response& res)
   }
   nlohmann::json reply = {{"registered", true}, {"new", *added}, {"nodes", pool_.Size()}};
   res.set_content(reply.dump(), "application/json");
+}
+
+void Router::SetMembers(const std::vector<std::string>& urls) {
+  if (pool_.SetMembers(urls)) WakeHealthLoop();  // check new members now
 }
 
 void Router::HealthLoop() {

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -21,6 +22,7 @@
 #include <httplib.h>
 
 #include "common/clock.h"
+#include "common/metrics_text.h"
 #include "common/mutex.h"
 #include "common/prefix_index.h"
 #include "common/status.h"
@@ -62,6 +64,8 @@ struct RouterOptions {
   size_t max_connections = 8192;
   // Seconds a request head may take to arrive whole (slow clients get 408).
   int header_timeout_s = 10;
+  // What else the process adds to /metrics (its etcd membership); any thread.
+  std::function<void(MetricsText&)> extra_metrics = {};
 };
 
 class Router {
@@ -88,6 +92,9 @@ class Router {
 
   int port() const { return port_; }
   NodePool& nodes() { return pool_; }
+  // The nodes the cluster's membership (etcd) lists now: new ones are health-checked at once,
+  // the others leave (after their requests in flight). Any thread.
+  void SetMembers(const std::vector<std::string>& urls) EXCLUDES(health_mu_);
   UpstreamConnectionStats upstream_connections() const { return connections_.stats(); }
 
  private:

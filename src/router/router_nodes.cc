@@ -20,10 +20,13 @@ Status NodePool::AddStatic(std::string_view url) {
   MutexLock lock(&mu_);
   if (Node* node = FindLocked(address.url)) {
     node->registered = false;  // a command-line node never expires
+    node->is_static = true;
+    node->withdrawn = false;
     return Status::Ok();
   }
   Node node;
   node.address = std::move(address);
+  node.is_static = true;
   nodes_.push_back(std::move(node));
   return Status::Ok();
 }
@@ -33,6 +36,8 @@ Result<bool> NodePool::Register(std::string_view url, TimePoint now) {
   MutexLock lock(&mu_);
   if (Node* node = FindLocked(address.url)) {
     node->last_registration = now;
+    if (!node->is_static) node->registered = true;  // a member also registering itself
+    node->withdrawn = false;
     return false;
   }
   Node node;
@@ -43,11 +48,45 @@ Result<bool> NodePool::Register(std::string_view url, TimePoint now) {
   return true;
 }
 
+bool NodePool::SetMembers(const std::vector<std::string>& urls) {
+  std::vector<std::string> listed;
+  for (const std::string& url : urls) {
+    if (Result<NodeAddress> address = ParseNodeUrl(url); address.ok())
+      listed.push_back(address->url);
+  }
+  MutexLock lock(&mu_);
+  bool added = false;
+  for (const std::string& url : listed) {
+    if (Node* node = FindLocked(url)) {
+      node->member = true;
+      node->withdrawn = false;
+      continue;
+    }
+    Node node;
+    node.address = *ParseNodeUrl(url);
+    node.member = true;
+    nodes_.push_back(std::move(node));
+    added = true;
+  }
+  for (Node& node : nodes_) {
+    if (!node.member || std::find(listed.begin(), listed.end(), node.address.url) != listed.end()) {
+      continue;
+    }
+    node.member = false;
+    // A self-registered node keeps its registration's own expiry.
+    if (!node.is_static && !node.registered) node.withdrawn = true;
+  }
+  std::erase_if(nodes_, [](const Node& node) { return node.withdrawn && node.outstanding == 0; });
+  if (next_ >= nodes_.size()) next_ = 0;
+  return added;
+}
+
 void NodePool::ExpireRegistrations(TimePoint now) {
   MutexLock lock(&mu_);
   std::erase_if(nodes_, [&](const Node& node) {
-    return node.registered && node.outstanding == 0 &&
-           now - node.last_registration > options_.registration_ttl;
+    if (node.outstanding != 0) return false;
+    return node.withdrawn || (node.registered && !node.member &&
+                              now - node.last_registration > options_.registration_ttl);
   });
 }
 
@@ -62,7 +101,7 @@ std::optional<NodeAddress> NodePool::Acquire(
   for (size_t k = 0; k < n; ++k) {
     const size_t i = (next_ + k) % n;
     Node& node = nodes_[i];
-    if (!node.healthy) continue;
+    if (!node.healthy || node.withdrawn) continue;
     if (std::find(exclude.begin(), exclude.end(), node.address.url) != exclude.end()) continue;
     // Not degraded first; then strictly lower cost wins, so among equals the first after
     // next_ does: round robin on ties.
@@ -131,6 +170,7 @@ std::vector<NodeSnapshot> NodePool::Snapshot() const {
                    .healthy = node.healthy,
                    .degraded = node.healthy ? node.degraded : "",
                    .registered = node.registered,
+                   .member = node.member,
                    .outstanding = node.outstanding,
                    .requests = node.requests,
                    .consecutive_failures = node.consecutive_failures});

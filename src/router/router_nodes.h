@@ -37,6 +37,7 @@ struct NodeSnapshot {
   // ("degraded: <why>"; e.g. a decode node with no usable prefill peer).
   std::string degraded;
   bool registered = false;  // added by POST /internal/register rather than --node
+  bool member = false;      // listed by the cluster's membership (etcd)
   int outstanding = 0;
   int64_t requests = 0;  // requests sent to it
   int consecutive_failures = 0;
@@ -53,7 +54,13 @@ class NodePool {
   Status AddStatic(std::string_view url) EXCLUDES(mu_);
   // Adds a self-registered node or refreshes its registration. Returns true if it was new.
   Result<bool> Register(std::string_view url, TimePoint now = Clock::now()) EXCLUDES(mu_);
-  // Drops self-registered nodes whose registration expired and that carry no request.
+  // The nodes the cluster's membership (etcd) lists now, replacing the last list: new ones are
+  // added (unhealthy until checked), those no longer listed leave unless --node or a live
+  // registration keeps them — at once without a request in flight, else they get no new
+  // request and leave when the last one ends. True if a node was added. Bad urls are skipped.
+  bool SetMembers(const std::vector<std::string>& urls) EXCLUDES(mu_);
+  // Drops self-registered nodes whose registration expired and that carry no request, and
+  // nodes that left the membership once their last request ended.
   void ExpireRegistrations(TimePoint now = Clock::now()) EXCLUDES(mu_);
 
   // Picks the healthy node with the lowest cost — its outstanding requests less `bonus(url)`
@@ -89,6 +96,9 @@ class NodePool {
     bool healthy = false;
     std::string degraded;
     bool registered = false;
+    bool is_static = false;  // --node
+    bool member = false;     // listed by the membership
+    bool withdrawn = false;  // left the membership with requests in flight: no new ones
     TimePoint last_registration;
     int outstanding = 0;
     int64_t requests = 0;

@@ -122,6 +122,10 @@ class DecodeFront final : public RoleFront {
     return m_->AddPeer(Spec(node.host + ":" + std::to_string(node.port), cluster_key_));
   }
 
+  Status Leave(const http::NodeAddress& node) override {
+    return m_->RemovePeer(node.host + ":" + std::to_string(node.port));
+  }
+
   Result<std::string> InternalRoute(std::string_view name) const override {
     if (name == "events") return m_->events().ToJson();
     if (name == "peers") {
@@ -144,9 +148,11 @@ class DecodeFront final : public RoleFront {
 
   void AppendMetrics(MetricsText& out) const override {
     const messenger::DecodeMessengerStats s = m_->stats();
-    int handshaking = 0, disconnected = 0, refused = 0;
+    int handshaking = 0, disconnected = 0, refused = 0, left = 0;
     for (const messenger::PrefillPeerStatus& p : s.peers) {
-      refused += p.refused;
+      const bool gone = p.state == "left";
+      left += gone;
+      refused += !gone && p.refused;
       handshaking += !p.refused && p.state == "handshaking";
       disconnected += !p.refused && p.state == "disconnected";
     }
@@ -157,6 +163,7 @@ class DecodeFront final : public RoleFront {
         .Sample("pdserve:messenger_peers", {{"state", "handshaking"}}, handshaking)
         .Sample("pdserve:messenger_peers", {{"state", "disconnected"}}, disconnected)
         .Sample("pdserve:messenger_peers", {{"state", "refused"}}, refused)
+        .Sample("pdserve:messenger_peers", {{"state", "left"}}, left)
         .Counter("pdserve:messenger_peer_readmissions_total",
                  "Removed prefill peers (the same process) handshaken again.",
                  n(s.peers_readmitted))

@@ -394,6 +394,7 @@ void NodeServer::Impl::HandleMetrics(httplib::Response& res) {
   MetricsText text;
   text.Append(metrics.Render(stats));
   if (ready.load() && model.role) model.role->AppendMetrics(text);
+  if (options.extra_metrics) options.extra_metrics(text);
   res.set_content(text.text(), "text/plain; version=0.0.4");
 }
 

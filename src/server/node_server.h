@@ -47,6 +47,8 @@ struct NodeServerOptions {
   size_t max_connections = 4096;
   // Seconds a request head may take to arrive whole (slow clients get 408).
   int header_timeout_s = 10;
+  // What else the process adds to /metrics (its etcd membership); any thread.
+  std::function<void(MetricsText&)> extra_metrics = {};
 };
 
 // What the node serves, handed over once loaded.

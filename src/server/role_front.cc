@@ -36,4 +36,8 @@ Status RoleFront::Join(const http::NodeAddress&) {
   return Status::NotFound("only a decode node takes joins");
 }
 
+Status RoleFront::Leave(const http::NodeAddress&) {
+  return Status::NotFound("only a decode node has prefill peers");
+}
+
 }  // namespace pdserve::server

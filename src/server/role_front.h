@@ -48,6 +48,9 @@ class RoleFront {
   // POST /internal/messenger/join from a prefill node at `node` (its registration body,
   // http/registration_body.h); NotFound unless a decode node.
   virtual Status Join(const http::NodeAddress& node);
+  // The prefill node at `node` left the cluster's membership (etcd): a decode node stops using
+  // it until it joins again; NotFound unless a decode node that knows it.
+  virtual Status Leave(const http::NodeAddress& node);
 };
 
 }  // namespace pdserve::server
