@@ -48,37 +48,31 @@ std::function<void(const std::map<std::string, http::MemberRecord>&)> MakePrefil
   for (const std::string& p : static_peers) {
     if (Result<http::NodeAddress> a = http::ParseNodeUrl(p); a.ok()) fixed.insert(HostPortOf(*a));
   }
-  // HOST:PORT -> incarnation of the prefill members joined so far (the watch thread's alone).
-  auto joined = std::make_shared<std::map<std::string, std::string>>();
+  // The prefill members joined so far, by HOST:PORT (the watch thread's alone).
+  auto joined = std::make_shared<std::map<std::string, http::NodeAddress>>();
   return [front, fixed, joined](const std::map<std::string, http::MemberRecord>& members) {
-    std::map<std::string, std::pair<http::NodeAddress, std::string>> now;
+    std::map<std::string, http::NodeAddress> now;
     for (const auto& [key, record] : members) {
       if (record.role != "prefill") continue;
-      Result<http::NodeAddress> a = http::ParseNodeUrl(record.url);
-      if (!a.ok()) continue;
-      now[HostPortOf(*a)] = {*a, record.incarnation};
+      if (Result<http::NodeAddress> a = http::ParseNodeUrl(record.url); a.ok()) {
+        now[HostPortOf(*a)] = *a;
+      }
     }
     for (auto it = joined->begin(); it != joined->end();) {
-      auto found = now.find(it->first);
-      const bool gone = found == now.end();
-      if ((gone || found->second.second != it->second) && fixed.count(it->first) == 0) {
-        Result<http::NodeAddress> a = http::ParseNodeUrl(it->first);
-        if (a.ok()) {
-          if (Status s = front->Leave(*a); !s.ok()) PD_LOG_DEBUG("{}", s.ToString());
-        }
-      }
-      if (gone) {
-        it = joined->erase(it);
-      } else {
-        if (found->second.second != it->second) it->second.clear();  // joins again below
+      if (now.count(it->first) != 0) {
         ++it;
+        continue;
       }
+      if (fixed.count(it->first) == 0) {
+        if (Status s = front->Leave(it->second); !s.ok()) PD_LOG_DEBUG("{}", s.ToString());
+      }
+      it = joined->erase(it);
     }
-    for (const auto& [name, entry] : now) {
-      std::string& incarnation = (*joined)[name];
-      if (incarnation == entry.second) continue;
-      incarnation = entry.second;
-      if (Status s = front->Join(entry.first); !s.ok()) {
+    // A member that restarted at the same address (new incarnation) needs nothing here: its
+    // old epoch ends when its heartbeats stop, and the peer is resolved again, as without etcd.
+    for (const auto& [name, address] : now) {
+      if (!joined->emplace(name, address).second) continue;
+      if (Status s = front->Join(address); !s.ok()) {
         PD_LOG_WARN("prefill member {}: {}", name, s.ToString());
       }
     }

@@ -29,8 +29,8 @@ void AddEtcdFlags(CLI::App* cmd, EtcdFlags* flags);
 Result<http::MembershipOptions> MembershipOptionsFromFlags(const EtcdFlags& flags);
 
 // A decode node's callback for the prefill members: each new one is joined (handshaken), each
-// one gone leaves, one with a new incarnation leaves and joins again (its old process is
-// gone). Peers given by --prefill-peer (`static_peers`, HOST:PORT or URLs) never leave.
+// one gone leaves (RoleFront::Leave). Peers given by --prefill-peer (`static_peers`, HOST:PORT
+// or URLs) never leave.
 std::function<void(const std::map<std::string, http::MemberRecord>&)> MakePrefillWatcher(
     server::RoleFront* front, const std::vector<std::string>& static_peers);
 

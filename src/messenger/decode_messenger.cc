@@ -713,7 +713,7 @@ void DecodeMessenger::Tick() {
 void DecodeMessenger::PublishStats() {
   PublishLoads();
   DecodeMessengerStats s = counters_;
-  for (const auto& p : peers_->all()) s.peers_ready += p->ready();
+  for (const auto& p : peers_->all()) s.peers_ready += p->ready() && !p->retired;
   s.peers_readmitted = peers_->readmissions();
   s.requests_in_flight = static_cast<int>(requests_.size());
   for (const auto& [id, req] : requests_) {

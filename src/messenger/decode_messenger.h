@@ -103,9 +103,9 @@ class DecodeMessenger {
   // handshaken like the ones given at creation. A name already known is Ok and changes
   // nothing (joins repeat every few seconds). Any thread.
   Status AddPeer(PrefillPeerSpec peer);
-  // A prefill peer left the membership (its etcd key went away): removed now (its requests
-  // retried on another peer, prefilled here or failed, as for a lost peer) and no longer
-  // resolved nor chosen, until AddPeer names it again. An unknown name is NotFound. Any thread.
+  // A prefill peer left the membership (its etcd key went away): chosen for no new request;
+  // what it prefills now still lands; once disconnected (heartbeats stopped) it is not
+  // resolved again, until AddPeer names it again. An unknown name is NotFound. Any thread.
   Status RemovePeer(const std::string& name);
   DecodeMessengerStats stats() const;
   // kPrefillSent and kKvLanded of every transfer (its transfer id is the one P's log shows).

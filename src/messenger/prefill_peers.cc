@@ -50,12 +50,16 @@ bool PrefillPeers::Retire(const std::string& name) {
     for (auto& p : peers_) {
       if (p->retired || p->spec.name != name) continue;
       p->retired = true;
-      if (p->state != PrefillPeer::State::kDisconnected) {
+      p->last_error = "left the membership";
+      if (p->ready()) {
+        // Chosen no more; what it prefills now still lands (a node stopped with SIGTERM leaves
+        // first, then drains). Its heartbeats go on: when they stop it is removed as any peer,
+        // and not resolved again.
+        PD_LOG_INFO("prefill peer {} left the membership: no new requests", name);
+      } else if (p->handshaking()) {
         Remove(*p, Status::Unavailable("prefill peer " + name + " left the membership"));
-      } else {
-        p->last_error = "left the membership";
-        hooks_.changed();  // requests queued for its first attempt decide now
       }
+      hooks_.changed();  // requests queued for it decide now
     }
   });
   return true;

@@ -79,8 +79,8 @@ struct PrefillPeer {
   TimePoint last_heard;
   TimePoint retry_at;
   uint64_t heartbeat = 0;
-  // It left the membership (its etcd key went away): removed, not resolved again, used by no
-  // request, until it joins again (Add with its name).
+  // It left the membership (its etcd key went away): used by no new request and, once
+  // disconnected, not resolved again, until it joins again (Add with its name).
   bool retired = false;
   int64_t reported_tokens = 0;  // from its last LoadReport
   double reported_rate = 0;     // its measured prefill rate (tokens/s), same; 0: none yet
@@ -125,9 +125,10 @@ class PrefillPeers {
   // A new peer (false: the name is known already; nothing changes). It is connected at the
   // next Tick. A peer that left (Retire) joins again under its old entry. Any thread.
   bool Add(PrefillPeerSpec spec);
-  // The peer left the cluster's membership: removed at once if connected (its requests are
-  // retried elsewhere or failed, as for any removal), then neither resolved again nor used
-  // until Add names it again. False if the name is not known. Any thread.
+  // The peer left the cluster's membership: chosen for no new request, and once disconnected
+  // (at once if handshaking; a ready one when its heartbeats stop, its requests in flight
+  // finishing meanwhile) never resolved again, until Add names it again. False if the name is
+  // not known. Any thread.
   bool Retire(const std::string& name);
   bool Knows(const std::string& name) const;  // any thread
 

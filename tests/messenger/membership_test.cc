@@ -88,6 +88,18 @@ std::string PeerState(const HostProcess& decode, const HostProcess& prefill) {
   return "";
 }
 
+// Polls until the peer's state is `want` (deadline ms); the last state seen.
+std::string WaitPeerState(const HostProcess& decode, const HostProcess& prefill,
+                          const std::string& want, int deadline_ms) {
+  const auto end = steady_clock::now() + std::chrono::milliseconds(deadline_ms);
+  std::string seen = PeerState(decode, prefill);
+  while (seen != want && steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    seen = PeerState(decode, prefill);
+  }
+  return seen;
+}
+
 // Greedy answers of a colocated node for a few prompts: what every answer must equal.
 struct Golden {
   std::vector<std::vector<int32_t>> prompts;
@@ -261,7 +273,8 @@ TEST(EtcdClientTest, KeysLeasesAndWatchAgainstARealEtcd) {
 
 // Loopback: P, D and the router find each other through etcd alone; the answers are the
 // colocated node's; a node stopped with SIGTERM leaves the membership at once (its lease
-// revoked), not a lease later.
+// revoked), not a lease later; started again at the same address it registers with a new
+// incarnation and the decode node takes it back.
 TEST(MembershipTest, NodesAndRouterFindEachOtherThroughEtcd) {
   SKIP_WITHOUT_ETCD();
   const Golden golden = MakeGolden(2);
@@ -315,8 +328,35 @@ TEST(MembershipTest, NodesAndRouterFindEachOtherThroughEtcd) {
                 [](double v) { return v == 0; }, 10000),
             0);
   EXPECT_LT(Seconds(steady_clock::now() - start), kTtlS - 1.0);
-  EXPECT_EQ(PeerState(decode, prefill), "left");
+  EXPECT_EQ(WaitPeerState(decode, prefill, "left", 2000), "left");
   EXPECT_EQ(MetricAt(decode.ip(), decode.port(), "pdserve:membership_changes_total"), 2);
+  // Without a prefill peer the decode node prefills here (fallback), still the golden tokens.
+  const Completion alone = Complete(router.port(), golden.prompts[0], kMaxTokens);
+  ASSERT_EQ(alone.status, 200) << ErrorMessage(alone);
+  EXPECT_EQ(alone.token_ids, golden.tokens[0]);
+
+  const int port = prefill.port();
+  ASSERT_GE(prefill.Wait(10000), 0);
+  HostProcess restarted;
+  ASSERT_TRUE(restarted.StartServe(local, PrefillFlags(local, etcd.url()), &error, port)) << error;
+  EXPECT_EQ(WaitForMetricAt(
+                decode.ip(), decode.port(), "pdserve:messenger_peers_ready",
+                [](double v) { return v == 1; }, 20000),
+            1);
+  EXPECT_EQ(WaitPeerState(decode, restarted, "ready", 2000), "ready");
+  const auto again = Members(etcd.url());
+  ASSERT_EQ(again.size(), 2u);
+  const auto& p2 =
+      again.at(http::MembersPrefix(TestPrefix()) + "prefill/127.0.0.1:" + std::to_string(port));
+  EXPECT_NE(p2.incarnation, p.incarnation);
+  const double remote =
+      MetricAt(decode.ip(), decode.port(), "pdserve:decode_remote_prefills_total");
+  const Completion back = Complete(router.port(), golden.prompts[1], kMaxTokens);
+  ASSERT_EQ(back.status, 200) << ErrorMessage(back);
+  EXPECT_EQ(back.token_ids, golden.tokens[1]);
+  EXPECT_EQ(MetricAt(decode.ip(), decode.port(), "pdserve:decode_remote_prefills_total"),
+            remote + 1);
+  EXPECT_EQ(MetricAt(decode.ip(), decode.port(), "pdserve:membership_changes_total"), 3);
 }
 
 // Hosts on a bridge; the fixture skips when namespaces cannot be made.
@@ -466,7 +506,7 @@ TEST_F(MembershipHostsTest, AKilledAndCutOffHostLeavesWithinItsLease) {
   std::cout << "[          ] killed host left the membership after " << left_after << " s (lease "
             << kTtlS << " s)\n";
   EXPECT_LT(left_after, kTtlS + 2.0);  // the lease, plus the watch's delivery on a loaded host
-  EXPECT_EQ(PeerState(*d, *p2), "left");
+  EXPECT_EQ(WaitPeerState(*d, *p2, "left", 2000), "left");
   EXPECT_EQ(Members(etcd_->url()).size(), 2u);  // P1 and D
   const int before = load.ok();
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));

@@ -182,14 +182,10 @@ void EtcdProcess::Kill() {
 }
 
 bool HostProcess::StartServe(const Host& host, const std::vector<std::string>& args,
-                             std::string* error) {
+                             std::string* error, int port) {
   ip_ = host.ip;
-  std::vector<std::string> argv = {BinaryPath("src/cli/pdserve"),
-                                   "serve",
-                                   "--listen",
-                                   host.ip + ":0",
-                                   "--model",
-                                   TinyModelDir()};
+  std::vector<std::string> argv = {BinaryPath("src/cli/pdserve"),        "serve",   "--listen",
+                                   host.ip + ":" + std::to_string(port), "--model", TinyModelDir()};
   argv.insert(argv.end(), args.begin(), args.end());
   SubprocessOptions options;
   options.argv = OnHost(host, argv);
@@ -242,6 +238,13 @@ void HostProcess::Kill() {
     process_->Kill();
     process_.reset();
   }
+}
+
+int HostProcess::Wait(int timeout_ms) {
+  if (!process_) return -1;
+  auto status = process_->WaitFor(Deadline::AfterMs(timeout_ms));
+  if (!status.ok()) return -1;
+  return status->exited() ? status->code : 128 + status->signal;
 }
 
 double MetricAt(const std::string& ip, int port, const std::string& name) {

@@ -82,12 +82,16 @@ class HostProcess {
   HostProcess() = default;
   HostProcess(const HostProcess&) = delete;
   HostProcess& operator=(const HostProcess&) = delete;
-  // `pdserve serve --listen IP:0 --model TINY <args>`; waits (60 s) for its ready line.
-  bool StartServe(const Host& host, const std::vector<std::string>& args, std::string* error);
+  // `pdserve serve --listen IP:PORT --model TINY <args>` (port 0: any free one); waits (60 s)
+  // for its ready line.
+  bool StartServe(const Host& host, const std::vector<std::string>& args, std::string* error,
+                  int port = 0);
   // `pdserve router --listen 127.0.0.1:PORT <args>` in this namespace; waits (30 s) for
   // /metrics to answer.
   bool StartRouter(const std::vector<std::string>& args, std::string* error);
   void Kill();  // SIGKILL, reaped
+  // Waits for it to end by itself: its exit code (128 + signal), or -1 at the deadline.
+  int Wait(int timeout_ms);
   pid_t pid() const { return process_ ? process_->pid() : -1; }
   int port() const { return port_; }
   const std::string& ip() const { return ip_; }

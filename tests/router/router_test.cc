@@ -125,6 +125,45 @@ TEST(NodePoolTest, RegistrationRefreshAndExpiry) {
   EXPECT_EQ(pool.Size(), 1) << "command-line nodes never expire";
 }
 
+// Members of the cluster's membership (etcd): added unhealthy, withdrawn when no longer
+// listed — at once when idle, else no new request and dropped after the last one; a --node or a
+// live registration keeps a node the membership no longer lists.
+TEST(NodePoolTest, MembershipAddsAndWithdrawsNodes) {
+  NodePool pool;
+  EXPECT_TRUE(pool.SetMembers({"http://a:1", "http://b:2", "bogus"}));
+  EXPECT_EQ(pool.Size(), 2);
+  EXPECT_FALSE(pool.Acquire().has_value()) << "unhealthy until checked";
+  pool.ReportHealthy("http://a:1");
+  pool.ReportHealthy("http://b:2");
+  EXPECT_FALSE(pool.SetMembers({"http://a:1", "http://b:2"})) << "nothing new";
+  auto busy = pool.Acquire();  // a: round robin starts there
+  ASSERT_TRUE(busy.has_value());
+  const std::string kept = busy->url == "http://a:1" ? "http://b:2" : "http://a:1";
+  ASSERT_TRUE(pool.AddStatic("http://s:3").ok());
+  pool.ReportHealthy("http://s:3");
+  EXPECT_TRUE(*pool.Register("http://r:4"));
+  pool.ReportHealthy("http://r:4");
+  pool.SetMembers({kept, "http://r:4"});
+  // The busy node left: it stays for its request but gets no other.
+  EXPECT_EQ(pool.Size(), 4);
+  for (int i = 0; i < 6; ++i) {
+    auto n = pool.Acquire();
+    ASSERT_TRUE(n.has_value());
+    EXPECT_NE(n->url, busy->url);
+    pool.Release(n->url);
+  }
+  pool.Release(busy->url);
+  pool.ExpireRegistrations();
+  EXPECT_EQ(pool.Size(), 3) << "dropped after its last request";
+  // Leaving the membership does not drop a registered or a command-line node.
+  pool.SetMembers({});
+  EXPECT_EQ(pool.Size(), 2) << "the member alone left; s (--node) and r (registered) stay";
+  for (const NodeSnapshot& n : pool.Snapshot()) EXPECT_NE(n.url, kept);
+  // A withdrawn node that comes back is used again.
+  EXPECT_TRUE(pool.SetMembers({kept}));
+  EXPECT_EQ(pool.Size(), 3);
+}
+
 // A node stand-in whose answers the test controls.
 class FakeNode {
  public:
