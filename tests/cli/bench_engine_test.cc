@@ -101,7 +101,8 @@ std::pair<double, std::string> WeightsRead(const std::string& out) {
 }
 
 // --weights quantises at load: the rows name the format, the step reads about half the bytes of
-// the BF16 checkpoint as it is (which the decode ceilings follow), and fp8 and int8 read alike.
+// the BF16 checkpoint as it is (which the decode ceilings follow), and fp8 and int8 read about
+// alike.
 TEST(BenchEngineTest, WeightsFlagSetsTheFormatAndTheBytesAStepReads) {
   const testing::CommandRun bf16 = RunBench({});
   const testing::CommandRun int8 = RunBench({"--weights", "int8"});
@@ -117,7 +118,10 @@ TEST(BenchEngineTest, WeightsFlagSetsTheFormatAndTheBytesAStepReads) {
   EXPECT_EQ(fp8_format, "fp8") << fp8.output;
   EXPECT_GT(bf16_bytes, 0.0) << bf16.output;
   EXPECT_LT(int8_bytes, 0.7 * bf16_bytes) << int8.output;
-  EXPECT_EQ(int8_bytes, fp8_bytes);
+  // INT8 also stores, per column and 128-wide k block, the correction its unsigned activations
+  // need (kernels.md): a little more than FP8's bytes, never 4% more.
+  EXPECT_GT(int8_bytes, fp8_bytes);
+  EXPECT_LT(int8_bytes, 1.04 * fp8_bytes);
   EXPECT_NE(int8.output.find(" | int8 | 3 | "), std::string::npos) << int8.output;
 }
 
