@@ -199,6 +199,13 @@ Completion CompleteAt(const HostProcess& node, const std::vector<int32_t>& promp
 
 double Seconds(steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// Whether the router counts its (one) decode node healthy within 20 s.
+bool WaitRouterHealthy(const HostProcess& router) {
+  return WaitForMetricAt(
+             router.ip(), router.port(), "pdserve:router_node_healthy",
+             [](double v) { return v == 1; }, 20000) == 1;
+}
+
 // A messenger node with no request in flight and no KV page in use (polled: releases run
 // asynchronously).
 void ExpectDrainedAt(const HostProcess& node) {
@@ -294,10 +301,7 @@ TEST(MembershipTest, NodesAndRouterFindEachOtherThroughEtcd) {
                 decode.ip(), decode.port(), "pdserve:messenger_peers_ready",
                 [](double v) { return v == 1; }, 20000),
             1);
-  EXPECT_EQ(WaitForMetricAt(
-                router.ip(), router.port(), "pdserve:router_node_healthy",
-                [](double v) { return v == 1; }, 20000),
-            1);
+  EXPECT_TRUE(WaitRouterHealthy(router));
   for (size_t i = 0; i < golden.prompts.size(); ++i) {
     const Completion c = Complete(router.port(), golden.prompts[i], kMaxTokens);
     ASSERT_EQ(c.status, 200) << ErrorMessage(c);
@@ -440,10 +444,7 @@ TEST_F(MembershipHostsTest, GoldenAcrossHostsAndAPrefillHostAddedWhileServing) {
   HostProcess* router = Router();
   ASSERT_TRUE(p1 && d && router);
   ASSERT_EQ(WaitPeersReady(*d, 1), 1);
-  ASSERT_EQ(WaitForMetricAt(
-                router->ip(), router->port(), "pdserve:router_node_healthy",
-                [](double v) { return v == 1; }, 20000),
-            1);
+  ASSERT_TRUE(WaitRouterHealthy(*router));
   ExpectGolden(*router, golden_);
 
   Load load(router->port(), &golden_, 3);
@@ -489,10 +490,7 @@ TEST_F(MembershipHostsTest, AKilledAndCutOffHostLeavesWithinItsLease) {
   HostProcess* router = Router();
   ASSERT_TRUE(p1 && p2 && d && router);
   ASSERT_EQ(WaitPeersReady(*d, 2), 2);
-  ASSERT_EQ(WaitForMetricAt(
-                router->ip(), router->port(), "pdserve:router_node_healthy",
-                [](double v) { return v == 1; }, 20000),
-            1);
+  ASSERT_TRUE(WaitRouterHealthy(*router));
   Load load(router->port(), &golden_, 3);
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   const auto killed = steady_clock::now();
@@ -535,10 +533,7 @@ TEST_F(MembershipHostsTest, EtcdKilledUnderLoadNothingFailsAndMembershipCatchesU
   HostProcess* router = Router();
   ASSERT_TRUE(p1 && d && router);
   ASSERT_EQ(WaitPeersReady(*d, 1), 1);
-  ASSERT_EQ(WaitForMetricAt(
-                router->ip(), router->port(), "pdserve:router_node_healthy",
-                [](double v) { return v == 1; }, 20000),
-            1);
+  ASSERT_TRUE(WaitRouterHealthy(*router));
   const double revision = MetricAt(d->ip(), d->port(), "pdserve:etcd_watch_revision");
   Load load(router->port(), &golden_, 2);
   etcd_->Kill();

@@ -198,12 +198,6 @@ TEST_F(PartialTransferTest, MultiTurnConversationsUnderEvictionPressure) {
             NodeMetric(decode.port(), "pdserve:kv_pages_cached"));
 }
 
-}  // namespace
-}  // namespace pdserve::testing
-
-namespace pdserve::testing {
-namespace {
-
 // D's choice of prefill peer by prefix (docs/messenger.md, "Peer choice"): prompts extending
 // one that went to P2 go to P2 while it is idle (without the prefix term the tie would go to
 // P1, the first peer), and to P1 when P2 is busy with more tokens than the prefix saves. D
