@@ -516,12 +516,18 @@ void Router::HandleRegister(const httplib::Request& req, httplib::Response& res)
 
 void Router::SetMembers(const std::vector<std::string>& urls) {
   if (pool_.SetMembers(urls)) WakeHealthLoop();  // check new members now
+  ForgetRemovedNodes();
+}
+
+void Router::ForgetRemovedNodes() {
+  for (const std::string& url : pool_.TakeRemoved()) prefixes_.Forget(url);
 }
 
 void Router::HealthLoop() {
   while (!stopping_.load()) {
     CheckAllNodes();
     pool_.ExpireRegistrations();
+    ForgetRemovedNodes();
     connections_.CloseStale();
     WaitForHealthTick(Clock::now() + options_.health_interval);
   }
@@ -569,6 +575,7 @@ void Router::CheckAllNodes() {
       }
     } else if (pool_.ReportUnhealthy(node.url)) {
       PD_LOG_WARN("router: node {} is down (health checks failing)", node.url);
+      prefixes_.Forget(node.url);  // it may come back restarted, its cache empty
     }
   }
 }

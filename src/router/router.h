@@ -102,6 +102,8 @@ class Router {
   void InstallRoutes();
   void HealthLoop() EXCLUDES(health_mu_);
   void CheckAllNodes();
+  // Forgets the prompts thought cached on nodes that left the pool.
+  void ForgetRemovedNodes();
   // Ends the health loop's current wait: a new node to check, or Stop.
   void WakeHealthLoop() EXCLUDES(health_mu_);
   // Waits until woken or `deadline`, then clears the wake flag.

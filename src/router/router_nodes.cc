@@ -76,7 +76,11 @@ bool NodePool::SetMembers(const std::vector<std::string>& urls) {
     // A self-registered node keeps its registration's own expiry.
     if (!node.is_static && !node.registered) node.withdrawn = true;
   }
-  std::erase_if(nodes_, [](const Node& node) { return node.withdrawn && node.outstanding == 0; });
+  std::erase_if(nodes_, [&](const Node& node) {
+    if (!node.withdrawn || node.outstanding != 0) return false;
+    removed_.push_back(node.address.url);
+    return true;
+  });
   if (next_ >= nodes_.size()) next_ = 0;
   return added;
 }
@@ -85,9 +89,18 @@ void NodePool::ExpireRegistrations(TimePoint now) {
   MutexLock lock(&mu_);
   std::erase_if(nodes_, [&](const Node& node) {
     if (node.outstanding != 0) return false;
-    return node.withdrawn || (node.registered && !node.member &&
-                              now - node.last_registration > options_.registration_ttl);
+    const bool expired =
+        node.withdrawn || (node.registered && !node.member &&
+                           now - node.last_registration > options_.registration_ttl);
+    if (expired) removed_.push_back(node.address.url);
+    return expired;
   });
+  if (next_ >= nodes_.size()) next_ = 0;
+}
+
+std::vector<std::string> NodePool::TakeRemoved() {
+  MutexLock lock(&mu_);
+  return std::exchange(removed_, {});
 }
 
 std::optional<NodeAddress> NodePool::Acquire(

@@ -62,6 +62,9 @@ class NodePool {
   // Drops self-registered nodes whose registration expired and that carry no request, and
   // nodes that left the membership once their last request ended.
   void ExpireRegistrations(TimePoint now = Clock::now()) EXCLUDES(mu_);
+  // The urls of the nodes dropped from the pool since the last call, in order (the router then
+  // forgets what it guessed of their caches).
+  std::vector<std::string> TakeRemoved() EXCLUDES(mu_);
 
   // Picks the healthy node with the lowest cost — its outstanding requests less `bonus(url)`
   // (the router's prefix preference; none if empty) — skipping the urls in `exclude` (nodes
@@ -108,8 +111,9 @@ class NodePool {
 
   const NodePoolOptions options_;
   mutable Mutex mu_;
-  std::vector<Node> nodes_ GUARDED_BY(mu_);  // order of addition
-  size_t next_ GUARDED_BY(mu_) = 0;          // round-robin start among ties
+  std::vector<Node> nodes_ GUARDED_BY(mu_);           // order of addition
+  std::vector<std::string> removed_ GUARDED_BY(mu_);  // dropped since the last TakeRemoved
+  size_t next_ GUARDED_BY(mu_) = 0;                   // round-robin start among ties
 };
 
 }  // namespace pdserve::router

@@ -118,8 +118,10 @@ TEST(NodePoolTest, RegistrationRefreshAndExpiry) {
   EXPECT_FALSE(pool.Register("bogus").ok());
   pool.ExpireRegistrations(t0 + std::chrono::seconds(15));
   EXPECT_EQ(pool.Size(), 1) << "refreshed at t0+8";
+  EXPECT_TRUE(pool.TakeRemoved().empty());
   pool.ExpireRegistrations(t0 + std::chrono::seconds(19));
   EXPECT_EQ(pool.Size(), 0);
+  EXPECT_EQ(pool.TakeRemoved(), std::vector<std::string>{"http://n:5"});
   ASSERT_TRUE(pool.AddStatic("http://s:6").ok());
   pool.ExpireRegistrations(t0 + std::chrono::hours(1));
   EXPECT_EQ(pool.Size(), 1) << "command-line nodes never expire";
@@ -152,12 +154,16 @@ TEST(NodePoolTest, MembershipAddsAndWithdrawsNodes) {
     EXPECT_NE(n->url, busy->url);
     pool.Release(n->url);
   }
+  EXPECT_TRUE(pool.TakeRemoved().empty()) << "the busy node is still in the pool";
   pool.Release(busy->url);
   pool.ExpireRegistrations();
   EXPECT_EQ(pool.Size(), 3) << "dropped after its last request";
+  EXPECT_EQ(pool.TakeRemoved(), std::vector<std::string>{busy->url});
+  EXPECT_TRUE(pool.TakeRemoved().empty()) << "each removal reported once";
   // Leaving the membership does not drop a registered or a command-line node.
   pool.SetMembers({});
   EXPECT_EQ(pool.Size(), 2) << "the member alone left; s (--node) and r (registered) stay";
+  EXPECT_EQ(pool.TakeRemoved(), std::vector<std::string>{kept}) << "idle: removed at once";
   for (const NodeSnapshot& n : pool.Snapshot()) EXPECT_NE(n.url, kept);
   // A withdrawn node that comes back is used again.
   EXPECT_TRUE(pool.SetMembers({kept}));
@@ -379,6 +385,39 @@ TEST(RouterTest, PromptsSharingAPrefixGoWhereThePrefixWentUnlessThatNodeIsBusy) 
     EXPECT_NE(NodeOf(client.Post("/v1/completions", body("z"), "application/json")), first);
     holder.Release();
     for (std::thread& t : held) t.join();
+  }
+}
+
+// A node that leaves the membership takes the router's guess of its cache with it: when it
+// comes back (perhaps restarted, its cache empty), prompts sharing a prefix it once held go where
+// the prefix went since, not back to it. Without the forgetting, the returning node ties with the
+// other on the prefix and round robin sends it some of them.
+TEST(RouterTest, ANodeThatLeftTheMembershipIsNoLongerThoughtToHoldItsPrefixes) {
+  const std::string shared(640, 'y');  // 10 blocks of 64 bytes
+  auto body = [&](const std::string& suffix) {
+    return json{{"prompt", shared + suffix}, {"max_tokens", 1}}.dump();
+  };
+  FakeNode a("a"), b("b");
+  auto router = StartRouter(RouterOptions{});
+  ASSERT_TRUE(router);
+  router->SetMembers({a.url(), b.url()});
+  ASSERT_TRUE(WaitHealthyNodes(*router, 2));
+  auto client = ClientFor(*router);
+  const std::string first = NodeOf(client.Post("/v1/completions", body(""), "application/json"));
+  ASSERT_TRUE(first == "a" || first == "b") << first;
+  const std::string other_url = first == "a" ? b.url() : a.url();
+  router->SetMembers({other_url});
+  ASSERT_EQ(router->nodes().Size(), 1);
+  const std::string other =
+      NodeOf(client.Post("/v1/completions", body("-while-away"), "application/json"));
+  EXPECT_NE(other, first);
+  router->SetMembers({a.url(), b.url()});
+  ASSERT_TRUE(WaitHealthyNodes(*router, 2));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(NodeOf(client.Post("/v1/completions", body(std::string(70, char('a' + i))),
+                                 "application/json")),
+              other)
+        << "request " << i;
   }
 }
 
