@@ -176,7 +176,7 @@ Status Engine::RunMtpPass(std::span<const SequenceChunk> chunks, std::span<const
   return model_->ForwardMtp(chunks, hidden_in, *cache_, logits, hidden_out);
 }
 
-void Engine::AddMtpRows(const ScheduledChunk& c, SequenceChunk& chunk) const {
+int64_t Engine::AddMtpRows(const ScheduledChunk& c, SequenceChunk& chunk) const {
   const Sequence& seq = *c.seq;
   // Only a sequence that drafts, or hands its state on, keeps a hidden state.
   const bool keeps = drafter_ != nullptr || seq.request.kind == RequestKind::kPrefillOnly;
@@ -185,7 +185,7 @@ void Engine::AddMtpRows(const ScheduledChunk& c, SequenceChunk& chunk) const {
     // as far as verification keeps the drafts; which row's state stands is known after it.
     chunk.mtp_tokens = chunk.tokens.subspan(1);
     chunk.hidden_rows = keeps ? static_cast<int>(chunk.tokens.size()) : 0;
-    return;
+    return -1;
   }
   // Prefill: every row but the prefill's last, whose entry the first drafting pass writes.
   const int64_t target = seq.prefill_target();
@@ -194,6 +194,7 @@ void Engine::AddMtpRows(const ScheduledChunk& c, SequenceChunk& chunk) const {
     chunk.mtp_tokens = std::span<const int32_t>(seq.tokens).subspan(c.start + 1, end - c.start);
   }
   chunk.hidden_rows = keeps && c.start + c.count == target ? 1 : 0;
+  return std::max(end, c.start);
 }
 
 void Engine::KeepHidden(Sequence* seq, int64_t row) {
@@ -208,10 +209,8 @@ Engine::Engine(std::unique_ptr<Transformer> model, const Tokenizer* tokenizer,
       tokenizer_(tokenizer),
       cache_(std::move(cache)),
       pool_(cache_->layout().num_pages),
-      // Not with the MTP KV layer: its entry at a page's last slot depends on the next page's
-      // first token, which a page's hash does not cover (engine/prefix_cache.h).
-      prefix_cache_(&pool_, options.prefix_caching && !model_->mtp_kv(),
-                    PrefixCacheSalt(*model_, cache_->layout()), options.page_tokens),
+      prefix_cache_(&pool_, options.prefix_caching, PrefixCacheSalt(*model_, cache_->layout()),
+                    options.page_tokens, model_->mtp_kv()),
       scheduler_(options.scheduler, &pool_, &prefix_cache_),
       seeds_(options.seed),
       options_(options),
@@ -354,6 +353,9 @@ void Engine::Apply(Command& cmd) {
       if (it == live_.end() || it->second->state != SequenceState::kAwaitingKv) return;
       Sequence* seq = it->second.get();
       seq->num_computed = seq->prompt_len - 1;  // the last prompt token runs as a decode step
+      // The prefill node wrote the MTP entries of [0, n-2) (position n-2's needs token n-1: the
+      // first drafting pass writes it); this node's cached pages are final already.
+      seq->mtp_final = std::max<int64_t>(seq->table.sealed_tokens(), seq->prompt_len - 2);
       if (cmd.mtp_hidden.size() == static_cast<size_t>(model_->config().hidden_size)) {
         seq->mtp_hidden = std::move(cmd.mtp_hidden);
       }
@@ -369,6 +371,7 @@ void Engine::Apply(Command& cmd) {
       seq->request.kind = RequestKind::kGenerate;
       // Pages shared from the prefix cache hold their KV already (and must not be written).
       seq->num_computed = seq->table.sealed_tokens();
+      seq->mtp_final = seq->num_computed;
       scheduler_.AddWaiting(seq);
       return;
     }
@@ -422,6 +425,7 @@ bool Engine::Step() {
   std::vector<SequenceChunk> chunks;
   chunks.reserve(plan.size());
   hidden_at_.assign(plan.size(), -1);
+  std::vector<int64_t> mtp_final_at(plan.size(), -1);
   int64_t hidden_rows = 0;
   for (size_t i = 0; i < plan.size(); ++i) {
     const ScheduledChunk& c = plan[i];
@@ -433,7 +437,7 @@ bool Engine::Step() {
                                                              .pages = c.seq->table.pages(),
                                                              .want_logits = c.want_logits,
                                                              .logit_rows = c.logit_rows});
-    if (model_->mtp_kv()) AddMtpRows(c, chunk);
+    if (model_->mtp_kv()) mtp_final_at[i] = AddMtpRows(c, chunk);
     if (chunk.hidden_rows > 0) {
       hidden_at_[i] = hidden_rows;
       hidden_rows += chunk.hidden_rows;
@@ -458,6 +462,11 @@ bool Engine::Step() {
     const ScheduledChunk& c = plan[i];
     // A prefill's last row is where the drafts start (a decode chunk's row: ProcessLogits).
     if (hidden_at_[i] >= 0 && !c.want_logits) KeepHidden(c.seq, hidden_at_[i]);
+    // A prefill chunk's MTP entries are final (the true next tokens); a verification's, once
+    // verified (ProcessLogits).
+    if (mtp_final_at[i] >= 0 && c.start <= c.seq->mtp_final) {
+      c.seq->mtp_final = std::max(c.seq->mtp_final, mtp_final_at[i]);
+    }
     c.seq->num_computed += c.count;
   }
   // Prefill-only chunks never want logits. Finish them before ProcessLogits, which may finish
@@ -569,6 +578,13 @@ void Engine::ProcessLogits(std::span<const ScheduledChunk> plan, const std::vect
       if (reason != FinishReason::kNone) break;
     }
     if (const int64_t at = hidden_at_[&c - plan.data()]; at >= 0) KeepHidden(seq, at + accepted);
+    // With the MTP layer, the entries of the pending token and the accepted drafts before the
+    // last were written with the true next token; the last kept row's (with a rejected draft,
+    // or none) waits for the next drafting pass 1. Only where the final run reaches (pass 1
+    // made c.start - 1's final).
+    if (model_->mtp_kv() && c.start <= seq->mtp_final) {
+      seq->mtp_final = std::max(seq->mtp_final, c.start + accepted);
+    }
     if (drafted > 0) {
       ++spec_.drafts;
       spec_.draft_tokens += drafted;

@@ -181,8 +181,10 @@ class Engine {
   Status RunMtpPass(std::span<const SequenceChunk> chunks, std::span<const float> hidden_in,
                     std::vector<float>* logits, std::vector<float>* hidden_out);
   // With the MTP KV layer: the chunk's MTP entries (the rows whose next token is known) and the
-  // hidden rows its sequence keeps (SequenceChunk::mtp_tokens, hidden_rows).
-  void AddMtpRows(const ScheduledChunk& c, SequenceChunk& chunk) const;
+  // hidden rows its sequence keeps (SequenceChunk::mtp_tokens, hidden_rows). Returns, for a
+  // prefill chunk, where its final entries end (Sequence::mtp_final once the pass ran); -1 for
+  // a decode chunk, whose entries verification decides.
+  int64_t AddMtpRows(const ScheduledChunk& c, SequenceChunk& chunk) const;
   // Keeps hidden row `row` of the last forward pass as the sequence's mtp_hidden.
   void KeepHidden(Sequence* seq, int64_t row);
   void DrainInbox() EXCLUDES(mu_);

@@ -32,10 +32,22 @@ Status MtpDrafter::Propose(std::span<const DraftWish> wishes) {
     hidden_in_.insert(hidden_in_.end(), seq.mtp_hidden.begin(), seq.mtp_hidden.end());
     active.push_back({&seq, w.tokens});
   }
+  bool first_pass = true;
   while (!active.empty()) {
     if (Status s = run_(chunks, hidden_in_, &logits_, &hidden_out_); !s.ok()) {
       for (const DraftWish& w : wishes) w.seq->drafts.clear();
       return s.WithContext("MTP drafting pass");
+    }
+    if (first_pass) {
+      // Pass 1 wrote the entry of num_computed - 1 from the true pending token: it is final
+      // (where the final run reaches it; the later passes write past num_computed).
+      for (const Active& a : active) {
+        Sequence& seq = *a.seq;
+        if (seq.mtp_final >= seq.num_computed - 1) {
+          seq.mtp_final = std::max(seq.mtp_final, seq.num_computed);
+        }
+      }
+      first_pass = false;
     }
     std::vector<Active> next;
     std::vector<SequenceChunk> next_chunks;

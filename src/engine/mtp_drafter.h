@@ -8,10 +8,11 @@
 // next token is known (SequenceChunk::mtp_tokens: the next prompt token, or the next draft,
 // valid as far as verification keeps the drafts), and return that hidden state. A step's drafts
 // then chain the module from it: pass 1 combines it with the pending token (position
-// num_computed - 1) and drafts d1; pass j combines pass j-1's output hidden state with d_{j-1}
-// one position further and drafts d_j. Every pass runs module 0, as vLLM and SGLang do with
-// DeepSeek's one module (a checkpoint with more modules drafts with its first). With TP every
-// rank runs each pass (the engine publishes it). Loop thread only (Drafter).
+// num_computed - 1, whose entry is then final: Sequence::mtp_final) and drafts d1; pass j
+// combines pass j-1's output hidden state with d_{j-1} one position further and drafts d_j.
+// Every pass runs module 0, as vLLM and SGLang do with DeepSeek's one module (a checkpoint with
+// more modules drafts with its first). With TP every rank runs each pass (the engine publishes
+// it). Loop thread only (Drafter).
 #pragma once
 
 #include <functional>

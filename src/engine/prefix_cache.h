@@ -12,9 +12,13 @@
 // tests/engine/tp_forward_test.cc), sampling parameters (KV does not depend on them); there
 // are no LoRA adapters or multimodal inputs.
 //
-// Off with the MTP KV layer (Transformer::mtp_kv, engine/mtp_drafter.h): the module's KV of a
-// position depends on the next token as well, so a page's last slot depends on the token after
-// the page, which its hash does not cover; a later stage may hash one token further.
+// With the MTP KV layer (Transformer::mtp_kv, engine/mtp_drafter.h) the module's entry of a
+// position is computed from the next token as well, so a page's last slot depends on the token
+// after the page: pages are hashed, and a hit's tokens checked, one token further (a lookahead
+// of 1, kv/page_hash.h), and a page is sealed only once its every MTP entry is final too —
+// Sequence::mtp_final, which the engine keeps: an entry written with a draft that verification
+// rejected, or not written at all (the last prefilled position, whose entry the next drafting
+// pass writes), is not final until a pass rewrites it with the true next token.
 // A kRemotePrefill sequence (a decode node's) looks the cache up when its pages are allocated
 // — only the rest is asked of a prefill node — and its pages are registered like any other's
 // once admitted (all its KV landed): the messenger's handshake admits only prefill nodes that
@@ -52,15 +56,17 @@ class PrefixCache {
     int64_t tokens = 0;    // tokens whose KV the sequence now shares
   };
 
-  PrefixCache(PagePool* pool, bool enabled, std::string_view salt, int page_tokens);
+  // mtp_kv: the cache holds the MTP module's KV layer (the lookahead and mtp_final above).
+  PrefixCache(PagePool* pool, bool enabled, std::string_view salt, int page_tokens, bool mtp_kv);
   PrefixCache(const PrefixCache&) = delete;
   PrefixCache& operator=(const PrefixCache&) = delete;
 
   bool enabled() const { return enabled_; }
   // A waiting sequence about to be admitted: if it holds no pages, takes the cached pages of
   // its longest cached prefix — at most prefill_target() - 1 tokens rounded down to a page (at
-  // least one token must run: the last prompt token's logits give the first output token) —
-  // and counts their tokens computed.
+  // least one token must run: the last prompt token's logits give the first output token; with
+  // the MTP layer, the last prefilled position's hidden state starts the first drafts) —
+  // and counts their tokens computed (and final: mtp_final).
   Hit Acquire(Sequence* seq);
   // The sequence was admitted after all: counts the lookup (first admission only).
   void CountAdmission(Sequence* seq, const Hit& hit);
@@ -69,7 +75,8 @@ class PrefixCache {
   // Seals the sequence's pages whose every slot now holds final KV and registers them (caching
   // on). Call after every step for running sequences (and before a
   // sequence's pages are released) — never while num_computed counts drafted tokens that
-  // verification may still reject, except as Finish does (the bound in the .cc).
+  // verification may still reject, except as Finish does (the bound in the .cc). With the MTP
+  // layer only pages below mtp_final are sealed.
   void Seal(Sequence* seq);
   // How many leading tokens of `tokens` the cache holds, in full pages, taking nothing.
   int64_t CachedTokens(std::span<const int32_t> tokens) const;
@@ -81,6 +88,7 @@ class PrefixCache {
  private:
   PagePool* const pool_;
   const bool enabled_;
+  const bool mtp_kv_;
   const PrefixHasher hasher_;
   std::atomic<int64_t> queries_{0};
   std::atomic<int64_t> hits_{0};

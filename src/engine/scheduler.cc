@@ -37,6 +37,7 @@ bool Scheduler::PreemptNewest(const Sequence* keep) {
   std::erase(running_, victim);
   victim->table.Release(*pool_);
   victim->num_computed = 0;
+  victim->mtp_final = 0;
   ++preemptions_;
   AddWaiting(victim, /*front=*/true);
   return true;
@@ -89,6 +90,7 @@ std::vector<ScheduledChunk> Scheduler::Schedule() {
       std::erase(running_, s);
       s->table.Release(*pool_);
       s->num_computed = 0;
+      s->mtp_final = 0;
       ++preemptions_;
       AddWaiting(s, /*front=*/true);
       continue;

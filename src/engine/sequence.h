@@ -52,6 +52,12 @@ struct Sequence {
   // With the MTP KV layer (engine/mtp_drafter.h): the target's final-normed hidden state of
   // position num_computed - 1, where the next drafts start; empty until a pass produced it.
   std::vector<float> mtp_hidden;
+  // With the MTP KV layer: positions [0, mtp_final) hold their final module entries (computed
+  // from the true next token), at most num_computed. A prefill's rows but its last, a drafting
+  // pass 1 (the entry of num_computed - 1) and a verification's accepted drafts extend it, each
+  // only where it reaches; a rejected draft's entry, or one never written, stops it until
+  // rewritten. What the prefix cache may seal (engine/prefix_cache.h).
+  int64_t mtp_final = 0;
 
   // Prefix caching (engine/prefix_cache.h): the hashes of `tokens`' first full pages, as far
   // as they were needed (tokens only grow, so they stay valid), and whether the sequence's

@@ -51,9 +51,10 @@ class KvCache {
   }
 
   // A request's context slot (what a drafter starts from, written over the fabric with the
-  // pages: docs/messenger.md), named by the request's first page, so that it is the request's
-  // alone for as long as it holds that page. After every page of every layer, in the same
-  // mapped (and registered) memory. slot_bytes() 0: none.
+  // pages: docs/messenger.md), named by the page holding the request's last prefilled
+  // position, a page it holds alone (never one shared from the prefix cache), so that the slot
+  // is the request's alone for as long as it holds that page. After every page of every
+  // layer, in the same mapped (and registered) memory. slot_bytes() 0: none.
   size_t slot_bytes() const { return slot_bytes_; }
   uint64_t ContextSlotOffset(PageId page) const {
     return layout_.total_bytes() + static_cast<uint64_t>(page) * slot_bytes_;

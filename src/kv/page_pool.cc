@@ -70,13 +70,13 @@ bool PagePool::Register(PageId page, const PageHash& hash, const PageHash& paren
   return true;
 }
 
-PageId PagePool::MatchLocked(std::span<const PageHash> hashes, const PageHash& seed,
-                             std::span<const int32_t> tokens, int page_tokens, size_t i) const {
+PageId PagePool::MatchLocked(std::span<const PageHash> hashes, const PrefixHasher& hasher,
+                             std::span<const int32_t> tokens, size_t i) const {
   auto it = index_.find(hashes[i]);
   if (it == index_.end()) return -1;
   const Page& p = pages_[it->second];
-  const PageHash& parent = i == 0 ? seed : hashes[i - 1];
-  const std::span<const int32_t> want = tokens.subspan(i * page_tokens, page_tokens);
+  const PageHash& parent = i == 0 ? hasher.seed() : hashes[i - 1];
+  const std::span<const int32_t> want = hasher.IdentityOf(tokens, i);
   if (!(p.parent == parent) ||
       !std::equal(want.begin(), want.end(), p.tokens.begin(), p.tokens.end())) {
     return -1;  // a hash collision: treat as a miss
@@ -84,13 +84,14 @@ PageId PagePool::MatchLocked(std::span<const PageHash> hashes, const PageHash& s
   return it->second;
 }
 
-std::vector<PageId> PagePool::AcquireCached(std::span<const PageHash> hashes, const PageHash& seed,
-                                            std::span<const int32_t> tokens, int page_tokens) {
-  PD_CHECK(tokens.size() >= hashes.size() * static_cast<size_t>(page_tokens));
+std::vector<PageId> PagePool::AcquireCached(std::span<const PageHash> hashes,
+                                            const PrefixHasher& hasher,
+                                            std::span<const int32_t> tokens) {
+  PD_CHECK(hasher.HashablePages(tokens.size()) >= hashes.size());
   std::vector<PageId> hit;
   MutexLock lock(&mu_);
   for (size_t i = 0; i < hashes.size(); ++i) {
-    const PageId p = MatchLocked(hashes, seed, tokens, page_tokens, i);
+    const PageId p = MatchLocked(hashes, hasher, tokens, i);
     if (p < 0) break;
     hit.push_back(p);
   }
@@ -102,12 +103,12 @@ std::vector<PageId> PagePool::AcquireCached(std::span<const PageHash> hashes, co
   return hit;
 }
 
-int PagePool::CachedPrefixPages(std::span<const PageHash> hashes, const PageHash& seed,
-                                std::span<const int32_t> tokens, int page_tokens) const {
-  PD_CHECK(tokens.size() >= hashes.size() * static_cast<size_t>(page_tokens));
+int PagePool::CachedPrefixPages(std::span<const PageHash> hashes, const PrefixHasher& hasher,
+                                std::span<const int32_t> tokens) const {
+  PD_CHECK(hasher.HashablePages(tokens.size()) >= hashes.size());
   MutexLock lock(&mu_);
   size_t i = 0;
-  while (i < hashes.size() && MatchLocked(hashes, seed, tokens, page_tokens, i) >= 0) ++i;
+  while (i < hashes.size() && MatchLocked(hashes, hasher, tokens, i) >= 0) ++i;
   return static_cast<int>(i);
 }
 

@@ -51,22 +51,24 @@ class PagePool {
 
   // ---- Prefix cache.
   // Registers a referenced page as holding the prefix `hash` names: `parent` is the previous
-  // page's hash (PrefixHasher::seed() for a first page) and `tokens` the page's tokens, both
-  // kept to check every later hit. False, and nothing changes, if another page holds `hash`
-  // already or this page is registered already. Precondition: the page's KV is final.
+  // page's hash (PrefixHasher::seed() for a first page) and `tokens` the tokens its identity
+  // covers (PrefixHasher::IdentityOf: the page's own, then its lookahead), both kept to check
+  // every later hit. False, and nothing changes, if another page holds `hash` already or this
+  // page is registered already. Precondition: the page's KV is final.
   bool Register(PageId page, const PageHash& hash, const PageHash& parent,
                 std::span<const int32_t> tokens) EXCLUDES(mu_);
   // The pages of the longest run of leading pages of a prompt that the cache holds, taking a
-  // reference on each (an evictable one leaves the LRU). Page i matches when a page holds
-  // hashes[i] with the same parent hash (`seed` for i = 0) and the same tokens,
-  // tokens[i * page_tokens, (i + 1) * page_tokens): a hash collision never yields foreign KV.
-  // Precondition: tokens holds at least hashes.size() pages of page_tokens.
-  std::vector<PageId> AcquireCached(std::span<const PageHash> hashes, const PageHash& seed,
-                                    std::span<const int32_t> tokens, int page_tokens) EXCLUDES(mu_);
+  // reference on each (an evictable one leaves the LRU). hashes[i] is page i's under `hasher`.
+  // Page i matches when a page holds hashes[i] with the same parent hash (hasher.seed() for
+  // i = 0) and the same identity tokens, hasher.IdentityOf(tokens, i) — the lookahead token
+  // included, so a hash collision never yields foreign KV, not even in a page's last slot.
+  // Precondition: tokens holds the identity tokens of hashes.size() pages.
+  std::vector<PageId> AcquireCached(std::span<const PageHash> hashes, const PrefixHasher& hasher,
+                                    std::span<const int32_t> tokens) EXCLUDES(mu_);
   // How many leading pages AcquireCached would return now, taking nothing (e.g. how many
   // leading tokens of a prompt a node holds).
-  int CachedPrefixPages(std::span<const PageHash> hashes, const PageHash& seed,
-                        std::span<const int32_t> tokens, int page_tokens) const EXCLUDES(mu_);
+  int CachedPrefixPages(std::span<const PageHash> hashes, const PrefixHasher& hasher,
+                        std::span<const int32_t> tokens) const EXCLUDES(mu_);
 
   int capacity() const { return capacity_; }
   int used() const EXCLUDES(mu_);             // referenced pages
@@ -82,14 +84,13 @@ class PagePool {
     bool registered = false;
     PageHash hash;
     PageHash parent;
-    std::vector<int32_t> tokens;  // registered pages: the page's tokens
+    std::vector<int32_t> tokens;  // registered pages: the tokens of the page's identity
     PageId lru_prev = -1;         // evictable pages: neighbours in the LRU (-1: none)
     PageId lru_next = -1;
   };
   // Index of the page registered under hashes[i] that matches (see AcquireCached), -1 if none.
-  PageId MatchLocked(std::span<const PageHash> hashes, const PageHash& seed,
-                     std::span<const int32_t> tokens, int page_tokens, size_t i) const
-      REQUIRES(mu_);
+  PageId MatchLocked(std::span<const PageHash> hashes, const PrefixHasher& hasher,
+                     std::span<const int32_t> tokens, size_t i) const REQUIRES(mu_);
   void LruPushBack(PageId p) REQUIRES(mu_);  // most recently used
   void LruRemove(PageId p) REQUIRES(mu_);
   // Drops p's registration (its hash leaves the index).

@@ -25,6 +25,11 @@ struct DecodeMessenger::Request {
   // first dispatch).
   std::vector<uint64_t> page_chain;
   std::vector<PageId> pages;  // pages holding the prefix
+  // With the MTP KV layer, the page whose context slot receives the hidden state of position
+  // n-2 (docs/messenger.md, "The context buffer"): the last, holding n-2 itself — always a
+  // destination page of the request's own, never one shared from the prefix cache, which
+  // stops short of it (PrefixCache::Acquire). Precondition: pages is not empty.
+  PageId context_page() const { return pages.back(); }
   // The first cached_pages of `pages` came from this node's prefix cache: only the rest is
   // asked of a prefill node (PrefillRequest::cached_pages).
   int cached_pages = 0;
@@ -435,11 +440,11 @@ void DecodeMessenger::Dispatch(Request& req) {
   by_transfer_id_[req.transfer_id] = req.id;
   const uint64_t seed = req.transfer_id;
   // With the MTP KV layer, P also writes the hidden state D's first drafts start from into the
-  // context slot of the request's first page: one write more.
+  // context slot of the request's last page (Request::context_page): one write more.
   const KvCache& cache = engine_->kv_cache(0);
   std::optional<std::string> context;
   if (cache.slot_bytes() > 0) {
-    context = EncodeContextBuffer({.offset = cache.ContextSlotOffset(req.pages[0]),
+    context = EncodeContextBuffer({.offset = cache.ContextSlotOffset(req.context_page()),
                                    .bytes = static_cast<uint32_t>(cache.slot_bytes())});
   }
   const size_t written_pages = req.pages.size() - static_cast<size_t>(req.cached_pages);
@@ -554,7 +559,7 @@ void DecodeMessenger::OnLanded(const std::string& id, uint32_t imm, const Status
     req.state = Request::State::kLanded;
     std::vector<float> context(cache.slot_bytes() / sizeof(float));
     if (!context.empty()) {
-      std::memcpy(context.data(), cache.ContextSlot(req.pages[0]), cache.slot_bytes());
+      std::memcpy(context.data(), cache.ContextSlot(req.context_page()), cache.slot_bytes());
     }
     engine_->Admit(id, std::move(context));
     PublishStats();

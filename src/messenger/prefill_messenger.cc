@@ -208,12 +208,10 @@ void PrefillMessenger::HandlePrefill(fabric::PeerId from, PrefillRequest request
   }
   std::optional<ContextBuffer> context;
   if (request.context_buffer.has_value()) {
-    // The hidden state of the last prefilled position, into D's slot of its first page.
+    // The hidden state of the last prefilled position (n-2), into D's slot of the page holding
+    // it: the last destination page, which D holds alone (its prefix cache hit stops before it).
     Result<ContextBuffer> parsed = ParseContextBuffer(*request.context_buffer);
     if (!parsed.ok()) return refuse(parsed.status().message());
-    // The slot is the request's first page's, which D writes itself when it holds that page
-    // (with the MTP KV layer prefix caching is off: engine/prefix_cache.h).
-    if (request.cached_pages != 0) return refuse("a context buffer with cached pages");
     const size_t own = engine_->kv_cache(0).slot_bytes();
     const KvLayout& dst0 = p.plan->destination().ranks[0];
     if (own == 0 || parsed->bytes != own) {
@@ -223,9 +221,9 @@ void PrefillMessenger::HandlePrefill(fabric::PeerId from, PrefillRequest request
     }
     if (request.destination_pages.empty() ||
         parsed->offset !=
-            dst0.total_bytes() + static_cast<uint64_t>(request.destination_pages[0]) * own) {
-      return refuse(
-          fmt::format("context buffer at offset {} is not the first page's slot", parsed->offset));
+            dst0.total_bytes() + static_cast<uint64_t>(request.destination_pages.back()) * own) {
+      return refuse(fmt::format(
+          "context buffer at offset {} is not the last destination page's slot", parsed->offset));
     }
     context = *parsed;
   }
@@ -324,10 +322,18 @@ Status PrefillMessenger::WriteContext(JobState& state, const RequestOutput& out)
     return Status::Internal(fmt::format("the prefill left {} bytes of context for a buffer of {}",
                                         out.mtp_hidden.size() * sizeof(float), to.bytes));
   }
-  // Staged in this node's slot of the request's first page (held until the job is quiescent),
-  // which is in the memory its views of the cache register.
+  // Staged in this node's slot of the page holding the last prefilled position (held until the
+  // job is quiescent), which is in the memory its views of the cache register. That page is
+  // the request's alone: its prefix cache hit stops before it, and it is not sealed before the
+  // pages are released (its last position's MTP entry is never final here).
   KvCache& cache = engine_->kv_cache(0);
-  const PageId page = out.held_pages[0];
+  const int page_tokens = cache.layout().page_tokens;
+  const size_t index = static_cast<size_t>((state.num_tokens - 1) / page_tokens);
+  if (state.num_tokens < 1 || index >= out.held_pages.size()) {
+    return Status::Internal(fmt::format("the prefill of {} tokens left {} pages", state.num_tokens,
+                                        out.held_pages.size()));
+  }
+  const PageId page = out.held_pages[index];
   std::memcpy(cache.ContextSlot(page), out.mtp_hidden.data(), to.bytes);
   const std::shared_ptr<StreamJob>& job = state.job;
   std::weak_ptr<ControlLoop> weak_loop = core_->weak_loop();

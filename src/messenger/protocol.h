@@ -172,7 +172,7 @@ MessageType TypeOf(const Message& message);
 Result<std::string> EncodeMessage(const Message& message);
 
 // PrefillRequest::context_buffer: `bytes` at `offset` of the decode node's rank-0 region (its
-// KvCache::ContextSlot of the request's first destination page).
+// KvCache::ContextSlot of the request's last destination page, the one holding position n-2).
 struct ContextBuffer {
   uint64_t offset = 0;
   uint32_t bytes = 0;

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -233,6 +235,163 @@ TEST(MtpSpecTest, DisaggregatedDraftsAndAcceptsExactlyAsColocated) {
     moved += corrupted[i].accepted != colocated[i].accepted;
   }
   EXPECT_GT(moved, 0) << "the hidden state handed on does not matter to the drafts";
+}
+
+// ---- Prefix caching with the MTP KV layer (engine/prefix_cache.h: a lookahead of one token,
+// and pages sealed below Sequence::mtp_final).
+
+std::vector<int32_t> MtpTokens(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int32_t& x : t) x = static_cast<int32_t>(3 + rng() % 1000);
+  return t;
+}
+
+std::vector<int32_t> Joined(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// Requests that reuse one another, run one at a time with 4-token pages, each handed to
+// `after` with its prompt and answer: a conversation (each turn is the history — earlier
+// prompts and answers — and a new message of 1 to 4 tokens); prompts of 9 to 12 tokens (every
+// residue modulo the page) twice each; and pairs of prompts that share 8 to 11 tokens and part
+// there (at 8: right after a page, where only the lookahead tells the two apart).
+void RunCachingWorkload(
+    EngineFixture& fx, int n,
+    const std::function<void(const std::vector<int32_t>& prompt, const RequestSpec& got)>& after) {
+  auto run = [&](const std::vector<int32_t>& prompt) {
+    const SpecDecodeStats before = fx.engine().stats().spec;
+    std::vector<int32_t> tokens = fx.Greedy(prompt, n);
+    const RequestSpec got = Delta(before, fx.engine().stats().spec, std::move(tokens));
+    after(prompt, got);
+    return got.tokens;
+  };
+  std::vector<int32_t> history = MtpTokens(9, 1);
+  for (int turn = 0; turn < 4; ++turn) {
+    history = Joined(history, MtpTokens(1 + turn, 10 + static_cast<uint32_t>(turn)));
+    history = Joined(history, run(history));
+  }
+  for (int length = 9; length <= 12; ++length) {
+    const std::vector<int32_t> prompt = MtpTokens(length, 100 + static_cast<uint32_t>(length));
+    run(prompt);
+    run(prompt);
+  }
+  for (int shared = 8; shared <= 11; ++shared) {
+    const std::vector<int32_t> head = MtpTokens(shared, 200 + static_cast<uint32_t>(shared));
+    const std::vector<int32_t> a = MtpTokens(5, 300 + static_cast<uint32_t>(shared));
+    const std::vector<int32_t> b = MtpTokens(5, 400 + static_cast<uint32_t>(shared));
+    ASSERT_NE(a[0], b[0]);
+    run(Joined(head, a));
+    run(Joined(head, b));
+  }
+}
+
+// Caching on gives, request by request, the tokens and the drafted and accepted counts of
+// caching off, for K = 1 and 3. The counts are what a wrong MTP entry in a shared page would
+// move (verification keeps the tokens right whatever the drafts).
+TEST(MtpSpecTest, PrefixCachingDraftsAndAcceptsExactlyAsWithoutIt) {
+  const std::string target = MtpTargetDir();
+  const int n = 8;
+  for (int k : {1, 3}) {
+    std::vector<RequestSpec> want, got;
+    std::vector<int64_t> hits;
+    {
+      EngineFixture off(target, WithMtp(k, {.page_tokens = 4, .prefix_caching = false}));
+      RunCachingWorkload(
+          off, n, [&](const std::vector<int32_t>&, const RequestSpec& r) { want.push_back(r); });
+      EXPECT_EQ(off.engine().prefix_cache().stats().hits, 0);
+    }
+    EngineFixture on(target, WithMtp(k, {.page_tokens = 4}));
+    std::set<size_t> residues;
+    int64_t last_hits = 0;
+    RunCachingWorkload(on, n, [&](const std::vector<int32_t>& prompt, const RequestSpec& r) {
+      got.push_back(r);
+      const int64_t total = on.engine().prefix_cache().stats().hits;
+      hits.push_back(total - last_hits);
+      last_hits = total;
+      residues.insert(prompt.size() % 4);
+    });
+    ASSERT_EQ(got.size(), want.size());
+    int64_t accepted = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, want[i].tokens) << "K " << k << " request " << i;
+      EXPECT_EQ(got[i].draft_tokens, want[i].draft_tokens) << "K " << k << " request " << i;
+      EXPECT_EQ(got[i].accepted, want[i].accepted) << "K " << k << " request " << i;
+      accepted += got[i].accepted;
+    }
+    EXPECT_GT(accepted, 0) << "K " << k;
+    EXPECT_EQ(residues.size(), 4u);
+    // Hits: the conversation's later turns, every repeated prompt, and the second of each pair
+    // (the shared pages; at 8 shared tokens only the first page, whose lookahead they share).
+    int with_hits = 0;
+    for (int64_t h : hits) with_hits += h > 0;
+    EXPECT_GE(with_hits, 3 + 4 + 4) << "K " << k;
+    const PagePool& pool = on.engine().page_pool();
+    EXPECT_EQ(pool.used(), 0);
+    EXPECT_GT(pool.cached_pages(), 0);
+    EXPECT_EQ(pool.cached_pages(), pool.evictable_pages());
+  }
+}
+
+// Every page the cache holds has, in every layer (the MTP module's included), the bits a
+// prefill of its tokens computes. After each request of the workload (drafts with K = 3,
+// caching on), a prefill-only request of everything it holds (prompt and answer) shares the
+// pages cached for it; they, and the pages after them, are compared with an engine's without
+// caching. A page sealed with an entry of a rejected draft, or registered under a hash that
+// does not cover its last slot's next token, differs in the MTP layer.
+TEST(MtpSpecTest, EveryCachedPageHoldsWhatAPrefillComputes) {
+  const std::string target = MtpTargetDir();
+  EngineFixture on(target, WithMtp(3, {.page_tokens = 4}));
+  EngineFixture ref(target, WithMtp(0, {.page_tokens = 4, .prefix_caching = false}));
+  int id = 0;
+  int64_t compared_hit_pages = 0;
+  auto prefill = [&id](Engine& engine, const std::vector<int32_t>& prompt) {
+    std::vector<PageId> held;
+    EngineRequest r;
+    r.id = "p" + std::to_string(id++);
+    r.prompt = prompt;
+    r.kind = RequestKind::kPrefillOnly;
+    r.on_output = [&held](const RequestOutput& o) {
+      EXPECT_TRUE(o.status.ok()) << o.status.ToString();
+      if (o.finished) held = o.held_pages;
+    };
+    const std::string rid = r.id;
+    EXPECT_TRUE(engine.Submit(std::move(r)).ok());
+    engine.RunUntilIdle();
+    return std::make_pair(rid, held);
+  };
+  RunCachingWorkload(on, 8, [&](const std::vector<int32_t>& prompt, const RequestSpec& r) {
+    const std::vector<int32_t> all = Joined(prompt, r.tokens);
+    const int64_t hits_before = on.engine().prefix_cache().stats().hits;
+    const auto [on_id, on_pages] = prefill(on.engine(), all);
+    const int64_t hit_pages = (on.engine().prefix_cache().stats().hits - hits_before) / 4;
+    const auto [ref_id, ref_pages] = prefill(ref.engine(), all);
+    ASSERT_EQ(on_pages.size(), ref_pages.size());
+    // The pages whose every MTP entry is final after a prefill of `all`: below its last token.
+    const size_t final_pages = (all.size() - 1) / 4;
+    EXPECT_GE(hit_pages, 1) << all.size() << " tokens";
+    compared_hit_pages += hit_pages;
+    const KvLayout& layout = on.engine().kv_layout();
+    for (int layer = 0; layer < layout.num_layers; ++layer) {
+      for (size_t j = 0; j < final_pages; ++j) {
+        EXPECT_EQ(
+            std::memcmp(on.engine().kv_cache().base() + layout.BlockOffset(layer, on_pages[j]),
+                        ref.engine().kv_cache().base() + layout.BlockOffset(layer, ref_pages[j]),
+                        layout.block_bytes()),
+            0)
+            << all.size() << " tokens, layer " << layer << ", page " << j << " ("
+            << (static_cast<int64_t>(j) < hit_pages ? "shared" : "computed") << ")";
+      }
+    }
+    on.engine().ReleaseHeldPages(on_id);
+    ref.engine().ReleaseHeldPages(ref_id);
+    on.engine().Step();
+    ref.engine().Step();
+  });
+  EXPECT_GT(compared_hit_pages, 20);
+  EXPECT_EQ(on.engine().page_pool().used(), 0);
+  EXPECT_EQ(ref.engine().page_pool().used(), 0);
 }
 
 // A model without an MTP module cannot be loaded for MTP drafting.

@@ -48,6 +48,65 @@ TEST(PrefixHasherTest, ChainsNameTheWholePrefixAndTheSalt) {
   EXPECT_NE(h.Chain(h.seed(), swapped), hashes[0]);
 }
 
+// With a lookahead (the MTP KV layer: a page's last slot depends on the next token) a page's
+// hash covers the first token after it: prefixes that part right after a page share none of
+// their hashes from that page on, a page has a hash only once that token is known, and the
+// lookahead is in the seed. Without one, hashes are bit for bit what they were before the
+// lookahead existed (the value below is SHA-256 worked out apart from this code).
+TEST(PrefixHasherTest, ALookaheadCoversTheNextPagesFirstTokenAndLeavesPlainHashesAlone) {
+  const PrefixHasher plain("model=a", 4);
+  EXPECT_EQ(plain.seed(), (PageHash{0xb72d22c0b82bc8bdULL, 0xaa6a0fe80e580aacULL}));
+  EXPECT_EQ(plain.Chain(plain.seed(), Iota(4)),
+            (PageHash{0xcd49c4531475b77aULL, 0x8c8707b36f9913f5ULL}));
+  EXPECT_EQ(plain.identity_tokens(), 4);
+  EXPECT_EQ(PrefixHasher("model=a", 4, 0).seed(), plain.seed());
+
+  const PrefixHasher ahead("model=a", 4, 1);
+  EXPECT_NE(ahead.seed(), plain.seed());
+  EXPECT_EQ(ahead.identity_tokens(), 5);
+  EXPECT_EQ(ahead.HashablePages(8), 1u);  // page 1's lookahead, token 8, is not known yet
+  EXPECT_EQ(ahead.HashablePages(9), 2u);
+  EXPECT_EQ(ahead.HashablePages(0), 0u);
+  std::vector<int32_t> a = Iota(13), b = Iota(13);
+  b[8] = 99;  // the first token after page 1
+  std::vector<PageHash> ha, hb, pa, pb;
+  ahead.Extend(a, 10, &ha);
+  ahead.Extend(b, 10, &hb);
+  ASSERT_EQ(ha.size(), 3u);
+  EXPECT_EQ(ha[0], hb[0]);
+  EXPECT_NE(ha[1], hb[1]);
+  EXPECT_NE(ha[2], hb[2]);
+  EXPECT_EQ(ha[1], ahead.Chain(ha[0], std::span(a).subspan(4, 5)));
+  // Without the lookahead page 1 is the same page in both.
+  plain.Extend(a, 10, &pa);
+  plain.Extend(b, 10, &pb);
+  EXPECT_EQ(pa[1], pb[1]);
+  EXPECT_NE(pa[2], pb[2]);
+}
+
+// A hit compares the lookahead token too: a page found under the right hash and parent, with
+// the right tokens of its own but registered with another token after it (what a collision
+// looks like), is a miss.
+TEST(PagePoolPrefixTest, AHitChecksTheLookaheadToken) {
+  const PrefixHasher h("s", 4, 1);
+  PagePool pool(4);
+  const std::vector<int32_t> tokens = Iota(9);
+  std::vector<PageHash> hashes;
+  h.Extend(tokens, 2, &hashes);
+  ASSERT_EQ(hashes.size(), 2u);
+  auto pages = pool.Allocate(2);
+  ASSERT_TRUE(pages.ok());
+  ASSERT_TRUE(pool.Register((*pages)[0], hashes[0], h.seed(), h.IdentityOf(tokens, 0)));
+  const std::vector<int32_t> forged = {4, 5, 6, 7, 99};
+  ASSERT_TRUE(pool.Register((*pages)[1], hashes[1], hashes[0], forged));
+  pool.Free(*pages);
+  EXPECT_EQ(pool.CachedPrefixPages(hashes, h, tokens), 1);
+  const std::vector<PageId> hit = pool.AcquireCached(hashes, h, tokens);
+  EXPECT_EQ(hit.size(), 1u);
+  pool.Free(hit);
+  EXPECT_EQ(pool.used(), 0);
+}
+
 // A sequence of `pages` full pages of `tokens` registered in `pool`, then released.
 std::vector<PageId> CacheSequence(PagePool& pool, const PrefixHasher& h,
                                   const std::vector<int32_t>& tokens, int pages) {
@@ -57,7 +116,7 @@ std::vector<PageId> CacheSequence(PagePool& pool, const PrefixHasher& h,
   EXPECT_TRUE(got.ok());
   for (int i = 0; i < pages; ++i) {
     EXPECT_TRUE(pool.Register((*got)[i], hashes[i], i == 0 ? h.seed() : hashes[i - 1],
-                              std::span(tokens).subspan(i * h.page_tokens(), h.page_tokens())));
+                              h.IdentityOf(tokens, i)));
   }
   pool.Free(*got);
   return *got;
@@ -76,14 +135,14 @@ TEST(PagePoolPrefixTest, ReleasedRegisteredPagesStayCachedUntilNeeded) {
   // A hit takes references; the pages leave the LRU.
   std::vector<PageHash> hashes;
   h.Extend(tokens, 4, &hashes);
-  EXPECT_EQ(pool.CachedPrefixPages(hashes, h.seed(), tokens, 4), 4);
-  const std::vector<PageId> hit = pool.AcquireCached(hashes, h.seed(), tokens, 4);
+  EXPECT_EQ(pool.CachedPrefixPages(hashes, h, tokens), 4);
+  const std::vector<PageId> hit = pool.AcquireCached(hashes, h, tokens);
   EXPECT_EQ(hit, cached);
   EXPECT_EQ(pool.used(), 4);
   EXPECT_EQ(pool.evictable_pages(), 0);
   EXPECT_EQ(pool.free_pages(), 2);
   // A second holder of the same pages: both must drop them before they are evictable.
-  const std::vector<PageId> again = pool.AcquireCached(hashes, h.seed(), tokens, 4);
+  const std::vector<PageId> again = pool.AcquireCached(hashes, h, tokens);
   EXPECT_EQ(again, cached);
   EXPECT_EQ(pool.used(), 4);
   pool.Free(hit);
@@ -115,14 +174,14 @@ TEST(PagePoolPrefixTest, AllocationTakesFreePagesFirstThenEvictsTheOldestTailFir
   std::vector<PageHash> ha, hb;
   h.Extend(a, 2, &ha);
   h.Extend(b, 2, &hb);
-  EXPECT_EQ(pool.CachedPrefixPages(ha, h.seed(), a, 2), 1);  // a's head survives
+  EXPECT_EQ(pool.CachedPrefixPages(ha, h, a), 1);  // a's head survives
   auto second = pool.Allocate(1);
   ASSERT_TRUE(second.ok());
   EXPECT_EQ((*second)[0], pa[0]);
-  EXPECT_EQ(pool.CachedPrefixPages(ha, h.seed(), a, 2), 0);
-  EXPECT_EQ(pool.CachedPrefixPages(hb, h.seed(), b, 2), 2);
+  EXPECT_EQ(pool.CachedPrefixPages(ha, h, a), 0);
+  EXPECT_EQ(pool.CachedPrefixPages(hb, h, b), 2);
   // Taking b back makes it recently used; nothing is left to evict then.
-  const std::vector<PageId> hit = pool.AcquireCached(hb, h.seed(), b, 2);
+  const std::vector<PageId> hit = pool.AcquireCached(hb, h, b);
   EXPECT_EQ(hit, pb);
   EXPECT_EQ(pool.Allocate(1).status().code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(pool.used(), 5);
@@ -149,16 +208,16 @@ TEST(PagePoolPrefixTest, AHitChecksTheTokensAndTheParent) {
   const std::vector<int32_t> forged = {4, 5, 6, 8};
   ASSERT_TRUE(pool.Register((*pages)[1], hashes[1], hashes[0], forged));
   pool.Free(*pages);
-  EXPECT_EQ(pool.CachedPrefixPages(hashes, h.seed(), tokens, 4), 1);
-  EXPECT_EQ(pool.AcquireCached(hashes, h.seed(), tokens, 4).size(), 1u);
+  EXPECT_EQ(pool.CachedPrefixPages(hashes, h, tokens), 1);
+  EXPECT_EQ(pool.AcquireCached(hashes, h, tokens).size(), 1u);
   // The right tokens under a parent that is not the lookup's: a miss from the first page on.
   PagePool other(2);
   auto page = other.Allocate(1);
   ASSERT_TRUE(page.ok());
   ASSERT_TRUE(other.Register((*page)[0], hashes[0], hashes[1], std::span(tokens).first(4)));
   other.Free(*page);
-  EXPECT_EQ(other.CachedPrefixPages(hashes, h.seed(), tokens, 4), 0);
-  EXPECT_TRUE(other.AcquireCached(hashes, h.seed(), tokens, 4).empty());
+  EXPECT_EQ(other.CachedPrefixPages(hashes, h, tokens), 0);
+  EXPECT_TRUE(other.AcquireCached(hashes, h, tokens).empty());
   EXPECT_EQ(other.used(), 0);
 }
 
@@ -170,7 +229,7 @@ TEST(BlockTablePrefixTest, CachedPagesComeFirstAndTruncationKeepsSealedPages) {
   std::vector<PageHash> hashes;
   h.Extend(tokens, 2, &hashes);
   BlockTable table(4);
-  table.AppendCached(pool.AcquireCached(hashes, h.seed(), tokens, 4));
+  table.AppendCached(pool.AcquireCached(hashes, h, tokens));
   EXPECT_EQ(table.sealed_pages(), 2);
   EXPECT_EQ(table.sealed_tokens(), 8);
   ASSERT_TRUE(table.EnsureCapacity(pool, 20).ok());
