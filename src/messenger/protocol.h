@@ -37,7 +37,9 @@ namespace pdserve::messenger {
 // 3: a layout carries its kind (GQA K and V, or an MLA latent).
 // 4: PrefillRequest::cached_pages (D's prefix-cache hit: only the pages after it are written).
 // 5: LoadReport carries the prefill node's measured prefill rate.
-inline constexpr uint16_t kProtocolVersion = 5;
+// 6: the context buffer is the context slot of the destination page holding position n - 2
+//    (was the first page's), so that a cached first page may be shared under MTP.
+inline constexpr uint16_t kProtocolVersion = 6;
 inline constexpr size_t kHeaderBytes = 20;
 // Caps: far above real use, low enough that a hostile peer cannot make us allocate much.
 inline constexpr size_t kMaxMessageBytes = size_t{16} << 20;

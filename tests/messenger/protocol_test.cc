@@ -121,7 +121,7 @@ TEST(ProtocolTest, EncodingIsExplicitLittleEndian) {
   const std::string expected_body("\x01\x02\x03\x04\x05\x06\x07\x08", 8);
   ASSERT_EQ(bytes.size(), kHeaderBytes + 8);
   EXPECT_EQ(bytes.substr(kHeaderBytes), expected_body);
-  EXPECT_EQ(bytes.substr(4, 2), std::string("\x05\x00", 2));  // version 5
+  EXPECT_EQ(bytes.substr(4, 2), std::string("\x06\x00", 2));  // version 6
   EXPECT_EQ(bytes.substr(6, 2), std::string("\x09\x00", 2));  // type Heartbeat
 }
 
