@@ -301,8 +301,11 @@ Status RunEngineBench(ModelDir& dir, const EngineBenchOptions& f) {
   // The format of the linear layers (`--weights`) sets the bytes a step reads, hence the
   // decode ceilings.
   const std::string weights_format(DTypeFlagName(model.linear_dtype()));
-  std::printf("weights: linear layers in %s, %.0f bytes of weights a dense decode step reads\n",
-              weights_format.c_str(), weight_bytes);
+  std::printf(
+      "weights: linear layers in %s, %.0f bytes of weights a dense decode step reads; lm_head in "
+      "%s, %zu bytes of them\n",
+      weights_format.c_str(), weight_bytes, std::string(DTypeFlagName(model.head_dtype())).c_str(),
+      model.HeadWeightBytes());
   for (int ctx : skipped) {
     std::printf("decode context %d skipped: beyond the model's context of %d\n", ctx,
                 c.MaxContext());

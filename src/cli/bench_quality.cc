@@ -39,12 +39,16 @@ struct BenchQualityFlags {
   int tokens = 256;       // greedy continuation of each prompt
   int prompt_len = 16;    // tokens of each prompt, taken from the text
   int text_tokens = 256;  // tokens of the text the KL is measured over
+  bool compare_lm_head = false;  // each format twice: lm_head bf16 and int8
   std::string kernels;
 };
 
-Result<ModelDir> LoadIn(const ModelFlags& flags, std::optional<DType> format) {
+// The model with its linear layers in `format` and its output matrix in `head` (nullopt: auto).
+Result<ModelDir> LoadIn(const ModelFlags& flags, std::optional<DType> format,
+                        std::optional<DType> head) {
   PD_ASSIGN_OR_RETURN(ModelDirOptions options, LoadOptionsFromFlags(flags));
   options.weight_format = format;
+  options.head_format = head;
   return LoadModelDir(flags.model, options);
 }
 
@@ -63,7 +67,11 @@ int RunBenchQuality(const BenchQualityFlags& f) {
     }
     formats.push_back(*t);
   }
-  PD_ASSIGN_OR_RETURN_CLI(ModelDir reference, LoadIn(f.model, DType::kBF16));
+  // The heads each format is measured with: --lm-head's (auto unless given), or both.
+  std::vector<std::optional<DType>> heads = {
+      f.model.lm_head == "auto" ? std::nullopt : ParseDTypeFlag(f.model.lm_head)};
+  if (f.compare_lm_head) heads = {DType::kBF16, DType::kI8};
+  PD_ASSIGN_OR_RETURN_CLI(ModelDir reference, LoadIn(f.model, DType::kBF16, DType::kBF16));
   if (reference.tokenizer == nullptr) return Fail("the model has no tokenizer");
   const std::vector<int32_t> all = reference.tokenizer->Encode(kQualityText, true);
   bench::WeightsQualityOptions options;
@@ -80,24 +88,30 @@ int RunBenchQuality(const BenchQualityFlags& f) {
                                  all.begin() + static_cast<std::ptrdiff_t>(end));
   }
   std::printf(
-      "kernels: %s\nmodel %s; reference: bf16 weights (--weights bf16); %d prompts of %d tokens "
+      "kernels: %s\nmodel %s; reference: bf16 weights (--weights bf16 --lm-head bf16); %d "
+      "prompts of %d tokens "
       "continued greedily for %d tokens; KL(bf16 || format) of the next-token distributions "
       "over %zu tokens of text\n\n",
       kernels::DescribeSelection().c_str(), f.model.model.c_str(), f.prompts, f.prompt_len,
       f.tokens, options.text.size());
   std::printf(
-      "| weights | weight bytes | greedy: identical prefix | greedy: tokens equal | mean KL "
-      "(nats) | max KL | top-1 agreement |\n|---|---|---|---|---|---|---|\n");
+      "| weights | lm_head | weight bytes | lm_head bytes | greedy: identical prefix | greedy: "
+      "tokens equal | mean KL (nats) | max KL | top-1 agreement |\n"
+      "|---|---|---|---|---|---|---|---|---|\n");
   for (DType format : formats) {
-    PD_ASSIGN_OR_RETURN_CLI(ModelDir candidate, LoadIn(f.model, format));
-    PD_ASSIGN_OR_RETURN_CLI(
-        bench::WeightsQuality q,
-        bench::CompareWeights(*reference.transformer, *candidate.transformer, options));
-    std::printf("| %s | %zu | %.1f%% | %.1f%% | %.2e | %.2e | %.1f%% |\n",
-                std::string(DTypeFlagName(format)).c_str(), candidate.transformer->WeightBytes(),
-                100 * q.identical_prefix, 100 * q.tokens_equal, q.mean_kl, q.max_kl,
-                100 * q.top1_agreement);
-    std::fflush(stdout);
+    for (std::optional<DType> head : heads) {
+      PD_ASSIGN_OR_RETURN_CLI(ModelDir candidate, LoadIn(f.model, format, head));
+      PD_ASSIGN_OR_RETURN_CLI(
+          bench::WeightsQuality q,
+          bench::CompareWeights(*reference.transformer, *candidate.transformer, options));
+      const Transformer& t = *candidate.transformer;
+      std::printf("| %s | %s | %zu | %zu | %.1f%% | %.1f%% | %.2e | %.2e | %.1f%% |\n",
+                  std::string(DTypeFlagName(format)).c_str(),
+                  std::string(DTypeFlagName(t.head_dtype())).c_str(), t.WeightBytes(),
+                  t.HeadWeightBytes(), 100 * q.identical_prefix, 100 * q.tokens_equal, q.mean_kl,
+                  q.max_kl, 100 * q.top1_agreement);
+      std::fflush(stdout);
+    }
   }
   return 0;
 }
@@ -123,6 +137,9 @@ void AddBenchQualityCommand(CLI::App& bench, int* exit_code) {
   cmd->add_option("--text-tokens", flags->text_tokens, "Tokens of text for the KL")
       ->check(CLI::Range(2, 1 << 20))
       ->capture_default_str();
+  cmd->add_flag("--compare-lm-head", flags->compare_lm_head,
+                "Measure each format twice: with the lm_head in bf16 and in int8 (else as "
+                "--lm-head says)");
   cmd->add_option("--kernels", flags->kernels, "Kernel path (as bench engine's)");
   cmd->callback([flags, exit_code] { *exit_code = RunBenchQuality(*flags); });
 }

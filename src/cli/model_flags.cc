@@ -36,8 +36,17 @@ void AddModelFlags(CLI::App* cmd, ModelFlags* flags, bool tensor_parallel) {
   cmd->add_option("--weights", flags->weights,
                   "Linear layers' weights in memory: the checkpoint's own (auto), bf16, or 8-bit "
                   "quantised at load (fp8: e4m3 with a scale per 128 x 128 block; int8: a scale "
-                  "per row and 128 columns; the embedding and lm_head stay bf16)")
+                  "per row and 128 columns; the embedding stays bf16, the lm_head as --lm-head "
+                  "says)")
       ->check(CLI::IsMember({"auto", "bf16", "fp8", "int8"}))
+      ->capture_default_str();
+  cmd->add_option("--lm-head", flags->lm_head,
+                  "Output matrix (lm_head, or the tied embedding as the head) in memory: int8 "
+                  "(a scale per vocabulary row and 128 columns, quantised at load; a tied "
+                  "embedding keeps its own copy for the lookups), bf16 (as the other matrices), "
+                  "or auto: int8 when the linear layers are 8-bit (--weights fp8|int8, or an "
+                  "8-bit checkpoint), else bf16")
+      ->check(CLI::IsMember({"auto", "bf16", "int8"}))
       ->capture_default_str();
   cmd->add_option("--kv-dtype", flags->kv_dtype, "KV cache dtype")
       ->check(CLI::IsMember({"auto", "bf16", "f32"}))
@@ -131,6 +140,7 @@ Result<ModelDirOptions> LoadOptionsFromFlags(const ModelFlags& flags) {
   ModelDirOptions options;
   PD_ASSIGN_OR_RETURN(options.weight_dtype, ParseAutoDType("--dtype", flags.dtype));
   if (flags.weights != "auto") options.weight_format = ParseDTypeFlag(flags.weights);
+  if (flags.lm_head != "auto") options.head_format = ParseDTypeFlag(flags.lm_head);
   PD_ASSIGN_OR_RETURN(options.transformer.kv_dtype, ParseAutoDType("--kv-dtype", flags.kv_dtype));
   options.transformer.threads = flags.threads;
   options.transformer.tp_size = flags.tp;
@@ -160,6 +170,7 @@ EngineOptions EngineOptionsFromFlags(const ModelFlags& flags) {
                                   "--threads",      std::to_string(flags.threads),
                                   "--dtype",        flags.dtype,
                                   "--weights",      flags.weights,
+                                  "--lm-head",      flags.lm_head,
                                   "--kv-dtype",     flags.kv_dtype,
                                   "--page-size",    std::to_string(flags.page_size),
                                   "--tp",           std::to_string(flags.tp),

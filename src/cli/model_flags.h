@@ -18,6 +18,9 @@ struct ModelFlags {
   std::string dtype = "auto";  // weights: auto|bf16|f32
   // The linear layers' weights in memory: auto (the checkpoint's own)|bf16|fp8|int8.
   std::string weights = "auto";
+  // The output matrix (lm_head or tied embedding) in memory: auto (int8 when the linear layers
+  // are 8-bit)|bf16 (as the other matrices)|int8.
+  std::string lm_head = "auto";
   std::string kv_dtype = "auto";  // auto|bf16|f32
   int page_size = 16;
   int kv_cache_mb = 256;

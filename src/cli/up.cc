@@ -51,6 +51,8 @@ struct UpFlags {
   int threads_per_node = 0;  // 0: the node's share of the cores
   std::string api_key;
   int kv_cache_mb = 256;
+  std::string weights = "auto";  // every node's --weights
+  std::string lm_head = "auto";  // every node's --lm-head
   bool no_prefix_caching = false;
   int startup_timeout_s = 300;
   int stop_timeout_s = 10;
@@ -178,7 +180,11 @@ std::vector<std::string> NodeArgv(const std::string& exe, const std::string& mod
                                    "--threads",
                                    std::to_string(spec.threads),
                                    "--kv-cache-mb",
-                                   std::to_string(f.kv_cache_mb)};
+                                   std::to_string(f.kv_cache_mb),
+                                   "--weights",
+                                   f.weights,
+                                   "--lm-head",
+                                   f.lm_head};
   if (f.no_prefix_caching) argv.push_back("--no-prefix-caching");
   if (spec.role != "colocated" && !f.fabric_provider.empty()) {
     argv.insert(argv.end(), {"--fabric-provider", f.fabric_provider});
@@ -391,6 +397,13 @@ void AddUpCommand(CLI::App& app, int* exit_code) {
                   "PDSERVE_API_KEY)");
   cmd->add_option("--kv-cache-mb", flags->kv_cache_mb, "KV cache per node in MiB")
       ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--weights", flags->weights,
+                  "Every node's linear layers' weights (serve --weights)")
+      ->check(CLI::IsMember({"auto", "bf16", "fp8", "int8"}))
+      ->capture_default_str();
+  cmd->add_option("--lm-head", flags->lm_head, "Every node's output matrix (serve --lm-head)")
+      ->check(CLI::IsMember({"auto", "bf16", "int8"}))
       ->capture_default_str();
   cmd->add_flag("--no-prefix-caching", flags->no_prefix_caching,
                 "Turn off every node's automatic prefix caching");

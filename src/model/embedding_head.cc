@@ -12,6 +12,7 @@ EmbeddingHead::EmbeddingHead(const ModelConfig& config, const TpSlices& tp, Mode
     : config_(config), tp_(tp), embed_(weights.embed), final_norm_(weights.final_norm) {
   // A tied embedding lives on only inside the output matrix (Embed reads it from there) —
   // unless this is one TP rank, whose output matrix holds only its slice of the vocabulary.
+  // An 8-bit head of a tied model is a copy (weights.lm_head): the embedding stays as it is.
   const bool tied = weights.lm_head.empty();
   Tensor& output = tied ? weights.embed : weights.lm_head;
   const bool keep_embed = tied && tp.size > 1;

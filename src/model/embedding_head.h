@@ -2,7 +2,9 @@
 // input, and the final RMSNorm and lm_head at the output. With tied embeddings the two share
 // one matrix: the embedding rows are read from the packed lm_head (or, on one rank of several,
 // from the embedding kept whole, since the rank's lm_head holds only its vocabulary columns
-// `tp.vocab`). Not thread-safe: the forward thread uses it.
+// `tp.vocab`) — unless the head is held in INT8 (ModelWeights::head_dtype): then the loader's
+// INT8 copy is the head and the embedding stays whole for the row lookups. Not thread-safe: the
+// forward thread uses it.
 #pragma once
 
 #include <cstddef>

@@ -10,7 +10,8 @@ Result<ModelDir> LoadModelDir(const std::string& path, const ModelDirOptions& op
     PD_ASSIGN_OR_RETURN(dir.tokenizer, Tokenizer::Load(path));
   }
   PD_ASSIGN_OR_RETURN(ModelWeights weights,
-                      LoadWeights(dir.config, path, options.weight_dtype, options.weight_format));
+                      LoadWeights(dir.config, path, options.weight_dtype, options.weight_format,
+                                  options.head_format));
   PD_ASSIGN_OR_RETURN(dir.transformer,
                       Transformer::Create(dir.config, std::move(weights), options.transformer));
   return dir;

@@ -18,6 +18,7 @@ namespace pdserve {
 struct ModelDirOptions {
   std::optional<DType> weight_dtype;   // LoadWeights: nullopt = as the checkpoint
   std::optional<DType> weight_format;  // LoadWeights' linear_format (`--weights`)
+  std::optional<DType> head_format;    // LoadWeights' head_format (`--lm-head`): nullopt = auto
   TransformerOptions transformer;
   bool load_tokenizer = true;
 };

@@ -131,11 +131,16 @@ size_t Transformer::StepWeightBytes(const RoutingTrace& trace) const {
 
 uint64_t Transformer::Fingerprint() const {
   // FNV-1a, continued from the config's hash over "kernels=<path>" and, for linear layers held
-  // in 8 bits, " weights=<fp8|int8>" (a BF16 checkpoint quantised at load computes other KV).
+  // in 8 bits, " weights=<fp8|int8>" (a BF16 checkpoint quantised at load computes other KV),
+  // and for an 8-bit output matrix " head=int8" (no KV changes, but the logits do: TP ranks
+  // must agree on it, and a prefix cache holds logits-free KV, so only its salt changes).
   uint64_t h = config_.Fingerprint();
   std::string text = std::string("kernels=") + std::string(kernel_path_);
   if (IsBlockScaled(weights_.linear_dtype)) {
     text += " weights=" + std::string(DTypeFlagName(weights_.linear_dtype));
+  }
+  if (IsBlockScaled(weights_.head_dtype)) {
+    text += " head=" + std::string(DTypeFlagName(weights_.head_dtype));
   }
   if (mtp_kv_) text += " mtp-kv";
   for (char ch : text) {

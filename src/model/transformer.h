@@ -82,6 +82,8 @@ class Transformer {
   KvLayout MakeKvLayout(int num_pages, int page_tokens) const;
   // Bytes of weights read per decode step (every matrix once; not the MTP modules).
   size_t WeightBytes() const;
+  // Of those, the output matrix's (this rank's share).
+  size_t HeadWeightBytes() const { return head_->WeightBytes(); }
   // The multi-token-prediction modules (config.num_nextn_predict_layers): this rank's share of
   // each is packed as a decoder layer's is. With TransformerOptions::mtp_kv, module 0 runs
   // (Forward's MTP entries, ForwardMtp) over KV layer num_layers; the others never run.
@@ -96,12 +98,17 @@ class Transformer {
   // created; Forward fails if another has been selected since. Paths may differ in the last
   // bits, so a KV cache is reproduced bit for bit only by the path that wrote it.
   std::string_view kernel_path() const { return kernel_path_; }
-  // What a peer must match to continue this model's KV cache: the config's fingerprint
+  // What every TP rank of this model must match: the config's fingerprint
   // (ModelConfig::Fingerprint) extended with the kernel path, when the linear layers are held
-  // in 8 bits their format (ModelWeights::linear_dtype), and the MTP KV layer (mtp_kv).
+  // in 8 bits their format (ModelWeights::linear_dtype), when the output matrix is 8-bit its
+  // format (ModelWeights::head_dtype: it changes the logits, not the KV, so the messenger's
+  // handshake, which pairs nodes by the KV they compute, does not compare it), and the MTP KV
+  // layer (mtp_kv). Also the prefix cache's salt.
   uint64_t Fingerprint() const;
   // The dtype the linear layers' matrices are held in (ModelWeights::linear_dtype).
   DType linear_dtype() const { return weights_.linear_dtype; }
+  // The dtype the output matrix is held in (ModelWeights::head_dtype): kI8 or matrix_dtype.
+  DType head_dtype() const { return weights_.head_dtype; }
   // The dtype every other matrix is held in (ModelWeights::matrix_dtype), as resolved at load.
   DType matrix_dtype() const { return weights_.matrix_dtype; }
 

@@ -332,9 +332,20 @@ class WeightCollector {
   Status F32Matrix(const std::string& name, std::vector<int64_t> shape, Tensor* out) {
     return Add(name, std::move(shape), DType::kF32, false, out);
   }
+  // The output matrix `name` held in INT8, quantised at load from the checkpoint's values
+  // whatever it stores (LoadWeights' head_format). `copy`: the tensor is also loaded as another
+  // (the tied embedding), so it is not counted twice among the tensors used.
+  Status Int8Head(const std::string& name, std::vector<int64_t> shape, bool copy, Tensor* out) {
+    PD_ASSIGN_OR_RETURN(TensorView view, set_.FindWithShape(name, shape));
+    const size_t before = count();
+    PD_RETURN_IF_ERROR(QueueQuantise(std::move(view), DType::kI8, out));
+    if (copy) copies_ += count() - before;
+    return Status::Ok();
+  }
+
   const std::vector<ConvertJob>& jobs() const { return jobs_; }
-  // Tensors of the checkpoint used: converted ones and 8-bit scales.
-  size_t count() const { return jobs_.size() + scales_used_; }
+  // Tensors of the checkpoint used: converted ones and 8-bit scales (each once).
+  size_t count() const { return jobs_.size() + scales_used_ - copies_; }
   // Whether any matrix is held in 8 bits, and in which dtype.
   std::optional<DType> held_8bit() const { return held_8bit_; }
 
@@ -355,6 +366,14 @@ class WeightCollector {
     if (view.dtype == format && quantization_.block_cols % kernels::kFp8BlockK == 0) {
       return AddBlockScaled(std::move(view), format, true, out);
     }
+    PD_RETURN_IF_ERROR(QueueQuantise(std::move(view), format, out));
+    held_8bit_ = format;
+    return Status::Ok();
+  }
+
+  // Queues the quantisation of `view` (dequantised first when it is 8-bit) into *out in
+  // `format`, with its row scales.
+  Status QueueQuantise(TensorView view, DType format, Tensor* out) {
     std::optional<BlockScales> scales;
     if (IsBlockScaled(view.dtype)) {
       PD_RETURN_IF_ERROR(CheckBlockScaled(view));
@@ -364,7 +383,6 @@ class WeightCollector {
     *out = Tensor::Uninitialized(format, view.shape);
     out->set_row_scales(Tensor::Uninitialized(DType::kF32, {view.shape[0], k_blocks}));
     jobs_.push_back({std::move(view), out, std::move(scales), /*quantise=*/true});
-    held_8bit_ = format;
     return Status::Ok();
   }
 
@@ -463,6 +481,7 @@ class WeightCollector {
   std::optional<DType> held_8bit_;
   std::vector<ConvertJob> jobs_;
   size_t scales_used_ = 0;
+  size_t copies_ = 0;  // jobs and scales of tensors read a second time (Int8Head's copy)
 };
 
 // An attention block's tensors: GQA's q/k/v/o (with Qwen2's biases, Qwen3's norms) or MLA's.
@@ -616,8 +635,15 @@ Result<DType> ChooseMatrixDType(const SafetensorsSet& set, std::optional<DType> 
 
 Result<ModelWeights> LoadWeights(const ModelConfig& config, const std::string& model_dir,
                                  std::optional<DType> matrix_dtype,
-                                 std::optional<DType> linear_format) {
+                                 std::optional<DType> linear_format,
+                                 std::optional<DType> head_format) {
   PD_RETURN_IF_ERROR(config.Validate());
+  if (head_format.has_value() && *head_format != DType::kBF16 && *head_format != DType::kI8) {
+    return Status::InvalidArgument(
+        fmt::format("the lm_head cannot be held as {} (auto, bf16: as the other matrices, or "
+                    "int8)",
+                    DTypeFlagName(*head_format)));
+  }
   if (linear_format.has_value() && !IsBlockScaled(*linear_format) &&
       *linear_format != DType::kBF16) {
     return Status::InvalidArgument(fmt::format("weights cannot be held as {} (bf16, fp8 or int8)",
@@ -660,7 +686,19 @@ Result<ModelWeights> LoadWeights(const ModelConfig& config, const std::string& m
     PD_RETURN_IF_ERROR(s);
   }
   PD_RETURN_IF_ERROR(collect.Vector("model.norm.weight", hidden, &w.final_norm));
-  if (!config.tie_word_embeddings) {
+  // Auto: an 8-bit head wherever the linear layers are 8-bit (known now: the head comes last).
+  const bool int8_head = head_format.has_value() ? *head_format == DType::kI8
+                                                 : collect.held_8bit().has_value();
+  if (int8_head) {
+    const std::string output =
+        config.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    Status s = collect.Int8Head(output, {vocab, hidden}, config.tie_word_embeddings, &w.lm_head);
+    if (s.code() == StatusCode::kNotFound && !config.tie_word_embeddings) {
+      return Status::NotFound(s.message() +
+                              " (tie_word_embeddings is false, so lm_head is needed)");
+    }
+    PD_RETURN_IF_ERROR(s);
+  } else if (!config.tie_word_embeddings) {
     Status s = collect.Matrix("lm_head.weight", {vocab, hidden}, &w.lm_head);
     if (s.code() == StatusCode::kNotFound) {
       return Status::NotFound(s.message() +
@@ -677,6 +715,7 @@ Result<ModelWeights> LoadWeights(const ModelConfig& config, const std::string& m
   }
   PD_RETURN_IF_ERROR(ConvertAll(collect.jobs()));
   w.linear_dtype = collect.held_8bit().value_or(w.matrix_dtype);
+  w.head_dtype = w.output_matrix().dtype();
   return w;
 }
 

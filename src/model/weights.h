@@ -131,9 +131,15 @@ struct ModelWeights {
   // Of the linear layers' matrices (quantise.h's IsQuantisedLinearName): kF8E4M3 or kI8 when
   // any is held in 8 bits, else matrix_dtype. Part of the model's fingerprint.
   DType linear_dtype = DType::kBF16;
+  // Of the output matrix (lm_head, or the tied embedding as the head): kI8 when it is held in
+  // 8 bits (LoadWeights' head_format), else matrix_dtype. Part of Transformer::Fingerprint, not
+  // of the handshake's identity: the head changes no KV.
+  DType head_dtype = DType::kBF16;
   Tensor embed;       // [vocab, hidden], matrix dtype
   Tensor final_norm;  // [hidden] F32
-  Tensor lm_head;     // [vocab, hidden]; empty when tied (use embed)
+  // [vocab, hidden]; empty when tied (use embed), unless the head is 8-bit: then an INT8 copy
+  // of the tied embedding (the embedding stays as it is for the row lookups).
+  Tensor lm_head;
   std::vector<LayerWeights> layers;
   std::vector<MtpModule> mtp;  // [config.num_nextn_predict_layers]
 
@@ -166,8 +172,15 @@ struct ModelWeights {
 // is kept as it is; one of the other format is dequantised first), and the other matrices in
 // matrix_dtype, BF16 by default. INT8 checkpoints (quantization_config int8): their I8 matrices
 // stay INT8 unless another format or matrix_dtype is asked for.
+//
+// `head_format` (`--lm-head`) holds the output matrix: nullopt (auto) in INT8 when the linear
+// layers are held in 8 bits (either format), else as the other matrices; kBF16 always as the
+// other matrices (matrix_dtype); kI8 always in INT8. INT8 is quantise.h's QuantiseInt8Rows (a
+// scale per vocabulary row and 128 columns) from the checkpoint's values; a tied embedding then
+// stays whole in matrix_dtype for the row lookups and lm_head holds its INT8 copy.
 Result<ModelWeights> LoadWeights(const ModelConfig& config, const std::string& model_dir,
                                  std::optional<DType> matrix_dtype = std::nullopt,
-                                 std::optional<DType> linear_format = std::nullopt);
+                                 std::optional<DType> linear_format = std::nullopt,
+                                 std::optional<DType> head_format = std::nullopt);
 
 }  // namespace pdserve

@@ -125,6 +125,36 @@ TEST(BenchEngineTest, WeightsFlagSetsTheFormatAndTheBytesAStepReads) {
   EXPECT_NE(int8.output.find(" | int8 | 3 | "), std::string::npos) << int8.output;
 }
 
+// The output matrix's format and bytes, as the weights line reports them.
+std::pair<double, std::string> HeadRead(const std::string& out) {
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex(R"(; lm_head in ([a-z0-9]+), ([0-9]+) bytes of them)"))) {
+    return {0.0, ""};
+  }
+  return {std::stod(m[2].str()), m[1].str()};
+}
+
+// The lm_head follows --weights into INT8 (one byte a weight plus 8 per 128) unless --lm-head
+// bf16 keeps it, and the bytes a step reads drop by exactly what the head saves.
+TEST(BenchEngineTest, LmHeadIsInt8WithEightBitWeightsUnlessKeptBf16) {
+  const testing::CommandRun bf16 = RunBench({});
+  const testing::CommandRun int8 = RunBench({"--weights", "int8"});
+  const testing::CommandRun kept = RunBench({"--weights", "int8", "--lm-head", "bf16"});
+  for (const testing::CommandRun* run : {&bf16, &int8, &kept}) {
+    ASSERT_TRUE(run->finished && run->exit.success()) << run->exit.ToString() << run->output;
+  }
+  const auto [bf16_head, bf16_head_format] = HeadRead(bf16.output);
+  const auto [int8_head, int8_head_format] = HeadRead(int8.output);
+  const auto [kept_head, kept_head_format] = HeadRead(kept.output);
+  EXPECT_EQ(bf16_head_format, "bf16") << bf16.output;
+  EXPECT_EQ(int8_head_format, "int8") << int8.output;
+  EXPECT_EQ(kept_head_format, "bf16") << kept.output;
+  EXPECT_EQ(kept_head, bf16_head);
+  EXPECT_GT(int8_head, 0.5 * bf16_head) << int8.output;
+  EXPECT_LT(int8_head, 0.55 * bf16_head) << int8.output;
+  EXPECT_EQ(WeightsRead(kept.output).first - WeightsRead(int8.output).first, kept_head - int8_head);
+}
+
 TEST(BenchEngineTest, ContextFlagAddsDecodeRowsPerContext) {
   const testing::CommandRun run =
       testing::RunPdserve({"bench", "engine", "--model", testing::TinyModelDir(), "--batch", "2",

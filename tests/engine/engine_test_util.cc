@@ -119,11 +119,12 @@ std::vector<float> ForwardLogits(const std::string& model_dir, const std::vector
 }
 
 ModelDir LoadForLogits(const std::string& model_dir, std::optional<DType> dtype,
-                       std::optional<DType> format) {
+                       std::optional<DType> format, std::optional<DType> head) {
   ModelDirOptions options;
   options.load_tokenizer = false;
   options.weight_dtype = dtype;
   options.weight_format = format;
+  options.head_format = head;
   options.transformer.threads = 1;
   auto dir = LoadModelDir(model_dir, options);
   EXPECT_TRUE(dir.ok()) << dir.status().ToString();

@@ -61,9 +61,10 @@ std::vector<float> ChunkedLogits(ModelDir& dir, const std::vector<int32_t>& prom
 std::vector<float> ForwardLogits(const std::string& model_dir, const std::vector<int32_t>& prompt,
                                  int page_tokens, int chunk);
 // `model_dir` loaded without its tokenizer, on one thread, with these weight options
-// (ModelDirOptions::weight_dtype and weight_format).
+// (ModelDirOptions::weight_dtype, weight_format and head_format).
 ModelDir LoadForLogits(const std::string& model_dir, std::optional<DType> dtype,
-                       std::optional<DType> format = std::nullopt);
+                       std::optional<DType> format = std::nullopt,
+                       std::optional<DType> head = std::nullopt);
 // n tokens in [0, vocab) drawn from `seed`.
 std::vector<int32_t> SeededTokens(int n, int vocab, uint32_t seed);
 

@@ -54,8 +54,9 @@ TEST(Fp8EngineTest, MatricesStayFp8OneBytePerWeightPlusScales) {
   }
   want *= c.num_layers;
   weights *= c.num_layers;
-  // The (tied) lm_head stays BF16, as in DeepSeek's checkpoints.
-  const size_t lm_head = kernels::PackedBF16Elements(c.vocab_size, c.hidden_size) * 2;
+  // The (tied) lm_head is held in INT8 (--lm-head auto with 8-bit layers; the checkpoint keeps
+  // it BF16, as DeepSeek's do).
+  const size_t lm_head = kernels::PackedInt8Bytes(c.vocab_size, c.hidden_size);
   EXPECT_EQ(fp8.transformer->WeightBytes(), want + lm_head);
   // The scales take 4 bytes per 128 weights of a row (3.1%), the padding of gate|up's 1376 rows
   // to 1408 the rest.
@@ -118,7 +119,8 @@ class Fp8LogitsTest : public ::testing::TestWithParam<Fp8LogitsCase> {};
 
 TEST_P(Fp8LogitsTest, MatchTheModelDequantisedToF32) {
   const std::string path = Fp8ModelWithF32Rest(GetParam().preset);
-  ModelDir fp8 = testing::LoadForLogits(path, std::nullopt);
+  // The head kept as the checkpoint's (F32 here): only the FP8 layers differ.
+  ModelDir fp8 = testing::LoadForLogits(path, std::nullopt, std::nullopt, DType::kBF16);
   ModelDir f32 = testing::LoadForLogits(path, DType::kF32);
   ASSERT_LT(fp8.transformer->WeightBytes(), f32.transformer->WeightBytes());
   for (uint32_t seed : {1u, 2u, 3u}) {
@@ -150,11 +152,11 @@ INSTANTIATE_TEST_SUITE_P(Presets, Fp8LogitsTest,
                            return name;
                          });
 
-// As shipped (BF16 lm_head, whose product rounds its input to BF16): a few units of 2^-9 of
-// the logits' spread from the F32-dequantised model.
+// As shipped with --lm-head bf16 (BF16 lm_head, whose product rounds its input to BF16): a few
+// units of 2^-9 of the logits' spread from the F32-dequantised model.
 TEST(Fp8EngineTest, AsShippedLogitsAreCloseToTheDequantisedModel) {
   const std::string path = SyntheticModelDir("tiny", DType::kF8E4M3);
-  ModelDir fp8 = testing::LoadForLogits(path, std::nullopt);
+  ModelDir fp8 = testing::LoadForLogits(path, std::nullopt, std::nullopt, DType::kBF16);
   ModelDir f32 = testing::LoadForLogits(path, DType::kF32);
   const std::vector<int32_t> prompt = testing::SeededTokens(30, fp8.config.vocab_size, 7);
   const std::vector<float> a = testing::ChunkedLogits(fp8, prompt, 4, 7);

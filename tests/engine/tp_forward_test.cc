@@ -132,6 +132,13 @@ TEST_P(TpForwardTest, RanksReproduceOneRankBitForBit) {
     ranks.back().group = std::make_unique<ThreadGroup>(&shared, r, c.tp);
     ranks.back().dir.transformer->SetTpGroup(ranks.back().group.get());
   }
+  // 8-bit layers bring an INT8 lm_head (--lm-head auto): each rank holds its vocabulary slice.
+  const bool eight_bit = IsBlockScaled(c.dtype) || (c.format && IsBlockScaled(*c.format));
+  EXPECT_EQ(whole.dir.transformer->head_dtype(), eight_bit ? DType::kI8 : DType::kBF16);
+  for (const Rank& r : ranks) {
+    EXPECT_EQ(r.dir.transformer->head_dtype(), whole.dir.transformer->head_dtype());
+    EXPECT_LT(r.dir.transformer->HeadWeightBytes(), whole.dir.transformer->HeadWeightBytes());
+  }
   const int vocab = whole.dir.config.vocab_size;
   std::mt19937 rng(5);
   std::uniform_int_distribution<int32_t> token(0, vocab - 1);

@@ -154,11 +154,14 @@ TEST(MessengerRefusalTest, IncompatibleModelsAreRefusedNamingTheDifference) {
 
 // The identity holds the formats the nodes loaded, not their flags: on an INT8 checkpoint a
 // decode node with `--weights auto` (the checkpoint's own) and a prefill node with `--weights
-// int8` hold the same weights and serve together; a prefill node with `--weights bf16` (the
-// checkpoint dequantised) would compute other KV and is refused, naming both formats.
+// int8` hold the same weights and serve together — also when only their lm_heads differ (the
+// prefill node's kept BF16, the decode node's INT8 by auto: the head changes no KV, and the
+// prefill node never picks a token); a prefill node with `--weights bf16` (the checkpoint
+// dequantised) would compute other KV and is refused, naming both formats.
 TEST(MessengerRefusalTest, ResolvedWeightFormatsAreComparedNotFlags) {
   const std::string int8_dir = SyntheticModelDir("tiny", DType::kI8);
-  auto same = StartKeyedPrefill(int8_dir, kClusterKey, {"--weights", "int8"});
+  auto same =
+      StartKeyedPrefill(int8_dir, kClusterKey, {"--weights", "int8", "--lm-head", "bf16"});
   auto bf16 = StartKeyedPrefill(int8_dir, kClusterKey, {"--weights", "bf16"});
   ASSERT_TRUE(same->ok()) << same->error();
   ASSERT_TRUE(bf16->ok()) << bf16->error();

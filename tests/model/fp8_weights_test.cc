@@ -197,8 +197,13 @@ TEST(Fp8WeightsTest, AutoKeepsFp8MatricesWithTheirRowsScales) {
     }
     fp8_bytes += t.nbytes() + t.row_scales().nbytes();
   }
-  // One byte per weight, plus the scales, plus the BF16 embedding (tied: the output matrix).
-  EXPECT_EQ(w->MatrixBytes(), fp8_bytes + w->embed.nbytes());
+  // One byte per weight, plus the scales, plus the output matrix: with 8-bit layers (auto) an
+  // INT8 copy of the tied embedding, a scale per row and 128 columns; the embedding stays BF16.
+  EXPECT_EQ(w->head_dtype, DType::kI8);
+  ASSERT_EQ(w->lm_head.dtype(), DType::kI8);
+  EXPECT_EQ(w->lm_head.shape(), w->embed.shape());
+  EXPECT_EQ(w->MatrixBytes(),
+            fp8_bytes + w->lm_head.nbytes() + w->lm_head.row_scales().nbytes());
 }
 
 TEST(Fp8WeightsTest, ForcedDtypesDequantiseExactly) {
