@@ -36,9 +36,9 @@ struct BenchQualityFlags {
   ModelFlags model;
   std::string formats = "fp8,int8";
   int prompts = 4;
-  int tokens = 256;       // greedy continuation of each prompt
-  int prompt_len = 16;    // tokens of each prompt, taken from the text
-  int text_tokens = 256;  // tokens of the text the KL is measured over
+  int tokens = 256;              // greedy continuation of each prompt
+  int prompt_len = 16;           // tokens of each prompt, taken from the text
+  int text_tokens = 256;         // tokens of the text the KL is measured over
   bool compare_lm_head = false;  // each format twice: lm_head bf16 and int8
   std::string kernels;
 };

@@ -687,8 +687,8 @@ Result<ModelWeights> LoadWeights(const ModelConfig& config, const std::string& m
   }
   PD_RETURN_IF_ERROR(collect.Vector("model.norm.weight", hidden, &w.final_norm));
   // Auto: an 8-bit head wherever the linear layers are 8-bit (known now: the head comes last).
-  const bool int8_head = head_format.has_value() ? *head_format == DType::kI8
-                                                 : collect.held_8bit().has_value();
+  const bool int8_head =
+      head_format.has_value() ? *head_format == DType::kI8 : collect.held_8bit().has_value();
   if (int8_head) {
     const std::string output =
         config.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";

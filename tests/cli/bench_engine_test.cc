@@ -128,7 +128,8 @@ TEST(BenchEngineTest, WeightsFlagSetsTheFormatAndTheBytesAStepReads) {
 // The output matrix's format and bytes, as the weights line reports them.
 std::pair<double, std::string> HeadRead(const std::string& out) {
   std::smatch m;
-  if (!std::regex_search(out, m, std::regex(R"(; lm_head in ([a-z0-9]+), ([0-9]+) bytes of them)"))) {
+  if (!std::regex_search(out, m,
+                         std::regex(R"(; lm_head in ([a-z0-9]+), ([0-9]+) bytes of them)"))) {
     return {0.0, ""};
   }
   return {std::stod(m[2].str()), m[1].str()};

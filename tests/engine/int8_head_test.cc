@@ -68,8 +68,8 @@ HeadRun RunHead(ModelDir& dir, const std::vector<int32_t>& prompt, int rows) {
                     .logit_rows = last ? rows : 1,
                     .hidden_rows = last ? rows : 0};
     std::vector<float> logits, hidden;
-    Status s = model.Forward(std::span<const SequenceChunk>(&c, 1), **cache, &logits, nullptr,
-                             &hidden);
+    Status s =
+        model.Forward(std::span<const SequenceChunk>(&c, 1), **cache, &logits, nullptr, &hidden);
     EXPECT_TRUE(s.ok()) << s.ToString();
     if (last) {
       run.logits = std::move(logits);
@@ -197,26 +197,27 @@ TEST_P(Int8HeadTest, HeadIsInt8AndItsLogitsAreBoundedByItsRounding) {
   std::printf("%s: largest |int8 - bf16| logit error %.2f of its bound\n", c.preset, worst_ratio);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Presets, Int8HeadTest,
-    ::testing::Values(HeadCase{"tiny-qwen2", DType::kI8}, HeadCase{"tiny-llama3", DType::kI8},
-                      HeadCase{"tiny-qwen2", DType::kF8E4M3}, HeadCase{"tiny-llama3", std::nullopt}),
-    [](const auto& info) {
-      std::string name = info.param.preset;
-      name += info.param.format.has_value() ? "_" + std::string(DTypeFlagName(*info.param.format))
-                                            : "_auto";
-      for (char& ch : name) {
-        if (ch == '-') ch = '_';
-      }
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Presets, Int8HeadTest,
+                         ::testing::Values(HeadCase{"tiny-qwen2", DType::kI8},
+                                           HeadCase{"tiny-llama3", DType::kI8},
+                                           HeadCase{"tiny-qwen2", DType::kF8E4M3},
+                                           HeadCase{"tiny-llama3", std::nullopt}),
+                         [](const auto& info) {
+                           std::string name = info.param.preset;
+                           name += info.param.format.has_value()
+                                       ? "_" + std::string(DTypeFlagName(*info.param.format))
+                                       : "_auto";
+                           for (char& ch : name) {
+                             if (ch == '-') ch = '_';
+                           }
+                           return name;
+                         });
 
 // An 8-bit checkpoint loaded as it is (auto) gets the INT8 head; --lm-head bf16 keeps today's.
 TEST(Int8HeadTest, EightBitCheckpointFollowsItsLayersUnlessAsked) {
   const std::string path = SyntheticModelDir("tiny", DType::kF8E4M3);
   EXPECT_EQ(LoadWithHead(path, std::nullopt, std::nullopt).transformer->head_dtype(), DType::kI8);
-  EXPECT_EQ(LoadWithHead(path, std::nullopt, DType::kBF16).transformer->head_dtype(),
-            DType::kBF16);
+  EXPECT_EQ(LoadWithHead(path, std::nullopt, DType::kBF16).transformer->head_dtype(), DType::kBF16);
   ModelDirOptions options;
   options.load_tokenizer = false;
   options.head_format = DType::kF8E4M3;

@@ -160,8 +160,7 @@ TEST(MessengerRefusalTest, IncompatibleModelsAreRefusedNamingTheDifference) {
 // dequantised) would compute other KV and is refused, naming both formats.
 TEST(MessengerRefusalTest, ResolvedWeightFormatsAreComparedNotFlags) {
   const std::string int8_dir = SyntheticModelDir("tiny", DType::kI8);
-  auto same =
-      StartKeyedPrefill(int8_dir, kClusterKey, {"--weights", "int8", "--lm-head", "bf16"});
+  auto same = StartKeyedPrefill(int8_dir, kClusterKey, {"--weights", "int8", "--lm-head", "bf16"});
   auto bf16 = StartKeyedPrefill(int8_dir, kClusterKey, {"--weights", "bf16"});
   ASSERT_TRUE(same->ok()) << same->error();
   ASSERT_TRUE(bf16->ok()) << bf16->error();

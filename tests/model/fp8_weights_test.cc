@@ -202,8 +202,7 @@ TEST(Fp8WeightsTest, AutoKeepsFp8MatricesWithTheirRowsScales) {
   EXPECT_EQ(w->head_dtype, DType::kI8);
   ASSERT_EQ(w->lm_head.dtype(), DType::kI8);
   EXPECT_EQ(w->lm_head.shape(), w->embed.shape());
-  EXPECT_EQ(w->MatrixBytes(),
-            fp8_bytes + w->lm_head.nbytes() + w->lm_head.row_scales().nbytes());
+  EXPECT_EQ(w->MatrixBytes(), fp8_bytes + w->lm_head.nbytes() + w->lm_head.row_scales().nbytes());
 }
 
 TEST(Fp8WeightsTest, ForcedDtypesDequantiseExactly) {
