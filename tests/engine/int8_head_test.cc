@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -106,6 +107,9 @@ std::vector<float> HeadProduct(Tensor t, const std::vector<float>& x) {
 struct HeadCase {
   const char* preset;
   std::optional<DType> format;  // --weights
+  friend void PrintTo(const HeadCase& c, std::ostream* os) {
+    *os << c.preset << " --weights " << (c.format ? DTypeFlagName(*c.format) : "auto");
+  }
 };
 
 class Int8HeadTest : public ::testing::TestWithParam<HeadCase> {};
