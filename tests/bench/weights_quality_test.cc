@@ -83,11 +83,11 @@ TEST(WeightsQualityTest, Stories260KStaysCloseToBf16) {
   for (size_t begin : {size_t{0}, size_t{20}, size_t{40}, size_t{60}}) {
     options.prompts.emplace_back(text.begin() + begin, text.begin() + begin + 12);
   }
-  // Measured: int8 21.4% identical prefix, mean KL 6.4e-4 (activations quantised to 8 bits per
-  // row and 128 values; 26.7%, 3.1e-4 with BF16 activations); fp8 9.9%, 4.2e-3 (a 260K-parameter
-  // F32 model, whose greedy choices are often near ties).
+  // Measured: int8 24.0% identical prefix, mean KL 1.04e-3 with the lm_head INT8 too (--lm-head
+  // auto; 21.4%, 6.4e-4 with it BF16; activations quantised to 8 bits per row and 128 values);
+  // fp8 9.9%, 4.5e-3 (a 260K-parameter F32 model, whose greedy choices are often near ties).
   ExpectWithin(Measure(path, DType::kI8, options),
-               {.identical_prefix = 0.15, .mean_kl = 1.5e-3, .top1 = 0.9}, "stories260K int8");
+               {.identical_prefix = 0.15, .mean_kl = 2.5e-3, .top1 = 0.9}, "stories260K int8");
   ExpectWithin(Measure(path, DType::kF8E4M3, options),
                {.identical_prefix = 0.05, .mean_kl = 1.5e-2, .top1 = 0.85}, "stories260K fp8");
 }
@@ -108,11 +108,11 @@ TEST_P(SyntheticQualityTest, StaysCloseToBf16) {
   const std::string name = GetParam();
   // Random weights give nearly flat next-token distributions, whose greedy choices are near ties
   // that any change of the last bits flips (measured identical prefixes: 1-6%); the KL and the
-  // top-1 agreement over the text are what bound them. Measured: int8 KL 6.1e-4 / 9.7e-4, top-1
-  // 94.5% / 94.0% (8-bit activations; 2.9e-4 / 4.4e-4 with BF16 ones); fp8 6.8e-3 / 7.4e-3,
-  // 82% / 75% (tiny-qwen2 / tiny-llama3).
+  // top-1 agreement over the text are what bound them. Measured with the INT8 lm_head (auto):
+  // int8 KL 6.5e-4 / 1.0e-3, top-1 94.0% / 94.5% (with a BF16 head 6.1e-4 / 9.7e-4); fp8
+  // 6.8e-3 / 7.5e-3, 80% / 75% (tiny-qwen2 / tiny-llama3).
   ExpectWithin(Measure(path, DType::kI8, options),
-               {.identical_prefix = 0.0, .mean_kl = 1.5e-3, .top1 = 0.85}, name + " int8");
+               {.identical_prefix = 0.0, .mean_kl = 2.5e-3, .top1 = 0.85}, name + " int8");
   ExpectWithin(Measure(path, DType::kF8E4M3, options),
                {.identical_prefix = 0.0, .mean_kl = 3e-2, .top1 = 0.6}, name + " fp8");
 }
