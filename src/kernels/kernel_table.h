@@ -57,11 +57,12 @@ constexpr int kPairElems = 2 * kBlockCols;  // BF16 values of one k pair in one 
 // in order, part = 0 and for each pair p of the block in order part = part + xo * wo, then
 // part = part + xe * we (odd then even, exact products: vdpbf16ps); then
 // acc = fma(part, scale[c][j], acc), acc starting at 0. So a value depends only on its row of x
-// and column of W, whatever the tile, batch, thread count or path (avx512 widens a k block's
-// panel once into BF16 for many rows, or each line in registers for a few: the same values in
-// the same order). As for the BF16 product, the paths without vdpbf16ps (avx2, generic) differ
-// from it only where it would flush a denormal sum to zero: a partial sum below 2^-66 of the
-// unscaled values, which no activation of a model comes near.
+// and column of W, whatever the tile, batch, thread count or path (avx512 widens each line in
+// registers for a few rows, a k block's panel once into BF16 for up to a token block, a strip
+// of k blocks (below) for more: the same values in the same order; acc may wait in y between
+// strips, an exact F32 store and load). As for the BF16 product, the paths without vdpbf16ps (avx2,
+// generic) differ from it only where it would flush a denormal sum to zero: a partial sum below
+// 2^-66 of the unscaled values, which no activation of a model comes near.
 constexpr int kFp8BlockK = 128;  // kernels::kFp8BlockK (kernels.cc checks they agree)
 constexpr int kFp8ScaleBytes = kBlockCols * static_cast<int>(sizeof(float));
 constexpr int kPairLineBytes = 2 * kBlockCols;  // one byte per column and k index of a pair
@@ -75,6 +76,14 @@ constexpr int Fp8PairPosition(int c, int odd) {
 constexpr uint16_t kFp8BF16Mask = 0x87f0;
 // FP8 x and scales are taken times 2^60 (see above).
 constexpr float kFp8Unscale = 0x1p60f;
+// Products of more than kTokenBlock rows widen each k block once for all their rows: a block's
+// lines kFp8StripK values of k at a time into a *strip* of BF16 panels (the packed BF16 layout,
+// kFp8PanelElems values per k block), which every tile of rows then reads from L2 (kernels.cc
+// gives each thread a strip of kFp8StripElems values, 64-byte aligned).
+constexpr int kFp8StripK = 2048;
+constexpr int kFp8PanelElems = kFp8BlockK / 2 * kPairElems;
+constexpr int kFp8StripElems = kFp8StripK / kFp8BlockK * kFp8PanelElems;
+static_assert(kFp8StripK % kFp8BlockK == 0);
 
 // Packed INT8 layout (PackInt8): integer dot products of 8-bit x and 8-bit weights (vpdpbusd on
 // avx512: 4 unsigned bytes of x times 4 signed bytes of w summed into an int32 lane). 64-column
@@ -162,11 +171,12 @@ struct KernelTable {
   void (*f32_tile)(const float* x, const float* w, float* y, int n, int k, int r0, int t0, int rows,
                    int tokens);
   // One tile of MatMulFP8: `groups` 16-column groups of the packed FP8 block at `block` (first
-  // column c0) x `tokens` rows of x from t0, tokens <= kTokenBlock (the path tiles them as it
+  // column c0) x `tokens` rows of x from t0, any number of them (the path tiles them as it
   // likes), in the order stated with the layout above. x: rows of 2 * Pairs(k) BF16 values as
-  // Blocked8Rows gives them. `ahead`: the next block (whole), for many rows.
+  // Blocked8Rows gives them. `ahead`: the next block (whole), for many rows. `strip`: scratch of
+  // kFp8StripElems BF16 values (64-byte aligned) when tokens > kTokenBlock, else null.
   void (*fp8_tile)(const uint16_t* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
-                   int groups, int tokens, BlockAhead ahead);
+                   int groups, int tokens, BlockAhead ahead, uint16_t* strip);
   // One tile of MatMulInt8: the packed INT8 layout above, x quantised by quantise_rows (rows of
   // Int8RowBytes(k) bytes, x_scales [rows][Int8KBlocks(k)]), tokens <= kTokenBlock, in the
   // order stated with the layout.

@@ -363,7 +363,7 @@ void PackBlocked8(const uint8_t* w, const float* row_scales, float scale_factor,
 int Fp8Position(int c, int odd) { return internal::Fp8PairPosition(c, odd); }
 
 using Blocked8Tile = void (*)(const uint16_t*, const uint8_t*, float*, int, int, int, int, int, int,
-                              internal::BlockAhead);
+                              internal::BlockAhead, uint16_t*);
 
 // x [m][k] as the 8-bit tiles take it (kernel_table.h): rows of 2 * Pairs(k) BF16 values, each
 // x times `factor` (FP8: 2^60; INT8: 1) rounded as vcvtneps2bf16 rounds (the path's
@@ -379,9 +379,20 @@ void Blocked8Rows(const float* x, int m, int k, float factor, uint16_t* out) {
   });
 }
 
-// One call of an FP8 or INT8 tile (`tile`: the path's fp8_tile or int8_tile): block b, the rows
-// [t, t + tokens) of xb (Blocked8Rows). A call of many rows is told the next block, to bring it
-// toward L2 under its compute (NextBlockShare's rule: at least three tiles' worth of rows).
+// The FP8 tiles' strip (kernel_table.h, kFp8StripElems BF16 values, 64-byte aligned), one per
+// thread, allocated on its first product of more than kTokenBlock rows and kept.
+uint16_t* Fp8StripOfThread() {
+  thread_local std::vector<uint16_t> strip;
+  constexpr size_t kAlignElems = 64 / sizeof(uint16_t);
+  if (strip.empty()) strip.resize(internal::kFp8StripElems + kAlignElems);
+  const auto address = reinterpret_cast<uintptr_t>(strip.data());
+  return strip.data() + (-address & 63) / sizeof(uint16_t);
+}
+
+// One call of an FP8 tile (`tile`: the path's fp8_tile): block b, the rows [t, t + tokens) of xb
+// (Blocked8Rows). A call of many rows is told the next block, to bring it toward L2 under its
+// compute (NextBlockShare's rule: at least three tiles' worth of rows), and more than a token
+// block's rows get the thread's strip.
 void Blocked8TileAt(Blocked8Tile tile, const uint16_t* xb, const uint8_t* packed_w, float* y, int n,
                     int k, int b, int t, int tokens) {
   const int64_t block_bytes = internal::Fp8BlockBytes(k);
@@ -389,7 +400,8 @@ void Blocked8TileAt(Blocked8Tile tile, const uint16_t* xb, const uint8_t* packed
   const uint8_t* next = b + 1 < internal::ColBlocks(n) ? packed_w + (b + 1) * block_bytes : nullptr;
   internal::BlockAhead ahead;
   if (next != nullptr && tokens >= 3 * kTokens) ahead = {.at = next, .bytes = block_bytes};
-  tile(xb, packed_w + b * block_bytes, y, n, k, c0, t, BlockGroups(n, c0), tokens, ahead);
+  tile(xb, packed_w + b * block_bytes, y, n, k, c0, t, BlockGroups(n, c0), tokens, ahead,
+       tokens > kTokenBlock ? Fp8StripOfThread() : nullptr);
 }
 
 // The BF16 rows of the 8-bit products, kept per calling thread across calls.
@@ -398,16 +410,19 @@ std::vector<uint16_t>& Blocked8Scratch() {
   return rows;
 }
 
-// Each call of `tile` gets a whole token block (kTokenBlock rows): the path tiles it.
+// Weight blocks in parallel, each call of `tile` with all m rows: the path tiles them, and
+// widens each weight once per product however many rows there are (with more than kTokenBlock
+// rows, into the strip: kernel_table.h). Up to kTokenBlock rows this is ForEachTile's walk.
 void MatMulBlocked8(Blocked8Tile tile, float factor, const float* x, const uint8_t* packed_w,
                     float* y, int m, int n, int k) {
+  if (m == 0) return;
   std::vector<uint16_t>& xb = Blocked8Scratch();
   xb.resize(static_cast<size_t>(m) * 2 * internal::Pairs(k));
   Blocked8Rows(x, m, k, factor, xb.data());
-  ForEachTile(m, n, k, internal::ColBlocks(n), kTokenBlock,
-              [&](int b, int t, int tokens, TokenBlock) {
-                Blocked8TileAt(tile, xb.data(), packed_w, y, n, k, b, t, tokens);
-              });
+  const bool parallel = static_cast<int64_t>(std::min(m, kTokenBlock)) * n * k >= kParallelMacs;
+  ParallelFor(internal::ColBlocks(n), parallel, [&](int64_t b) {
+    Blocked8TileAt(tile, xb.data(), packed_w, y, n, k, static_cast<int>(b), 0, m);
+  });
 }
 
 void MatMulBlocked8Grouped(Blocked8Tile tile, float factor,
@@ -423,12 +438,18 @@ void MatMulBlocked8Grouped(Blocked8Tile tile, float factor,
     Blocked8Rows(static_cast<const float*>(products[p].x), products[p].m, k, factor,
                  xb.data() + first[p]);
   }
-  ForEachGroupedTile(products, n, k, internal::ColBlocks(n), kTokenBlock,
-                     [&](int p, int b, int t, int tokens, TokenBlock) {
-                       const GroupedProduct& g = products[p];
-                       Blocked8TileAt(tile, xb.data() + first[p], static_cast<const uint8_t*>(g.w),
-                                      g.y, n, k, b, t, tokens);
-                     });
+  // Every (product, weight block) is an item of one parallel loop, with all the product's rows
+  // (as MatMulBlocked8).
+  const int blocks = internal::ColBlocks(n);
+  int64_t macs = 0;
+  for (const GroupedProduct& g : products) macs += static_cast<int64_t>(g.m) * n * k;
+  ParallelFor(
+      static_cast<int64_t>(products.size()) * blocks, macs >= kParallelMacs, [&](int64_t i) {
+        const GroupedProduct& g = products[i / blocks];
+        if (g.m == 0) return;
+        Blocked8TileAt(tile, xb.data() + first[i / blocks], static_cast<const uint8_t*>(g.w), g.y,
+                       n, k, static_cast<int>(i % blocks), 0, g.m);
+      });
 }
 
 // x [m][k] as the INT8 tiles take it (kernel_table.h): each row quantised per k block by the

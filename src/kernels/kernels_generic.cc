@@ -98,7 +98,8 @@ void Blocked8Tile(const uint16_t* x, const uint8_t* block, float* y, int n, int 
 }
 
 void Fp8Tile(const uint16_t* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
-             int groups, int tokens, internal::BlockAhead /*ahead: not used*/) {
+             int groups, int tokens, internal::BlockAhead /*ahead: not used*/,
+             uint16_t* /*strip: not used (no widening)*/) {
   static const Fp8Widened widened;
   Blocked8Tile(x, block, y, n, k, c0, t0, groups, tokens, widened.value,
                [](int c, int odd) { return internal::Fp8PairPosition(c, odd); });

@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.h"
@@ -77,9 +79,11 @@ struct Fp8Shape {
 
 // Ragged on purpose: partial 16-column groups and 64-column blocks, k blocks cut short, k
 // below one block, exactly one and just past one; m from 1 to 40 (tiles of every row count).
-const Fp8Shape kFp8Shapes[] = {{1, 1, 1},      {3, 17, 33},   {7, 64, 128},  {13, 100, 129},
-                               {1, 130, 257},  {20, 65, 200}, {40, 48, 300}, {6, 200, 1025},
-                               {37, 129, 384}, {2, 16, 127}};
+// The last: more rows than a token block (kernel_table.h's kTokenBlock, 96) and k past one
+// strip (kFp8StripK, 2048), so the prefill route's strips and their ragged ends are checked too.
+const Fp8Shape kFp8Shapes[] = {{1, 1, 1},      {3, 17, 33},   {7, 64, 128},   {13, 100, 129},
+                               {1, 130, 257},  {20, 65, 200}, {40, 48, 300},  {6, 200, 1025},
+                               {37, 129, 384}, {2, 16, 127},  {103, 70, 2219}};
 
 class Fp8MatMulTest : public ::testing::TestWithParam<std::tuple<std::string, Fp8Shape>> {
  protected:
@@ -176,6 +180,41 @@ TEST_P(Fp8PathTest, RowsDoNotDependOnTheBatch) {
   const Fp8Matrix w(n, k, rng);
   const std::vector<float> x = RandomFloats(static_cast<size_t>(rows) * k, rng);
   ExpectRowsIndependentOfBatch(x, w.packed.data(), n, k, kernels::MatMulFP8, /*all_at_once=*/37);
+}
+
+// A prefill: more rows than a token block (96) widen each weight once for all of them (by
+// strips of 2048 values of k on avx512; kernel_table.h). k = 2347 gives two strips, the second
+// ending in a short, odd k block, and n = 136 a partial last 64-column block. Every row equals
+// that row alone (the decode route), and windows that take each route (up to 96 rows: the
+// token-block route; more: the strips) give the same bits, with 1, 2 and 3 threads.
+TEST_P(Fp8PathTest, PrefillRowsEqualTheRowsAloneAcrossStrips) {
+  std::mt19937 rng(13);
+  const int n = 136, k = 2347, rows = 2 * 96 + 13;
+  const Fp8Matrix w(n, k, rng);
+  const std::vector<float> x = RandomFloats(static_cast<size_t>(rows) * k, rng);
+  std::vector<float> alone(static_cast<size_t>(rows) * n);
+  omp_set_num_threads(1);
+  for (int i = 0; i < rows; ++i) {
+    kernels::MatMulFP8(&x[static_cast<size_t>(i) * k], w.packed.data(),
+                       &alone[static_cast<size_t>(i) * n], 1, n, k);
+  }
+  std::vector<float> y(alone.size());
+  const std::pair<int, int> windows[] = {
+      {0, rows}, {0, 96}, {5, 97}, {100, rows - 100}, {1, rows - 1}};
+  for (const int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    for (const auto& [first, count] : windows) {
+      // With a team, two windows suffice (it splits the weight blocks, never the rows).
+      if (threads > 1 && count != rows && count != 97) continue;
+      std::fill(y.begin(), y.end(), NAN);
+      kernels::MatMulFP8(&x[static_cast<size_t>(first) * k], w.packed.data(), y.data(), count, n,
+                         k);
+      ASSERT_EQ(
+          std::memcmp(y.data(), &alone[static_cast<size_t>(first) * n], sizeof(float) * count * n),
+          0)
+          << threads << " threads, rows [" << first << ", " << first + count << ")";
+    }
+  }
 }
 
 // Large enough to run on the OpenMP team (kernels.cc's kParallelMacs): the same bits with 1, 2,
