@@ -33,14 +33,7 @@ using testing::SyntheticModelDir;
 // `path` with the linear layers as `format` says and the output matrix as `head` says.
 ModelDir LoadWithHead(const std::string& path, std::optional<DType> format,
                       std::optional<DType> head) {
-  ModelDirOptions options;
-  options.load_tokenizer = false;
-  options.weight_format = format;
-  options.head_format = head;
-  options.transformer.threads = 1;
-  auto dir = LoadModelDir(path, options);
-  EXPECT_TRUE(dir.ok()) << dir.status().ToString();
-  return std::move(*dir);
+  return testing::LoadForLogits(path, std::nullopt, format, head);
 }
 
 // A prompt's last logits and the final-normed hidden states of its last `rows` positions (the
