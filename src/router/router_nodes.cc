@@ -76,25 +76,31 @@ bool NodePool::SetMembers(const std::vector<std::string>& urls) {
     // A self-registered node keeps its registration's own expiry.
     if (!node.is_static && !node.registered) node.withdrawn = true;
   }
-  std::erase_if(nodes_, [&](const Node& node) {
+  // The urls of the nodes dropped are gathered outside removed_: the analysis cannot see that a
+  // lambda runs under mu_.
+  std::vector<std::string> gone;
+  std::erase_if(nodes_, [&gone](const Node& node) {
     if (!node.withdrawn || node.outstanding != 0) return false;
-    removed_.push_back(node.address.url);
+    gone.push_back(node.address.url);
     return true;
   });
+  removed_.insert(removed_.end(), gone.begin(), gone.end());
   if (next_ >= nodes_.size()) next_ = 0;
   return added;
 }
 
 void NodePool::ExpireRegistrations(TimePoint now) {
   MutexLock lock(&mu_);
+  std::vector<std::string> gone;  // as in SetMembers
   std::erase_if(nodes_, [&](const Node& node) {
     if (node.outstanding != 0) return false;
     const bool expired =
         node.withdrawn || (node.registered && !node.member &&
                            now - node.last_registration > options_.registration_ttl);
-    if (expired) removed_.push_back(node.address.url);
+    if (expired) gone.push_back(node.address.url);
     return expired;
   });
+  removed_.insert(removed_.end(), gone.begin(), gone.end());
   if (next_ >= nodes_.size()) next_ = 0;
 }
 
