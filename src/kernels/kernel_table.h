@@ -85,32 +85,34 @@ constexpr int kFp8PanelElems = kFp8BlockK / 2 * kPairElems;
 constexpr int kFp8StripElems = kFp8StripK / kFp8BlockK * kFp8PanelElems;
 static_assert(kFp8StripK % kFp8BlockK == 0);
 
-// Packed INT8 layout (PackInt8): integer dot products of 8-bit x and 8-bit weights (vpdpbusd on
-// avx512: 4 unsigned bytes of x times 4 signed bytes of w summed into an int32 lane). 64-column
+// Packed INT8 layout (PackInt8): integer dot products of 8-bit weights and 8-bit x (vpdpbusd on
+// avx512: 4 unsigned bytes of w times 4 signed bytes of x summed into an int32 lane). 64-column
 // blocks; within a block, for each k block j (128 values of k, the last possibly shorter): the
-// 64 columns' F32 weight scales, then their int32 corrections kInt8XOffset * (sum of the column's
-// int8 weights over block j), then one 256-byte quad line per 4 values of k of block j (a short
-// last quad zero-padded): column c's bytes of k indices 4q..4q+3 at bytes 4c..4c+3, so a group
-// of 16 columns is one 64-byte vector and each 32-bit lane one column. Columns past n hold zero
-// bytes, scales and corrections. A block is Int8BlockBytes(k) bytes, a multiple of 64.
+// 64 columns' F32 weight scales, then one 256-byte quad line per 4 values of k of block j (a
+// short last quad padded): column c's bytes of k indices 4q..4q+3 at bytes 4c..4c+3, so a group
+// of 16 columns is one 64-byte vector and each 32-bit lane one column. A weight w (-127..127) is
+// stored as the byte w + kInt8WOffset (1..255; padding and columns past n: kInt8WOffset, a zero
+// weight; their scales zero). A block is Int8BlockBytes(k) bytes, a multiple of 64. (The offset
+// is undone per row of x, not per column: kInt8WOffset * (the sum of the row's q over block j)
+// is one int32 per row and k block, so the packed matrix holds no per-column correction.)
 //
 // x is quantised per row and k block (Int8Rows, the path's quantise_rows): a = max |x| over the
 // block's values; sx = a / 127 and q = x * (127 / a) rounded to nearest even (within +-127; a
 // block with a < kInt8TinyBlock has sx = 0 and q = 0; a block holding an inf or NaN has
-// sx = NaN and q = 0, so its outputs are NaN); stored as the byte q + kInt8XOffset (1..255,
-// unsigned, as vpdpbusd takes it), rows of Int8RowBytes(k) bytes (pad: kInt8XOffset), sx as
-// [rows][k blocks] F32.
+// sx = NaN and q = 0, so its outputs are NaN); stored as the signed byte q, rows of
+// Int8RowBytes(k) bytes (pad: 0), sx as [rows][k blocks] F32 and the row's correction
+// kInt8WOffset * sum(q) as [rows][k blocks] int32.
 //
 // Order (every path, bit for bit): for each output (row t, column c) and each k block j in
-// order, s = sum over the block of (q + 128) * w in int32 (exact, so any order: |s| <= 128 *
-// 255 * 128 < 2^23), d = s - corr[c][j] (= sum of q * w, exact, |d| <= 128 * 127 * 128 < 2^21,
+// order, s = sum over the block of (w + 128) * q in int32 (exact, so any order: |s| <= 128 *
+// 255 * 127 < 2^23), d = s - corr[t][j] (= sum of w * q, exact, |d| <= 128 * 127 * 127 < 2^21,
 // so exact in F32), acc = fma(float(d), scale[c][j] * sx[t][j], acc) (the product of the scales
 // rounded to F32 first), acc starting at 0. Integers are exact and the F32 steps are the same on
 // every path, so every path computes the same bits (avx512: vpdpbusd; avx2: int16 products,
 // vpmaddwd; generic: int loops), whatever the tile, batch or thread count.
 constexpr int kInt8QuadLineBytes = 4 * kBlockCols;
-constexpr int kInt8BlockHeadBytes = 2 * kBlockCols * static_cast<int>(sizeof(float));
-constexpr int kInt8XOffset = 128;
+constexpr int kInt8BlockHeadBytes = kBlockCols * static_cast<int>(sizeof(float));
+constexpr int kInt8WOffset = 128;
 // Below this block maximum |x| a block of x quantises to zeros (127 / a stays finite).
 constexpr float kInt8TinyBlock = 0x1p-96f;
 constexpr int Int8QuadPosition(int c, int i) { return 4 * c + i; }
@@ -178,14 +180,15 @@ struct KernelTable {
   void (*fp8_tile)(const uint16_t* x, const uint8_t* block, float* y, int n, int k, int c0, int t0,
                    int groups, int tokens, BlockAhead ahead, uint16_t* strip);
   // One tile of MatMulInt8: the packed INT8 layout above, x quantised by quantise_rows (rows of
-  // Int8RowBytes(k) bytes, x_scales [rows][Int8KBlocks(k)]), tokens <= kTokenBlock, in the
-  // order stated with the layout.
-  void (*int8_tile)(const uint8_t* xq, const float* x_scales, const uint8_t* block, float* y, int n,
-                    int k, int c0, int t0, int groups, int tokens, BlockAhead ahead);
+  // Int8RowBytes(k) bytes, x_scales and x_corrections [rows][Int8KBlocks(k)]), tokens <=
+  // kTokenBlock, in the order stated with the layout.
+  void (*int8_tile)(const int8_t* xq, const float* x_scales, const int32_t* x_corrections,
+                    const uint8_t* block, float* y, int n, int k, int c0, int t0, int groups,
+                    int tokens, BlockAhead ahead);
   // x of the INT8 products: one row of k values quantised per k block as stated with the INT8
-  // layout (bytes q + kInt8XOffset into xq, Int8RowBytes(k) of them; scales into x_scales). On
-  // the calling thread.
-  void (*quantise_row)(const float* x, int k, uint8_t* xq, float* x_scales);
+  // layout (bytes q into xq, Int8RowBytes(k) of them; scales into x_scales, the corrections
+  // kInt8WOffset * sum(q) into x_corrections). On the calling thread.
+  void (*quantise_row)(const float* x, int k, int8_t* xq, float* x_scales, int32_t* x_corrections);
   // F32ToBF16 of n values on the calling thread.
   void (*to_bf16)(const float* src, uint16_t* dst, int64_t n);
   // x of the FP8 products (kernels.cc's Blocked8Rows): n values times `factor` (a power of

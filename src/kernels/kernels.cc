@@ -453,37 +453,51 @@ void MatMulBlocked8Grouped(Blocked8Tile tile, float factor,
 }
 
 // x [m][k] as the INT8 tiles take it (kernel_table.h): each row quantised per k block by the
-// path's quantise_row, so a row's bytes and scales never depend on the other rows.
-void Int8Rows(const float* x, int m, int k, uint8_t* rows, float* scales) {
+// path's quantise_row, so a row's bytes, scales and corrections never depend on the other rows.
+struct Int8X {
+  int8_t* rows;
+  float* scales;
+  int32_t* corrections;
+};
+void Int8Rows(const float* x, int m, int k, Int8X out) {
   const internal::KernelTable& path = Active();
   const size_t row_bytes = static_cast<size_t>(internal::Int8RowBytes(k));
-  const size_t row_scales = static_cast<size_t>(internal::Int8KBlocks(k));
+  const size_t row_blocks = static_cast<size_t>(internal::Int8KBlocks(k));
   ParallelFor(m, static_cast<int64_t>(m) * k >= kParallelMacs / 4, [&](int64_t r) {
-    path.quantise_row(x + static_cast<size_t>(r) * k, k, rows + r * row_bytes,
-                      scales + r * row_scales);
+    path.quantise_row(x + static_cast<size_t>(r) * k, k, out.rows + r * row_bytes,
+                      out.scales + r * row_blocks, out.corrections + r * row_blocks);
   });
 }
 
 // One call of the INT8 tile: block b, the rows [t, t + tokens) (Int8Rows). A call of many rows
 // is told the next block, as Blocked8TileAt.
-void Int8TileAt(const internal::KernelTable& path, const uint8_t* rows, const float* scales,
-                const uint8_t* packed_w, float* y, int n, int k, int b, int t, int tokens) {
+void Int8TileAt(const internal::KernelTable& path, const Int8X& x, const uint8_t* packed_w,
+                float* y, int n, int k, int b, int t, int tokens) {
   const int64_t block_bytes = internal::Int8BlockBytes(k);
   const int c0 = b * kBlockCols;
   const uint8_t* next = b + 1 < internal::ColBlocks(n) ? packed_w + (b + 1) * block_bytes : nullptr;
   internal::BlockAhead ahead;
   if (next != nullptr && tokens >= 3 * kTokens) ahead = {.at = next, .bytes = block_bytes};
-  path.int8_tile(rows, scales, packed_w + b * block_bytes, y, n, k, c0, t, BlockGroups(n, c0),
-                 tokens, ahead);
+  path.int8_tile(x.rows, x.scales, x.corrections, packed_w + b * block_bytes, y, n, k, c0, t,
+                 BlockGroups(n, c0), tokens, ahead);
 }
 
 // The quantised rows of the INT8 products, kept per calling thread across calls.
 struct Int8Scratch {
-  std::vector<uint8_t> rows;
+  std::vector<int8_t> rows;
   std::vector<float> scales;
+  std::vector<int32_t> corrections;
+  // Room for m rows of k values.
   void Resize(int m, int k) {
     rows.resize(static_cast<size_t>(m) * internal::Int8RowBytes(k));
     scales.resize(static_cast<size_t>(m) * internal::Int8KBlocks(k));
+    corrections.resize(scales.size());
+  }
+  // The rows from `first` on.
+  Int8X From(int first, int k) {
+    const size_t blocks = static_cast<size_t>(first) * internal::Int8KBlocks(k);
+    return {rows.data() + static_cast<size_t>(first) * internal::Int8RowBytes(k),
+            scales.data() + blocks, corrections.data() + blocks};
   }
 };
 Int8Scratch& Int8ScratchOfThread() {
@@ -512,25 +526,17 @@ void PackInt8(const int8_t* w, const float* row_scales, int n, int k, uint8_t* p
     for (int j = 0; j < k_blocks; ++j) {
       const int k0 = j * kFp8BlockK, kb = std::min(kFp8BlockK, k - k0);
       float scales[kBlockCols] = {};
-      int32_t corrections[kBlockCols] = {};
-      for (int c = 0; c < cols; ++c) {
-        scales[c] = row_scales[static_cast<size_t>(c0 + c) * k_blocks + j];
-        const int8_t* src = w + static_cast<size_t>(c0 + c) * k + k0;
-        int32_t sum = 0;
-        for (int i = 0; i < kb; ++i) sum += src[i];
-        corrections[c] = internal::kInt8XOffset * sum;
-      }
+      for (int c = 0; c < cols; ++c) scales[c] = row_scales[static_cast<size_t>(c0 + c) * k_blocks + j];
       std::memcpy(at, scales, sizeof(scales));
-      std::memcpy(at + sizeof(scales), corrections, sizeof(corrections));
       at += internal::kInt8BlockHeadBytes;
       const size_t line_bytes =
           static_cast<size_t>(internal::Int8RowBytes(kb) / 4) * internal::kInt8QuadLineBytes;
-      std::memset(at, 0, line_bytes);
+      std::memset(at, internal::kInt8WOffset, line_bytes);
       for (int c = 0; c < cols; ++c) {
         const int8_t* src = w + static_cast<size_t>(c0 + c) * k + k0;
         for (int i = 0; i < kb; ++i) {
           at[(i / 4) * internal::kInt8QuadLineBytes + internal::Int8QuadPosition(c, i % 4)] =
-              static_cast<uint8_t>(src[i]);
+              static_cast<uint8_t>(src[i] + internal::kInt8WOffset);
         }
       }
       at += line_bytes;
@@ -545,11 +551,12 @@ void MatMulFP8(const float* x, const uint8_t* packed_w, float* y, int m, int n, 
 void MatMulInt8(const float* x, const uint8_t* packed_w, float* y, int m, int n, int k) {
   Int8Scratch& s = Int8ScratchOfThread();
   s.Resize(m, k);
-  Int8Rows(x, m, k, s.rows.data(), s.scales.data());
+  const Int8X xq = s.From(0, k);
+  Int8Rows(x, m, k, xq);
   const internal::KernelTable& path = Active();
   ForEachTile(m, n, k, internal::ColBlocks(n), kTokenBlock,
               [&](int b, int t, int tokens, TokenBlock) {
-                Int8TileAt(path, s.rows.data(), s.scales.data(), packed_w, y, n, k, b, t, tokens);
+                Int8TileAt(path, xq, packed_w, y, n, k, b, t, tokens);
               });
 }
 
@@ -562,19 +569,15 @@ void MatMulInt8Grouped(std::span<const GroupedProduct> products, int n, int k) {
   for (size_t p = 0; p < products.size(); ++p) first[p + 1] = first[p] + products[p].m;
   Int8Scratch& s = Int8ScratchOfThread();
   s.Resize(first.back(), k);
-  const size_t row_bytes = static_cast<size_t>(internal::Int8RowBytes(k));
-  const size_t row_scales = static_cast<size_t>(internal::Int8KBlocks(k));
   for (size_t p = 0; p < products.size(); ++p) {
-    Int8Rows(static_cast<const float*>(products[p].x), products[p].m, k,
-             s.rows.data() + first[p] * row_bytes, s.scales.data() + first[p] * row_scales);
+    Int8Rows(static_cast<const float*>(products[p].x), products[p].m, k, s.From(first[p], k));
   }
   const internal::KernelTable& path = Active();
   ForEachGroupedTile(products, n, k, internal::ColBlocks(n), kTokenBlock,
                      [&](int p, int b, int t, int tokens, TokenBlock) {
                        const GroupedProduct& g = products[p];
-                       Int8TileAt(path, s.rows.data() + first[p] * row_bytes,
-                                  s.scales.data() + first[p] * row_scales,
-                                  static_cast<const uint8_t*>(g.w), g.y, n, k, b, t, tokens);
+                       Int8TileAt(path, s.From(first[p], k), static_cast<const uint8_t*>(g.w), g.y,
+                                  n, k, b, t, tokens);
                      });
 }
 

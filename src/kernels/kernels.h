@@ -46,9 +46,9 @@ void PackFP8(const uint8_t* w, const float* row_scales, int n, int k, uint8_t* p
 
 // INT8 weight matrices: w[r][c] = int8[r][c] * row_scales[r][c / kFp8BlockK], symmetric
 // (no zero point), the same grid of scales as FP8 (an F32 per row and 128-wide k block).
-// Packed once by PackInt8 into 64-column blocks of quad lines (one byte per weight plus, per
-// column and k block, its scale and 128 times its sum); the products are integer dot products
-// of x quantised per row and k block (kernel_table.h).
+// Packed once by PackInt8 into 64-column blocks of quad lines (one byte per weight, offset by
+// 128, plus a scale per column and k block: FP8's bytes); the products are integer dot
+// products of x quantised per row and k block (kernel_table.h).
 size_t PackedInt8Bytes(int n, int k);
 // w [n][k] INT8 (row-major); row_scales [n][ceil(k / kFp8BlockK)].
 void PackInt8(const int8_t* w, const float* row_scales, int n, int k, uint8_t* packed);

@@ -108,7 +108,7 @@ void Fp8Tile(const uint16_t* x, const uint8_t* block, float* y, int n, int k, in
 // INT8 (layout, quantisation and order: kernel_table.h). The row's maximum, then each value
 // times 127 / max rounded to nearest even (nearbyint in the default rounding mode, as the
 // vector paths' conversions round).
-void QuantiseRow(const float* x, int k, uint8_t* xq, float* x_scales) {
+void QuantiseRow(const float* x, int k, int8_t* xq, float* x_scales, int32_t* x_corrections) {
   for (int k0 = 0, j = 0; k0 < k; k0 += internal::kFp8BlockK, ++j) {
     const int kb = std::min(internal::kFp8BlockK, k - k0);
     float a = 0.0f;
@@ -127,44 +127,48 @@ void QuantiseRow(const float* x, int k, uint8_t* xq, float* x_scales) {
       x_scales[j] = a / 127.0f;
       inv = 127.0f / a;
     }
+    int32_t sum = 0;
     for (int i = 0; i < kb; ++i) {
       const float q = finite ? std::clamp(std::nearbyint(x[k0 + i] * inv), -127.0f, 127.0f) : 0.0f;
-      xq[k0 + i] = static_cast<uint8_t>(static_cast<int>(q) + internal::kInt8XOffset);
+      xq[k0 + i] = static_cast<int8_t>(q);
+      sum += static_cast<int32_t>(q);
     }
+    x_corrections[j] = internal::kInt8WOffset * sum;
   }
-  for (int i = k; i < internal::Int8RowBytes(k); ++i) xq[i] = internal::kInt8XOffset;
+  for (int i = k; i < internal::Int8RowBytes(k); ++i) xq[i] = 0;
 }
 
-void Int8Tile(const uint8_t* xq, const float* x_scales, const uint8_t* block, float* y, int n,
-              int k, int c0, int t0, int groups, int tokens, internal::BlockAhead /*ahead*/) {
+void Int8Tile(const int8_t* xq, const float* x_scales, const int32_t* x_corrections,
+              const uint8_t* block, float* y, int n, int k, int c0, int t0, int groups, int tokens,
+              internal::BlockAhead /*ahead*/) {
   const int cols = groups * kGroupCols;
   const size_t row_bytes = static_cast<size_t>(internal::Int8RowBytes(k));
   const int k_blocks = internal::Int8KBlocks(k);
   float acc[kBlockCols], scales[kBlockCols];
-  int32_t sums[kBlockCols], corrections[kBlockCols];
+  int32_t sums[kBlockCols];
   for (int t = t0; t < t0 + tokens; ++t) {
-    const uint8_t* row = xq + static_cast<size_t>(t) * row_bytes;
+    const int8_t* row = xq + static_cast<size_t>(t) * row_bytes;
     for (int c = 0; c < cols; ++c) acc[c] = 0.0f;
     const uint8_t* at = block;
     for (int j = 0; j < k_blocks; ++j) {
       const int k0 = j * internal::kFp8BlockK;
       const int quads = internal::Int8RowBytes(std::min(internal::kFp8BlockK, k - k0)) / 4;
       std::memcpy(scales, at, sizeof(scales));
-      std::memcpy(corrections, at + sizeof(scales), sizeof(corrections));
       at += internal::kInt8BlockHeadBytes;
       for (int c = 0; c < cols; ++c) sums[c] = 0;
       for (int q = 0; q < quads; ++q) {
         for (int c = 0; c < cols; ++c) {
           for (int i = 0; i < 4; ++i) {
-            sums[c] += static_cast<int32_t>(row[k0 + 4 * q + i]) *
-                       static_cast<int8_t>(at[internal::Int8QuadPosition(c, i)]);
+            sums[c] += static_cast<int32_t>(at[internal::Int8QuadPosition(c, i)]) *
+                       row[k0 + 4 * q + i];
           }
         }
         at += internal::kInt8QuadLineBytes;
       }
-      const float sx = x_scales[static_cast<size_t>(t) * k_blocks + j];
+      const size_t tj = static_cast<size_t>(t) * k_blocks + j;
+      const float sx = x_scales[tj];
       for (int c = 0; c < cols; ++c) {
-        acc[c] = std::fma(static_cast<float>(sums[c] - corrections[c]), scales[c] * sx, acc[c]);
+        acc[c] = std::fma(static_cast<float>(sums[c] - x_corrections[tj]), scales[c] * sx, acc[c]);
       }
     }
     float* yr = y + static_cast<size_t>(t) * n + c0;
