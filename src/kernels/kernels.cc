@@ -526,7 +526,8 @@ void PackInt8(const int8_t* w, const float* row_scales, int n, int k, uint8_t* p
     for (int j = 0; j < k_blocks; ++j) {
       const int k0 = j * kFp8BlockK, kb = std::min(kFp8BlockK, k - k0);
       float scales[kBlockCols] = {};
-      for (int c = 0; c < cols; ++c) scales[c] = row_scales[static_cast<size_t>(c0 + c) * k_blocks + j];
+      for (int c = 0; c < cols; ++c)
+        scales[c] = row_scales[static_cast<size_t>(c0 + c) * k_blocks + j];
       std::memcpy(at, scales, sizeof(scales));
       at += internal::kInt8BlockHeadBytes;
       const size_t line_bytes =

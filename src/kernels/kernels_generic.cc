@@ -159,8 +159,8 @@ void Int8Tile(const int8_t* xq, const float* x_scales, const int32_t* x_correcti
       for (int q = 0; q < quads; ++q) {
         for (int c = 0; c < cols; ++c) {
           for (int i = 0; i < 4; ++i) {
-            sums[c] += static_cast<int32_t>(at[internal::Int8QuadPosition(c, i)]) *
-                       row[k0 + 4 * q + i];
+            sums[c] +=
+                static_cast<int32_t>(at[internal::Int8QuadPosition(c, i)]) * row[k0 + 4 * q + i];
           }
         }
         at += internal::kInt8QuadLineBytes;
