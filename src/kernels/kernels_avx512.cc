@@ -207,6 +207,19 @@ constexpr Array<Array<PackedTileFn, kTokens + 1>, kBlockGroups + 1> PackedTileTa
           PackedTiles<static_cast<int>(G) + 1>(std::make_index_sequence<kTokens>())...};
 }
 
+// The 8-bit layouts put a head (scales) of `head_bytes` before each k block's lines, and their
+// one-row tiles prefetch `ahead` bytes past the line they read: the stream of the k block before
+// stopped `ahead` bytes past its own last line, short by the head of the lines `ahead` bytes
+// into this block's (`lines`). Fetches those at the block's start (else each is a demand miss).
+// Always inlined: a prefetch-only function compiled on its own is "const" to GCC's IPA, which
+// deletes its calls (kernels.md, page_rows.inc's PrefetchRows).
+__attribute__((always_inline)) inline void PrefetchPastHead(const uint8_t* lines, int ahead,
+                                                            int head_bytes) {
+  for (int at = ahead - head_bytes; at < ahead; at += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(lines + at), _MM_HINT_T0);
+  }
+}
+
 #include "kernels/kernels_avx512_fp8.inc"
 #include "kernels/kernels_avx512_int8.inc"
 

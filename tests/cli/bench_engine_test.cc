@@ -89,15 +89,21 @@ TEST(BenchEngineTest, KernelsFlagChoosesThePath) {
   EXPECT_NE(bad.output.find("sse9"), std::string::npos) << bad.output;
 }
 
-// Each decode context gets a row per batch, in the order given.
+// The format and bytes `pattern` captures ([1] format, [2] bytes) in the weights line.
+std::pair<double, std::string> FormatAndBytes(const std::string& out, const char* pattern) {
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex(pattern))) return {0.0, ""};
+  return {std::stod(m[2].str()), m[1].str()};
+}
+
 // The bytes of weights a dense decode step reads, and the format the table rows name.
 std::pair<double, std::string> WeightsRead(const std::string& out) {
-  std::smatch m;
-  if (!std::regex_search(out, m,
-                         std::regex(R"(weights: linear layers in ([a-z0-9]+), ([0-9]+) bytes)"))) {
-    return {0.0, ""};
-  }
-  return {std::stod(m[2].str()), m[1].str()};
+  return FormatAndBytes(out, R"(weights: linear layers in ([a-z0-9]+), ([0-9]+) bytes)");
+}
+
+// The output matrix's format and bytes, as the weights line reports them.
+std::pair<double, std::string> HeadRead(const std::string& out) {
+  return FormatAndBytes(out, R"(; lm_head in ([a-z0-9]+), ([0-9]+) bytes of them)");
 }
 
 // --weights quantises at load: the rows name the format, the step reads about half the bytes of
@@ -124,17 +130,7 @@ TEST(BenchEngineTest, WeightsFlagSetsTheFormatAndTheBytesAStepReads) {
   EXPECT_NE(int8.output.find(" | int8 | 3 | "), std::string::npos) << int8.output;
 }
 
-// The output matrix's format and bytes, as the weights line reports them.
-std::pair<double, std::string> HeadRead(const std::string& out) {
-  std::smatch m;
-  if (!std::regex_search(out, m,
-                         std::regex(R"(; lm_head in ([a-z0-9]+), ([0-9]+) bytes of them)"))) {
-    return {0.0, ""};
-  }
-  return {std::stod(m[2].str()), m[1].str()};
-}
-
-// The lm_head follows --weights into INT8 (one byte a weight plus 8 per 128) unless --lm-head
+// The lm_head follows --weights into INT8 (one byte a weight plus 4 per 128) unless --lm-head
 // bf16 keeps it, and the bytes a step reads drop by exactly what the head saves.
 TEST(BenchEngineTest, LmHeadIsInt8WithEightBitWeightsUnlessKeptBf16) {
   const testing::CommandRun bf16 = RunBench({});
@@ -155,6 +151,7 @@ TEST(BenchEngineTest, LmHeadIsInt8WithEightBitWeightsUnlessKeptBf16) {
   EXPECT_EQ(WeightsRead(kept.output).first - WeightsRead(int8.output).first, kept_head - int8_head);
 }
 
+// Each decode context gets a row per batch, in the order given.
 TEST(BenchEngineTest, ContextFlagAddsDecodeRowsPerContext) {
   const testing::CommandRun run =
       testing::RunPdserve({"bench", "engine", "--model", testing::TinyModelDir(), "--batch", "2",

@@ -1,6 +1,6 @@
 // The output matrix held in INT8 (`--lm-head`, LoadWeights' head_format; auto: INT8 whenever
-// the linear layers are 8-bit): the head really is one byte a weight (plus a scale and a
-// correction per 128), its logits are the INT8 product of the very hidden states the BF16 head
+// the linear layers are 8-bit): the head really is one byte a weight (plus a scale per 128),
+// its logits are the INT8 product of the very hidden states the BF16 head
 // sees (the head changes no KV and no hidden state) within the rounding bound of the two
 // quantisations, and `--lm-head bf16` gives the BF16 head's product bit for bit, tied and untied.
 // Batch, chunk and page-size invariance of 8-bit models (INT8 head included, by auto) is in
@@ -121,7 +121,7 @@ TEST_P(Int8HeadTest, HeadIsInt8AndItsLogitsAreBoundedByItsRounding) {
   const int vocab = config.vocab_size, hidden = config.hidden_size;
   ASSERT_EQ(config.tie_word_embeddings, std::string(c.preset) == "tiny-qwen2");
 
-  // Bytes: the head one byte a weight plus 8 per 128 (a scale and a correction per block).
+  // Bytes: the head one byte a weight plus 4 per 128 (a scale per block).
   EXPECT_EQ(int8.transformer->head_dtype(), DType::kI8);
   EXPECT_EQ(bf16.transformer->head_dtype(), DType::kBF16);
   EXPECT_EQ(int8.transformer->HeadWeightBytes(), kernels::PackedInt8Bytes(vocab, hidden));
